@@ -1,0 +1,95 @@
+//! The client's address, as far as it can be trusted.
+//!
+//! A header such as `X-Forwarded-For` is believed only when the TCP peer is a proxy we
+//! trust (our CDN or load balancer); anyone else could write any address into it and walk
+//! past the per-IP limit.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+pub struct ClientIp {
+    trusted_proxies: Vec<IpNet>,
+}
+
+impl ClientIp {
+    pub fn new(trusted_proxies: Vec<IpNet>) -> Self {
+        Self { trusted_proxies }
+    }
+
+    fn is_trusted(&self, ip: IpAddr) -> bool {
+        self.trusted_proxies.iter().any(|net| net.contains(&ip))
+    }
+
+    /// `header` is the configured client-address header's value, if present. For a list
+    /// (`X-Forwarded-For`), the rightmost address that is not a trusted proxy is the client.
+    pub fn resolve(&self, peer: IpAddr, header: Option<&[u8]>) -> IpAddr {
+        let peer = canonical(peer);
+        if !self.is_trusted(peer) {
+            return peer;
+        }
+        let Some(value) = header.and_then(|h| std::str::from_utf8(h).ok()) else {
+            return peer;
+        };
+        let mut hops = value.rsplit(',').map(str::trim);
+        hops.find_map(|hop| {
+            let ip = canonical(hop.parse::<IpAddr>().ok()?);
+            (!self.is_trusted(ip)).then_some(ip)
+        })
+        .unwrap_or(peer)
+    }
+}
+
+/// IPv4-mapped IPv6 addresses count as the IPv4 address they carry.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        IpAddr::V4(_) => ip,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn untrusted_peer_is_the_client() {
+        let resolver = ClientIp::new(vec![]);
+        assert_eq!(
+            resolver.resolve(ip("203.0.113.9"), Some(b"198.51.100.1")),
+            ip("203.0.113.9")
+        );
+    }
+
+    #[test]
+    fn trusted_peer_reports_the_rightmost_untrusted_hop() {
+        let resolver = ClientIp::new(vec!["10.0.0.0/8".parse().unwrap()]);
+        let header = b"1.1.1.1, 198.51.100.7, 10.1.2.3";
+        assert_eq!(
+            resolver.resolve(ip("10.0.0.1"), Some(header)),
+            ip("198.51.100.7")
+        );
+        assert_eq!(
+            resolver.resolve(ip("10.0.0.1"), Some(b"garbage")),
+            ip("10.0.0.1")
+        );
+        assert_eq!(resolver.resolve(ip("10.0.0.1"), None), ip("10.0.0.1"));
+        assert_eq!(
+            resolver.resolve(ip("10.0.0.1"), Some(b"2001:db8::1")),
+            ip("2001:db8::1")
+        );
+    }
+
+    #[test]
+    fn mapped_addresses_are_ipv4() {
+        let resolver = ClientIp::new(vec!["127.0.0.1/32".parse().unwrap()]);
+        assert_eq!(
+            resolver.resolve(ip("::ffff:127.0.0.1"), Some(b"192.0.2.4")),
+            ip("192.0.2.4")
+        );
+    }
+}

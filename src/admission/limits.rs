@@ -1,0 +1,177 @@
+//! Keyed token-bucket limits (governor), one limiter per scope.
+//!
+//! Each check is a lock-free compare-and-swap on a sharded map: cheap enough to sit in
+//! front of everything. Keys that stay idle are dropped by `retain_recent`, so a flood of
+//! distinct addresses or ids cannot grow memory without bound.
+
+use std::hash::Hash;
+use std::net::IpAddr;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultKeyedRateLimiter, Quota};
+
+use crate::config::{LimitSettings, RateSettings};
+
+/// Which limit turned a request away; also the metric label and the policy name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Ip,
+    User,
+    Deal,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Ip => "per_ip",
+            Scope::User => "per_user",
+            Scope::Deal => "per_deal",
+        }
+    }
+}
+
+/// A limit was hit: when to retry, and the policy that applied (for the RateLimit headers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limited {
+    pub scope: Scope,
+    pub retry_after_seconds: u64,
+    pub quota: u32,
+    pub window_seconds: u64,
+}
+
+struct Limiter<K: Hash + Eq + Clone> {
+    scope: Scope,
+    inner: DefaultKeyedRateLimiter<K>,
+    quota: u32,
+    window_seconds: u64,
+}
+
+impl<K: Hash + Eq + Clone> Limiter<K> {
+    fn new(scope: Scope, rate: RateSettings) -> Self {
+        let per_second = NonZeroU32::new(rate.rate_per_second).expect("validated: rate > 0");
+        let burst = NonZeroU32::new(rate.burst).expect("validated: burst > 0");
+        Self {
+            scope,
+            inner: DefaultKeyedRateLimiter::keyed(Quota::per_second(per_second).allow_burst(burst)),
+            quota: rate.burst,
+            window_seconds: u64::from(rate.burst.div_ceil(rate.rate_per_second)),
+        }
+    }
+
+    fn check(&self, key: &K) -> Result<(), Limited> {
+        self.inner.check_key(key).map_err(|not_until| {
+            let wait = not_until.wait_time_from(DefaultClock::default().now());
+            Limited {
+                scope: self.scope,
+                retry_after_seconds: whole_seconds_at_least_one(wait),
+                quota: self.quota,
+                window_seconds: self.window_seconds,
+            }
+        })
+    }
+
+    fn forget_idle(&self) {
+        self.inner.retain_recent();
+        self.inner.shrink_to_fit();
+    }
+}
+
+fn whole_seconds_at_least_one(wait: Duration) -> u64 {
+    wait.as_secs() + u64::from(wait.subsec_nanos() > 0).max(u64::from(wait.as_secs() == 0))
+}
+
+/// The three limits of the admission pipeline.
+pub struct RateLimits {
+    ip: Limiter<IpAddr>,
+    user: Limiter<String>,
+    deal: Limiter<String>,
+}
+
+impl RateLimits {
+    pub fn new(settings: &LimitSettings) -> Self {
+        Self {
+            ip: Limiter::new(Scope::Ip, settings.per_ip),
+            user: Limiter::new(Scope::User, settings.per_user),
+            deal: Limiter::new(Scope::Deal, settings.per_deal),
+        }
+    }
+
+    pub fn check_ip(&self, ip: IpAddr) -> Result<(), Limited> {
+        self.ip.check(&ip)
+    }
+
+    pub fn check_user(&self, user_id: &str) -> Result<(), Limited> {
+        self.user.check(&user_id.to_owned())
+    }
+
+    pub fn check_deal(&self, deal_id: &str) -> Result<(), Limited> {
+        self.deal.check(&deal_id.to_owned())
+    }
+
+    /// Drops state for keys that are back at full burst; run periodically.
+    pub fn forget_idle(&self) {
+        self.ip.forget_idle();
+        self.user.forget_idle();
+        self.deal.forget_idle();
+    }
+
+    /// Keys currently tracked, across all scopes.
+    pub fn keys(&self) -> usize {
+        self.ip.inner.len() + self.user.inner.len() + self.deal.inner.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(rate: u32, burst: u32) -> LimitSettings {
+        let r = RateSettings {
+            rate_per_second: rate,
+            burst,
+        };
+        LimitSettings {
+            retain_interval_ms: 1000,
+            per_ip: r,
+            per_user: r,
+            per_deal: r,
+        }
+    }
+
+    #[test]
+    fn burst_then_limited_with_retry_after() {
+        let limits = RateLimits::new(&settings(1, 3));
+        let ip: IpAddr = "192.0.2.1".parse().unwrap();
+        for _ in 0..3 {
+            limits.check_ip(ip).unwrap();
+        }
+        let limited = limits.check_ip(ip).unwrap_err();
+        assert_eq!(limited.scope, Scope::Ip);
+        assert_eq!(limited.retry_after_seconds, 1);
+        assert_eq!((limited.quota, limited.window_seconds), (3, 3));
+        // Another key has its own bucket.
+        limits.check_ip("192.0.2.2".parse().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn idle_keys_are_forgotten() {
+        let limits = RateLimits::new(&settings(1_000_000, 1));
+        for i in 0..100u8 {
+            let _ = limits.check_user(&format!("user-{i}"));
+        }
+        assert_eq!(limits.keys(), 100);
+        std::thread::sleep(Duration::from_millis(5));
+        limits.forget_idle();
+        assert_eq!(limits.keys(), 0);
+    }
+
+    #[test]
+    fn retry_after_rounds_up() {
+        assert_eq!(whole_seconds_at_least_one(Duration::ZERO), 1);
+        assert_eq!(whole_seconds_at_least_one(Duration::from_millis(10)), 1);
+        assert_eq!(whole_seconds_at_least_one(Duration::from_millis(1500)), 2);
+        assert_eq!(whole_seconds_at_least_one(Duration::from_secs(2)), 2);
+    }
+}

@@ -1,0 +1,179 @@
+//! Admission: everything that can turn a request away before it touches inventory.
+//!
+//! The checks run cheapest first and none of them makes a PostgreSQL round trip on the
+//! rejection path: client address → per-IP limit → sold-out mirror → token → per-user
+//! limit → per-deal limit → deal settings (cached) → sale window → per-user quantity.
+//! What passes is an `Admitted` order request, the only way into the order path.
+
+pub mod client_ip;
+pub mod limits;
+pub mod soldout;
+pub mod token;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use chrono::Utc;
+use sqlx::PgPool;
+
+use crate::config::Settings;
+use crate::deals::{Deal, DealCache, Window};
+use crate::domain::{Quantity, UserId};
+use crate::redis_link::RedisHandle;
+use crate::store::StoreError;
+use crate::telemetry;
+
+use client_ip::ClientIp;
+use limits::{Limited, RateLimits};
+use soldout::SoldOut;
+use token::{TokenError, TokenVerifier};
+
+/// Why admission turned a request away.
+#[derive(Debug, thiserror::Error)]
+pub enum Rejection {
+    #[error("rate limited ({})", .0.scope.as_str())]
+    RateLimited(Limited),
+    #[error("sold out")]
+    SoldOut,
+    #[error(transparent)]
+    Unauthorized(#[from] TokenError),
+    #[error("no such deal")]
+    UnknownDeal,
+    #[error("the sale is {}", if *.0 == Window::Upcoming { "not open yet" } else { "over" })]
+    SaleNotOpen(Window),
+    #[error("at most {limit} units per user")]
+    PerUserLimit { limit: i32 },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl Rejection {
+    /// The metric label.
+    fn reason(&self) -> &'static str {
+        match self {
+            Rejection::RateLimited(limited) => limited.scope.as_str(),
+            Rejection::SoldOut => "sold_out",
+            Rejection::Unauthorized(_) => "unauthorized",
+            Rejection::UnknownDeal => "unknown_deal",
+            Rejection::SaleNotOpen(_) => "sale_not_open",
+            Rejection::PerUserLimit { .. } => "per_user_limit",
+            Rejection::Store(_) => "overloaded",
+        }
+    }
+}
+
+/// An order request that passed every admission check.
+#[derive(Debug)]
+pub struct Admitted {
+    pub user: UserId,
+    pub deal: Arc<Deal>,
+    pub quantity: Quantity,
+}
+
+pub struct Admission {
+    client_ip: ClientIp,
+    limits: RateLimits,
+    tokens: TokenVerifier,
+    sold_out: SoldOut,
+    deals: DealCache,
+}
+
+impl Admission {
+    pub fn new(settings: &Settings, redis: RedisHandle) -> Self {
+        Self {
+            client_ip: ClientIp::new(settings.server.trusted_proxies.clone()),
+            limits: RateLimits::new(&settings.limits),
+            tokens: TokenVerifier::new(
+                &settings.auth.jwt_secret,
+                settings.auth.jwt_leeway_seconds,
+                settings.auth.user_id_bytes_max,
+            ),
+            sold_out: SoldOut::new(redis),
+            deals: DealCache::new(
+                crate::config::millis(settings.deals.cache_ttl_ms),
+                settings.deals.cache_entries_max,
+            ),
+        }
+    }
+
+    pub fn sold_out(&self) -> &SoldOut {
+        &self.sold_out
+    }
+
+    pub fn deals(&self) -> &DealCache {
+        &self.deals
+    }
+
+    pub fn limits(&self) -> &RateLimits {
+        &self.limits
+    }
+
+    /// The client address, believing `header` only from trusted proxies.
+    pub fn client_ip(&self, peer: IpAddr, header: Option<&[u8]>) -> IpAddr {
+        self.client_ip.resolve(peer, header)
+    }
+
+    pub fn check_ip(&self, ip: IpAddr) -> Result<(), Rejection> {
+        self.limits
+            .check_ip(ip)
+            .map_err(|l| counted(Rejection::RateLimited(l)))
+    }
+
+    /// Verifies the bearer token and applies the per-user limit.
+    pub fn authenticate(&self, authorization: Option<&[u8]>) -> Result<UserId, Rejection> {
+        let user = self
+            .tokens
+            .verify(authorization)
+            .map_err(|e| counted(e.into()))?;
+        self.limits
+            .check_user(user.as_str())
+            .map_err(|l| counted(Rejection::RateLimited(l)))?;
+        Ok(user)
+    }
+
+    /// The full pipeline for placing an order, after the per-IP check.
+    pub async fn admit_order(
+        &self,
+        pool: &PgPool,
+        deal_id: &str,
+        authorization: Option<&[u8]>,
+        quantity: Quantity,
+    ) -> Result<Admitted, Rejection> {
+        if self.sold_out.is_sold_out(deal_id) {
+            return Err(counted(Rejection::SoldOut));
+        }
+        let user = self.authenticate(authorization)?;
+        self.limits
+            .check_deal(deal_id)
+            .map_err(|l| counted(Rejection::RateLimited(l)))?;
+        let deal = self.deal(pool, deal_id).await.map_err(counted)?;
+        match deal.window(Utc::now()) {
+            Window::Open => {}
+            closed => return Err(counted(Rejection::SaleNotOpen(closed))),
+        }
+        if i64::from(quantity.get()) > i64::from(deal.per_user_limit) {
+            return Err(counted(Rejection::PerUserLimit {
+                limit: deal.per_user_limit,
+            }));
+        }
+        Ok(Admitted {
+            user,
+            deal,
+            quantity,
+        })
+    }
+
+    /// The deal's cached settings.
+    pub async fn deal(&self, pool: &PgPool, deal_id: &str) -> Result<Arc<Deal>, Rejection> {
+        self.deals
+            .get(pool, deal_id)
+            .await?
+            .ok_or(Rejection::UnknownDeal)
+    }
+}
+
+/// Counts a rejection once, where it is made.
+fn counted(rejection: Rejection) -> Rejection {
+    metrics::counter!(telemetry::ADMISSION_REJECTIONS, "reason" => rejection.reason()).increment(1);
+    rejection
+}

@@ -1,0 +1,179 @@
+//! Builds the whole gateway from `Settings`: pools, Redis, admission, background tasks and
+//! the HTTP server. The only module that knows every other one.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::admission::Admission;
+use crate::config::{Settings, millis};
+use crate::http::{self, State};
+use crate::orders::sweeper;
+use crate::redis_link::RedisHandle;
+use crate::store::{self, Pools, StoreError};
+use crate::telemetry;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("cannot listen on {0}: {1}")]
+    Bind(SocketAddr, std::io::Error),
+}
+
+/// A built, bound, not yet running gateway.
+pub struct Application {
+    listener: TcpListener,
+    local_addr: SocketAddr,
+    state: Arc<State>,
+    shutdown: CancellationToken,
+}
+
+impl Application {
+    /// Connects, migrates (when configured) and binds. Redis being down is not an error.
+    pub async fn build(settings: Settings) -> Result<Self, AppError> {
+        telemetry::prometheus();
+        let settings = Arc::new(settings);
+        if settings.database.migrate_on_start {
+            store::migrate(&settings.database).await?;
+        }
+        let pools = Pools::new(&settings.database)?;
+        let redis = RedisHandle::new(
+            &settings.redis.url,
+            &settings.redis.key_prefix,
+            millis(settings.redis.command_timeout_ms),
+        );
+        redis.connect().await;
+        let admission = Admission::new(&settings, redis.clone());
+        let listen = settings.server.listen;
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|e| AppError::Bind(listen, e))?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|e| AppError::Bind(listen, e))?;
+        let state = State::new(settings, pools, redis, admission);
+        Ok(Self {
+            listener,
+            local_addr,
+            state,
+            shutdown: CancellationToken::new(),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Cancel it to shut the gateway down gracefully.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// The pool for administrative work done before serving (the demo sale, say).
+    pub fn admin_pool(&self) -> PgPool {
+        self.state.pools.background.clone()
+    }
+
+    /// Serves until the shutdown token is cancelled, then drains and stops every task.
+    pub async fn run(self) -> Result<(), AppError> {
+        let tasks = TaskTracker::new();
+        spawn_background(&tasks, &self.state, &self.shutdown);
+        http::serve(self.listener, self.state, self.shutdown.clone()).await;
+        self.shutdown.cancel();
+        tasks.close();
+        tasks.wait().await;
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+fn spawn_background(tasks: &TaskTracker, state: &Arc<State>, shutdown: &CancellationToken) {
+    let settings = &state.settings;
+    let background = state.pools.background.clone();
+    tasks.spawn(state.redis.clone().keep_connected(
+        millis(settings.redis.reconnect_interval_ms),
+        shutdown.clone(),
+    ));
+    tasks.spawn(state.admission.sold_out().clone().keep_fresh(
+        background.clone(),
+        millis(settings.soldout.refresh_interval_ms),
+        shutdown.clone(),
+    ));
+    let sold_out = state.admission.sold_out().clone();
+    tasks.spawn(sweeper::run(
+        background,
+        millis(settings.sweeper.interval_ms),
+        settings.sweeper.batch_max,
+        shutdown.clone(),
+        move |deals| {
+            let sold_out = sold_out.clone();
+            async move {
+                for deal in deals {
+                    sold_out.clear(&deal).await;
+                }
+            }
+        },
+    ));
+    tasks.spawn(sample_metrics(state.clone(), shutdown.clone()));
+    tasks.spawn(forget_idle_limits(state.clone(), shutdown.clone()));
+}
+
+/// Publishes pool occupancy and per-deal inventory gauges.
+async fn sample_metrics(state: Arc<State>, shutdown: CancellationToken) {
+    let interval = millis(state.settings.deals.metrics_interval_ms);
+    loop {
+        state.pools.record_metrics();
+        if let Err(error) = record_inventory(&state.pools.background).await {
+            tracing::debug!(%error, "inventory gauges not refreshed");
+        }
+        if sleep_or_shutdown(interval, &shutdown).await {
+            return;
+        }
+    }
+}
+
+/// Deals still on sale, or ended within the last day, get inventory gauges.
+async fn record_inventory(pool: &PgPool) -> Result<(), StoreError> {
+    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT b.deal_id, sum(b.available)::bigint, sum(b.reserved)::bigint, sum(b.sold)::bigint
+           FROM inventory_buckets b JOIN deals d ON d.id = b.deal_id
+          WHERE d.ends_at IS NULL OR d.ends_at > now() - interval '1 day'
+          GROUP BY b.deal_id",
+    )
+    .fetch_all(pool)
+    .await?;
+    for (deal, available, reserved, sold) in rows {
+        for (state, units) in [
+            ("available", available),
+            ("reserved", reserved),
+            ("sold", sold),
+        ] {
+            metrics::gauge!(telemetry::INVENTORY_UNITS, "deal" => deal.clone(), "state" => state)
+                .set(units as f64);
+        }
+    }
+    Ok(())
+}
+
+async fn forget_idle_limits(state: Arc<State>, shutdown: CancellationToken) {
+    let interval = millis(state.settings.limits.retain_interval_ms);
+    while !sleep_or_shutdown(interval, &shutdown).await {
+        state.admission.limits().forget_idle();
+    }
+}
+
+/// Sleeps `interval`; true when shutdown came first.
+async fn sleep_or_shutdown(interval: Duration, shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        () = shutdown.cancelled() => true,
+        () = tokio::time::sleep(interval) => false,
+    }
+}

@@ -1,0 +1,370 @@
+//! Settings: one typed tree, loaded in layers.
+//!
+//! `config/default.toml` is compiled in and carries every default, so there is exactly one
+//! place a default lives. A `--config` file and environment variables override it. Every
+//! limit is validated at start-up; a bad configuration stops the process before it binds.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use ipnet::IpNet;
+use serde::Deserialize;
+
+/// The defaults, shipped inside the binary.
+pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+
+/// Environment variables with fixed names, and the key each one sets.
+const NAMED_ENV: [(&str, &str); 5] = [
+    ("DATABASE_URL", "database.url"),
+    ("REDIS_URL", "redis.url"),
+    ("FLASHGATE_LISTEN", "server.listen"),
+    ("FLASHGATE_ADMIN_TOKEN", "auth.admin_token"),
+    ("FLASHGATE_JWT_SECRET", "auth.jwt_secret"),
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration could not be read: {0}")]
+    Load(#[from] Box<figment::Error>),
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub server: ServerSettings,
+    pub database: DatabaseSettings,
+    pub redis: RedisSettings,
+    pub auth: AuthSettings,
+    pub limits: LimitSettings,
+    pub orders: OrderSettings,
+    pub sweeper: SweeperSettings,
+    pub soldout: SoldOutSettings,
+    pub deals: DealSettings,
+    pub telemetry: TelemetrySettings,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSettings {
+    pub listen: SocketAddr,
+    pub header_bytes_max: usize,
+    pub body_bytes_max: usize,
+    pub header_read_timeout_ms: u64,
+    pub request_timeout_ms: u64,
+    pub connections_max: usize,
+    pub shutdown_grace_seconds: u64,
+    pub trusted_proxies: Vec<IpNet>,
+    pub client_ip_header: String,
+    pub public_cache_max_age_seconds: u32,
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseSettings {
+    pub url: String,
+    pub request_pool_max: u32,
+    pub background_pool_max: u32,
+    pub acquire_timeout_ms: u64,
+    pub statement_timeout_ms: u64,
+    pub migrate_on_start: bool,
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    pub url: String,
+    pub key_prefix: String,
+    pub command_timeout_ms: u64,
+    pub reconnect_interval_ms: u64,
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSettings {
+    pub jwt_secret: String,
+    pub jwt_leeway_seconds: u64,
+    pub admin_token: String,
+    pub user_id_bytes_max: usize,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitSettings {
+    pub retain_interval_ms: u64,
+    pub per_ip: RateSettings,
+    pub per_user: RateSettings,
+    pub per_deal: RateSettings,
+}
+
+/// A token bucket: `rate_per_second` sustained, `burst` at once.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateSettings {
+    pub rate_per_second: u32,
+    pub burst: u32,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrderSettings {
+    pub quantity_max: u32,
+    pub idempotency_key_bytes_max: usize,
+    pub retries_max: u32,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweeperSettings {
+    pub interval_ms: u64,
+    pub batch_max: u32,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SoldOutSettings {
+    pub refresh_interval_ms: u64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DealSettings {
+    pub cache_ttl_ms: u64,
+    pub cache_entries_max: usize,
+    pub metrics_interval_ms: u64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetrySettings {
+    pub log_filter: String,
+}
+
+impl Settings {
+    /// Defaults, then `config_file` if given, then the environment; validated.
+    pub fn load(config_file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Toml::string(DEFAULT_TOML));
+        if let Some(path) = config_file {
+            if !path.is_file() {
+                return Err(ConfigError::Invalid(format!(
+                    "config file {} does not exist",
+                    path.display()
+                )));
+            }
+            figment = figment.merge(Toml::file(path));
+        }
+        figment = figment.merge(Env::prefixed("FLASHGATE__").split("__"));
+        for (var, key) in NAMED_ENV {
+            if let Ok(value) = std::env::var(var) {
+                figment = figment.merge((key, value));
+            }
+        }
+        let settings: Settings = figment.extract().map_err(Box::new)?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Only the compiled-in defaults; for tests and tools that build settings in code.
+    pub fn defaults() -> Self {
+        let settings: Settings = Figment::from(Toml::string(DEFAULT_TOML))
+            .extract()
+            .expect("config/default.toml is valid");
+        settings
+    }
+
+    /// Checks every limit and the relationships between them.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let s = &self.server;
+        check(
+            s.header_bytes_max >= 8192,
+            "server.header_bytes_max must be at least 8192",
+        )?;
+        check(
+            s.body_bytes_max >= 64,
+            "server.body_bytes_max must be at least 64",
+        )?;
+        check(
+            s.header_read_timeout_ms > 0,
+            "server.header_read_timeout_ms must be > 0",
+        )?;
+        check(
+            s.request_timeout_ms > 0,
+            "server.request_timeout_ms must be > 0",
+        )?;
+        check(s.connections_max > 0, "server.connections_max must be > 0")?;
+        check(
+            http::HeaderName::from_bytes(s.client_ip_header.as_bytes()).is_ok(),
+            "server.client_ip_header must be a header name",
+        )?;
+        let d = &self.database;
+        check(
+            d.request_pool_max > 0,
+            "database.request_pool_max must be > 0",
+        )?;
+        check(
+            d.background_pool_max > 0,
+            "database.background_pool_max must be > 0",
+        )?;
+        check(
+            d.acquire_timeout_ms > 0,
+            "database.acquire_timeout_ms must be > 0",
+        )?;
+        check(
+            d.statement_timeout_ms > 0,
+            "database.statement_timeout_ms must be > 0",
+        )?;
+        check(
+            self.redis.command_timeout_ms > 0,
+            "redis.command_timeout_ms must be > 0",
+        )?;
+        check(
+            self.redis.reconnect_interval_ms > 0,
+            "redis.reconnect_interval_ms must be > 0",
+        )?;
+        check(
+            !self.auth.jwt_secret.is_empty(),
+            "auth.jwt_secret must not be empty",
+        )?;
+        check(
+            self.auth.admin_token.len() >= 16,
+            "auth.admin_token must be at least 16 bytes",
+        )?;
+        check(
+            self.auth.user_id_bytes_max > 0,
+            "auth.user_id_bytes_max must be > 0",
+        )?;
+        for (name, rate) in [
+            ("per_ip", self.limits.per_ip),
+            ("per_user", self.limits.per_user),
+            ("per_deal", self.limits.per_deal),
+        ] {
+            check(
+                rate.rate_per_second > 0 && rate.burst > 0,
+                &format!("limits.{name} rate_per_second and burst must be > 0"),
+            )?;
+        }
+        check(
+            self.limits.retain_interval_ms > 0,
+            "limits.retain_interval_ms must be > 0",
+        )?;
+        let o = &self.orders;
+        check(o.quantity_max > 0, "orders.quantity_max must be > 0")?;
+        check(
+            (1..=255).contains(&o.idempotency_key_bytes_max),
+            "orders.idempotency_key_bytes_max must be 1..=255",
+        )?;
+        check(
+            self.sweeper.interval_ms > 0,
+            "sweeper.interval_ms must be > 0",
+        )?;
+        check(self.sweeper.batch_max > 0, "sweeper.batch_max must be > 0")?;
+        check(
+            self.soldout.refresh_interval_ms > 0 && self.soldout.refresh_interval_ms <= 1000,
+            "soldout.refresh_interval_ms must be 1..=1000 so a cleared flag spreads within a second",
+        )?;
+        check(
+            self.deals.cache_ttl_ms > 0,
+            "deals.cache_ttl_ms must be > 0",
+        )?;
+        check(
+            self.deals.cache_entries_max > 0,
+            "deals.cache_entries_max must be > 0",
+        )?;
+        check(
+            self.deals.metrics_interval_ms > 0,
+            "deals.metrics_interval_ms must be > 0",
+        )?;
+        Ok(())
+    }
+
+    pub fn uses_default_secrets(&self) -> bool {
+        let defaults = Self::defaults();
+        self.auth.jwt_secret == defaults.auth.jwt_secret
+            || self.auth.admin_token == defaults.auth.admin_token
+    }
+}
+
+fn check(ok: bool, message: &str) -> Result<(), ConfigError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid(message.to_owned()))
+    }
+}
+
+pub fn millis(ms: u64) -> Duration {
+    Duration::from_millis(ms)
+}
+
+/// Secrets never reach logs.
+impl std::fmt::Debug for DatabaseSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseSettings")
+            .field("url", &redact_url(&self.url))
+            .field("request_pool_max", &self.request_pool_max)
+            .field("background_pool_max", &self.background_pool_max)
+            .field("acquire_timeout_ms", &self.acquire_timeout_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("url", &redact_url(&self.url))
+            .field("key_prefix", &self.key_prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for AuthSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthSettings")
+            .field("jwt_secret", &"<redacted>")
+            .field("admin_token", &"<redacted>")
+            .field("jwt_leeway_seconds", &self.jwt_leeway_seconds)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Drops the password from a connection URL.
+fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://<redacted>{}", &url[..scheme_end], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_parse_and_validate() {
+        let settings = Settings::defaults();
+        settings.validate().unwrap();
+        assert_eq!(settings.orders.idempotency_key_bytes_max, 255);
+    }
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(
+            redact_url("postgres://u:secret@h:5432/db"),
+            "postgres://<redacted>@h:5432/db"
+        );
+        assert_eq!(redact_url("redis://127.0.0.1"), "redis://127.0.0.1");
+    }
+
+    #[test]
+    fn rejects_bad_limits() {
+        let mut settings = Settings::defaults();
+        settings.soldout.refresh_interval_ms = 5000;
+        assert!(settings.validate().is_err());
+    }
+}

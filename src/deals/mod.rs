@@ -1,0 +1,199 @@
+//! The deal catalogue: what is on sale, at what price, when, and with which limits.
+//!
+//! Deals are read on every order, so each instance keeps them in a small cache with a short
+//! TTL; the sale window checked here is re-checked by PostgreSQL's clock when an order is
+//! written, so a stale cache can delay a decision but never let a wrong one through.
+
+mod cache;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+
+pub use cache::DealCache;
+
+use crate::domain::DealId;
+use crate::store::StoreError;
+
+/// A deal as stored. Prices are in minor units (cents) of `currency`.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Deal {
+    pub id: String,
+    pub name: String,
+    pub stock_total: i64,
+    pub bucket_count: i32,
+    pub unit_price_minor: i64,
+    pub currency: String,
+    pub per_user_limit: i32,
+    pub reservation_ttl_seconds: i32,
+    pub starts_at: Option<DateTime<Utc>>,
+    pub ends_at: Option<DateTime<Utc>>,
+}
+
+/// Where a deal stands in time, judged by the given clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    Upcoming,
+    Open,
+    Ended,
+}
+
+impl Deal {
+    pub fn window(&self, now: DateTime<Utc>) -> Window {
+        match (self.starts_at, self.ends_at) {
+            (Some(starts), _) if now < starts => Window::Upcoming,
+            (_, Some(ends)) if now >= ends => Window::Ended,
+            _ => Window::Open,
+        }
+    }
+}
+
+/// What an administrator asks for; validated by `NewDeal::validate` before any SQL runs.
+#[derive(Debug, Clone)]
+pub struct NewDeal {
+    pub id: DealId,
+    pub name: String,
+    pub stock: i64,
+    pub buckets: i32,
+    pub unit_price_minor: i64,
+    pub currency: String,
+    pub per_user_limit: i32,
+    pub reservation_ttl_seconds: i32,
+    pub starts_at: Option<DateTime<Utc>>,
+    pub ends_at: Option<DateTime<Utc>>,
+}
+
+/// Bounds on what a deal may be created with.
+pub const BUCKETS_MAX: i32 = 1024;
+pub const STOCK_MAX: i64 = 1_000_000_000;
+pub const UNIT_PRICE_MINOR_MAX: i64 = 1_000_000_000_000;
+pub const TTL_SECONDS_MAX: i32 = 86_400;
+pub const NAME_BYTES_MAX: usize = 200;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DealError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("deal {0} already exists")]
+    AlreadyExists(String),
+    #[error("deal not found")]
+    NotFound,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl NewDeal {
+    pub fn validate(&self) -> Result<(), DealError> {
+        let invalid = |m: &str| Err(DealError::Invalid(m.to_owned()));
+        if self.name.trim().is_empty() || self.name.len() > NAME_BYTES_MAX {
+            return invalid("name must be 1-200 bytes");
+        }
+        if !(0..=STOCK_MAX).contains(&self.stock) {
+            return invalid("stock must be 0-1000000000");
+        }
+        if !(1..=BUCKETS_MAX).contains(&self.buckets) {
+            return invalid("buckets must be 1-1024");
+        }
+        if !(0..=UNIT_PRICE_MINOR_MAX).contains(&self.unit_price_minor) {
+            return invalid("unit_price_minor must be 0-1000000000000");
+        }
+        if self.currency.len() != 3 || !self.currency.bytes().all(|b| b.is_ascii_uppercase()) {
+            return invalid("currency must be an ISO 4217 code such as EUR");
+        }
+        if self.per_user_limit < 1 {
+            return invalid("per_user_limit must be at least 1");
+        }
+        if !(1..=TTL_SECONDS_MAX).contains(&self.reservation_ttl_seconds) {
+            return invalid("reservation_ttl_seconds must be 1-86400");
+        }
+        if let (Some(starts), Some(ends)) = (self.starts_at, self.ends_at)
+            && starts >= ends
+        {
+            return invalid("starts_at must be before ends_at");
+        }
+        Ok(())
+    }
+
+    /// Units per bucket: as even as possible, the remainder on the lowest buckets.
+    pub fn bucket_split(&self) -> Vec<i64> {
+        split_evenly(self.stock, self.buckets)
+    }
+}
+
+pub fn split_evenly(units: i64, buckets: i32) -> Vec<i64> {
+    assert!(buckets >= 1 && units >= 0);
+    let n = i64::from(buckets);
+    (0..n)
+        .map(|i| units / n + i64::from(i < units % n))
+        .collect()
+}
+
+const SELECT_DEAL: &str = "SELECT id, name, stock_total, bucket_count, unit_price_minor, currency,
+        per_user_limit, reservation_ttl_seconds, starts_at, ends_at
+    FROM deals WHERE id = $1";
+
+pub async fn load(pool: &PgPool, id: &str) -> Result<Option<Deal>, StoreError> {
+    Ok(sqlx::query_as::<_, Deal>(SELECT_DEAL)
+        .bind(id)
+        .fetch_optional(pool)
+        .await?)
+}
+
+/// Creates the deal and its bucket rows in one transaction.
+pub async fn create(pool: &PgPool, new: &NewDeal) -> Result<Deal, DealError> {
+    new.validate()?;
+    let mut tx = pool.begin().await.map_err(StoreError::from)?;
+    let inserted = sqlx::query(
+        "INSERT INTO deals (id, name, stock_total, bucket_count, unit_price_minor, currency,
+             per_user_limit, reservation_ttl_seconds, starts_at, ends_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+         ON CONFLICT (id) DO NOTHING",
+    )
+    .bind(new.id.as_str())
+    .bind(&new.name)
+    .bind(new.stock)
+    .bind(new.buckets)
+    .bind(new.unit_price_minor)
+    .bind(&new.currency)
+    .bind(new.per_user_limit)
+    .bind(new.reservation_ttl_seconds)
+    .bind(new.starts_at)
+    .bind(new.ends_at)
+    .execute(&mut *tx)
+    .await
+    .map_err(StoreError::from)?;
+    if inserted.rows_affected() == 0 {
+        return Err(DealError::AlreadyExists(new.id.to_string()));
+    }
+    sqlx::query(
+        "INSERT INTO inventory_buckets (deal_id, bucket, available)
+         SELECT $1, b - 1, units FROM unnest($2::bigint[]) WITH ORDINALITY AS t(units, b)",
+    )
+    .bind(new.id.as_str())
+    .bind(new.bucket_split())
+    .execute(&mut *tx)
+    .await
+    .map_err(StoreError::from)?;
+    let deal = sqlx::query_as::<_, Deal>(SELECT_DEAL)
+        .bind(new.id.as_str())
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(StoreError::from)?;
+    tx.commit().await.map_err(StoreError::from)?;
+    Ok(deal)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_keeps_every_unit() {
+        for (units, buckets) in [(0, 1), (100, 8), (7, 3), (3, 8), (1_000_000, 1024)] {
+            let split = split_evenly(units, buckets);
+            assert_eq!(split.len(), buckets as usize);
+            assert_eq!(split.iter().sum::<i64>(), units);
+            let (min, max) = (split.iter().min().unwrap(), split.iter().max().unwrap());
+            assert!(max - min <= 1);
+        }
+    }
+}

@@ -1,0 +1,10 @@
+//! Pure types and rules, no IO.
+//!
+//! Everything that arrives from the network is parsed into one of these types at the edge
+//! (`DealId::parse`, `Quantity::new`, …), so deeper layers can trust their inputs.
+
+mod ids;
+mod status;
+
+pub use ids::{DealId, IdempotencyKey, InvalidInput, Quantity, UserId};
+pub use status::{InvalidTransition, OrderEvent, OrderStatus};

@@ -1,0 +1,157 @@
+//! The order state machine.
+//!
+//! `transition` is the only definition of which moves are legal. SQL repeats the old state
+//! in its `WHERE` clause so that two racing writers (a cancel and the sweeper, say) produce
+//! exactly one outcome; this function decides what that outcome may be.
+
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OrderStatus {
+    /// Stock is reserved and waits for payment until `expires_at`.
+    PendingPayment,
+    /// Payment confirmed; the reserved units are sold.
+    Paid,
+    /// The reservation ran out before payment; units went back to the buckets.
+    Expired,
+    /// The user (or a failed payment) cancelled; units went back to the buckets.
+    Cancelled,
+    /// Money arrived for an order that no longer holds stock; it must be returned.
+    RefundPending,
+    /// The money was returned.
+    Refunded,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrderEvent {
+    Cancel,
+    Expire,
+    PaymentSucceeded,
+    PaymentFailed,
+    RefundRequested,
+    RefundCompleted,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("an order in {from} cannot take {event:?}")]
+pub struct InvalidTransition {
+    pub from: OrderStatus,
+    pub event: OrderEvent,
+}
+
+impl OrderStatus {
+    pub const ALL: [OrderStatus; 6] = [
+        Self::PendingPayment,
+        Self::Paid,
+        Self::Expired,
+        Self::Cancelled,
+        Self::RefundPending,
+        Self::Refunded,
+    ];
+
+    pub fn transition(self, event: OrderEvent) -> Result<OrderStatus, InvalidTransition> {
+        use OrderEvent as E;
+        use OrderStatus as S;
+        match (self, event) {
+            (S::PendingPayment, E::Cancel | E::PaymentFailed) => Ok(S::Cancelled),
+            (S::PendingPayment, E::Expire) => Ok(S::Expired),
+            (S::PendingPayment, E::PaymentSucceeded) => Ok(S::Paid),
+            (S::Expired | S::Cancelled, E::PaymentSucceeded) => Ok(S::RefundPending),
+            (S::Paid, E::RefundRequested) => Ok(S::RefundPending),
+            (S::RefundPending, E::RefundCompleted) => Ok(S::Refunded),
+            (from, event) => Err(InvalidTransition { from, event }),
+        }
+    }
+
+    /// Whether the order's units are counted as reserved in the buckets.
+    pub fn holds_reservation(self) -> bool {
+        self == Self::PendingPayment
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PendingPayment => "PENDING_PAYMENT",
+            Self::Paid => "PAID",
+            Self::Expired => "EXPIRED",
+            Self::Cancelled => "CANCELLED",
+            Self::RefundPending => "REFUND_PENDING",
+            Self::Refunded => "REFUNDED",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|status| status.as_str() == raw)
+    }
+}
+
+impl fmt::Display for OrderStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const EVENTS: [OrderEvent; 6] = [
+        OrderEvent::Cancel,
+        OrderEvent::Expire,
+        OrderEvent::PaymentSucceeded,
+        OrderEvent::PaymentFailed,
+        OrderEvent::RefundRequested,
+        OrderEvent::RefundCompleted,
+    ];
+
+    #[test]
+    fn names_round_trip() {
+        for status in OrderStatus::ALL {
+            assert_eq!(OrderStatus::parse(status.as_str()), Some(status));
+        }
+        assert_eq!(OrderStatus::parse("paid"), None);
+    }
+
+    #[test]
+    fn only_pending_orders_can_be_cancelled_or_expired() {
+        for status in OrderStatus::ALL {
+            for event in [OrderEvent::Cancel, OrderEvent::Expire] {
+                assert_eq!(
+                    status.transition(event).is_ok(),
+                    status == OrderStatus::PendingPayment
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn terminal_states_accept_nothing() {
+        for event in EVENTS {
+            assert!(OrderStatus::Refunded.transition(event).is_err());
+        }
+    }
+
+    fn event() -> impl Strategy<Value = OrderEvent> {
+        proptest::sample::select(EVENTS.to_vec())
+    }
+
+    proptest! {
+        /// Over any sequence of events an order is paid at most once, and once it has left
+        /// PENDING_PAYMENT it never returns there.
+        #[test]
+        fn random_event_sequences(events in proptest::collection::vec(event(), 0..40)) {
+            let mut status = OrderStatus::PendingPayment;
+            let mut paid = 0;
+            for event in events {
+                if let Ok(next) = status.transition(event) {
+                    prop_assert_ne!(next, OrderStatus::PendingPayment);
+                    if next == OrderStatus::Paid {
+                        paid += 1;
+                    }
+                    status = next;
+                }
+            }
+            prop_assert!(paid <= 1);
+        }
+    }
+}

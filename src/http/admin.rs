@@ -1,0 +1,259 @@
+//! Operator endpoints: deals, stock, inventory, and the probes and metrics.
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use http::header::AUTHORIZATION;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::State;
+use super::body::{self, Caching};
+use super::problem::Problem;
+use super::public::deal_state;
+use crate::admission::token::{bearer, constant_time_eq};
+use crate::deals::{self, Deal, NewDeal};
+use crate::domain::DealId;
+use crate::inventory;
+use crate::telemetry;
+
+type Reply = Result<Response<Full<Bytes>>, Problem>;
+
+/// Only the configured admin token opens /admin; compared in constant time.
+fn require_admin<B>(state: &State, request: &Request<B>) -> Result<(), Problem> {
+    let value = request.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
+    let token =
+        bearer(value).ok_or_else(|| Problem::unauthorized("admin bearer token required"))?;
+    if constant_time_eq(token, state.settings.auth.admin_token.as_bytes()) {
+        Ok(())
+    } else {
+        Err(Problem::forbidden("this token may not use the admin API"))
+    }
+}
+
+/// Deal ids may be sent as strings or numbers; they are stored as strings.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum IdInput {
+    Text(String),
+    Number(u64),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateDeal {
+    id: IdInput,
+    name: String,
+    stock: i64,
+    buckets: i32,
+    unit_price_minor: i64,
+    currency: String,
+    per_user_limit: i32,
+    reservation_ttl_seconds: i32,
+    #[serde(default)]
+    starts_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    ends_at: Option<DateTime<Utc>>,
+}
+
+impl CreateDeal {
+    fn into_new_deal(self) -> Result<NewDeal, Problem> {
+        let id = match self.id {
+            IdInput::Text(text) => text,
+            IdInput::Number(number) => number.to_string(),
+        };
+        Ok(NewDeal {
+            id: DealId::parse(&id)?,
+            name: self.name,
+            stock: self.stock,
+            buckets: self.buckets,
+            unit_price_minor: self.unit_price_minor,
+            currency: self.currency.to_ascii_uppercase(),
+            per_user_limit: self.per_user_limit,
+            reservation_ttl_seconds: self.reservation_ttl_seconds,
+            starts_at: self.starts_at,
+            ends_at: self.ends_at,
+        })
+    }
+}
+
+#[derive(Serialize)]
+struct AdminDealView<'a> {
+    id: &'a str,
+    name: &'a str,
+    state: &'static str,
+    stock_total: i64,
+    buckets: i32,
+    unit_price_minor: i64,
+    currency: &'a str,
+    per_user_limit: i32,
+    reservation_ttl_seconds: i32,
+    starts_at: Option<DateTime<Utc>>,
+    ends_at: Option<DateTime<Utc>>,
+}
+
+impl<'a> AdminDealView<'a> {
+    fn new(deal: &'a Deal) -> Self {
+        Self {
+            id: &deal.id,
+            name: &deal.name,
+            state: deal_state(deal, deal.stock_total == 0),
+            stock_total: deal.stock_total,
+            buckets: deal.bucket_count,
+            unit_price_minor: deal.unit_price_minor,
+            currency: &deal.currency,
+            per_user_limit: deal.per_user_limit,
+            reservation_ttl_seconds: deal.reservation_ttl_seconds,
+            starts_at: deal.starts_at,
+            ends_at: deal.ends_at,
+        }
+    }
+}
+
+pub async fn create_deal(state: &State, request: Request<Incoming>) -> Reply {
+    require_admin(state, &request)?;
+    let (parts, incoming) = request.into_parts();
+    let bytes = body::read(
+        incoming,
+        &parts.headers,
+        state.settings.server.body_bytes_max,
+    )
+    .await?;
+    let new = body::json::<CreateDeal>(&bytes)?.into_new_deal()?;
+    let deal = deals::create(&state.pools.background, &new).await?;
+    state
+        .admission
+        .deals()
+        .put(&deal.id, Some(Arc::new(deal.clone())));
+    state
+        .admission
+        .sold_out()
+        .record(&deal.id, deal.stock_total)
+        .await;
+    Ok(body::respond(
+        StatusCode::CREATED,
+        &AdminDealView::new(&deal),
+        Caching::Private,
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StockChange {
+    delta: i64,
+}
+
+pub async fn adjust_stock(state: &State, request: Request<Incoming>, raw_id: &str) -> Reply {
+    require_admin(state, &request)?;
+    let (parts, incoming) = request.into_parts();
+    let bytes = body::read(
+        incoming,
+        &parts.headers,
+        state.settings.server.body_bytes_max,
+    )
+    .await?;
+    let change: StockChange = body::json(&bytes)?;
+    if change.delta.unsigned_abs() > deals::STOCK_MAX as u64 {
+        return Err(Problem::invalid(format!(
+            "delta must be within ±{}",
+            deals::STOCK_MAX
+        )));
+    }
+    let id = DealId::parse(raw_id).map_err(|_| Problem::not_found("no such deal"))?;
+    inventory::adjust(&state.pools.background, id.as_str(), change.delta).await?;
+    inventory_reply(state, &id).await
+}
+
+pub async fn inventory<B>(state: &State, request: &Request<B>, raw_id: &str) -> Reply {
+    require_admin(state, request)?;
+    let id = DealId::parse(raw_id).map_err(|_| Problem::not_found("no such deal"))?;
+    inventory_reply(state, &id).await
+}
+
+#[derive(Serialize)]
+struct BucketView {
+    bucket: i32,
+    available: i64,
+}
+
+#[derive(Serialize)]
+struct InventoryView<'a> {
+    deal_id: &'a str,
+    stock_total: i64,
+    available: i64,
+    reserved: i64,
+    sold: i64,
+    buckets: Vec<BucketView>,
+    invariant_holds: bool,
+}
+
+/// Reads the inventory and, as a side effect, brings the sold-out flag in line with it.
+async fn inventory_reply(state: &State, id: &DealId) -> Reply {
+    let snapshot = inventory::snapshot(&state.pools.background, id.as_str())
+        .await?
+        .ok_or_else(|| Problem::not_found("no such deal"))?;
+    state
+        .admission
+        .sold_out()
+        .record(id.as_str(), snapshot.available)
+        .await;
+    let view = InventoryView {
+        deal_id: id.as_str(),
+        stock_total: snapshot.stock_total,
+        available: snapshot.available,
+        reserved: snapshot.reserved,
+        sold: snapshot.sold,
+        buckets: snapshot
+            .buckets
+            .iter()
+            .map(|&(bucket, available)| BucketView { bucket, available })
+            .collect(),
+        invariant_holds: snapshot.invariant_holds,
+    };
+    Ok(body::respond(StatusCode::OK, &view, Caching::Private))
+}
+
+pub fn healthz() -> Response<Full<Bytes>> {
+    body::respond(
+        StatusCode::OK,
+        &serde_json::json!({"status": "ok"}),
+        Caching::Private,
+    )
+}
+
+/// Ready when PostgreSQL answers and shutdown has not begun; Redis is reported, not required.
+pub async fn readyz(state: &State) -> Response<Full<Bytes>> {
+    let postgres = sqlx::query_scalar::<_, i32>("SELECT 1")
+        .fetch_one(&state.pools.background)
+        .await
+        .is_ok();
+    let redis = state.redis.is_connected().await;
+    let accepting = state.ready.load(Ordering::Relaxed);
+    let ready = postgres && accepting;
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let report = serde_json::json!({
+        "status": if ready { "ready" } else { "not_ready" },
+        "postgres": if postgres { "up" } else { "down" },
+        "redis": if redis { "up" } else { "down" },
+        "shutting_down": !accepting,
+    });
+    body::respond(status, &report, Caching::Private)
+}
+
+pub fn metrics(state: &State) -> Response<Full<Bytes>> {
+    state.pools.record_metrics();
+    let handle = telemetry::prometheus();
+    handle.run_upkeep();
+    body::text(
+        StatusCode::OK,
+        "text/plain; version=0.0.4; charset=utf-8",
+        handle.render(),
+    )
+}

@@ -1,0 +1,87 @@
+//! Reading bounded request bodies and writing JSON responses.
+
+use bytes::Bytes;
+use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use http::{Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::problem::Problem;
+
+/// The whole body, refused with 413 past `bytes_max` (before reading it when the client
+/// declared its length).
+pub async fn read(
+    body: Incoming,
+    headers: &http::HeaderMap,
+    bytes_max: usize,
+) -> Result<Bytes, Problem> {
+    let declared = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > bytes_max as u64) {
+        return Err(Problem::payload_too_large(bytes_max));
+    }
+    match Limited::new(body, bytes_max).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error)
+            if error
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(Problem::payload_too_large(bytes_max))
+        }
+        Err(_) => Err(Problem::invalid("the request body could not be read")),
+    }
+}
+
+/// Parses a JSON body into `T`, answering 400 with serde's reason otherwise.
+pub fn json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
+    if bytes.is_empty() {
+        return Err(Problem::invalid("a JSON body is required"));
+    }
+    serde_json::from_slice(bytes)
+        .map_err(|error| Problem::invalid(format!("invalid JSON body: {error}")))
+}
+
+/// Cache policy of a successful response.
+#[derive(Debug, Clone, Copy)]
+pub enum Caching {
+    /// Anyone's answer, safe for a CDN for this many seconds.
+    Public(u32),
+    /// Personal or a write: never cached.
+    Private,
+}
+
+pub fn respond<T: Serialize>(
+    status: StatusCode,
+    value: &T,
+    caching: Caching,
+) -> Response<Full<Bytes>> {
+    let json = serde_json::to_vec(value).unwrap_or_default();
+    let mut response = Response::new(Full::new(Bytes::from(json)));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    let cache = match caching {
+        Caching::Public(seconds) => HeaderValue::from_str(&format!("public, max-age={seconds}"))
+            .unwrap_or(HeaderValue::from_static("no-store")),
+        Caching::Private => HeaderValue::from_static("private, no-store"),
+    };
+    headers.insert(CACHE_CONTROL, cache);
+    response
+}
+
+pub fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+        .headers_mut()
+        .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}

@@ -1,0 +1,56 @@
+//! The HTTP front end: the only module that knows hyper.
+//!
+//! `server` accepts connections with limits on head size, head read time and connection
+//! count, and drains in-flight requests on shutdown. `router` maps a request to a handler
+//! and records its metrics; handlers parse input into domain types, call admission and the
+//! order service, and turn results into JSON or problem+json (`problem`).
+
+mod admin;
+mod body;
+pub mod problem;
+mod public;
+mod router;
+mod server;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use http::HeaderName;
+
+use crate::admission::Admission;
+use crate::config::Settings;
+use crate::redis_link::RedisHandle;
+use crate::store::Pools;
+
+pub use server::serve;
+
+/// Everything a request handler can reach.
+pub struct State {
+    pub settings: Arc<Settings>,
+    pub pools: Pools,
+    pub redis: RedisHandle,
+    pub admission: Admission,
+    pub client_ip_header: HeaderName,
+    /// False once shutdown has begun, so load balancers stop sending traffic.
+    pub ready: AtomicBool,
+}
+
+impl State {
+    pub fn new(
+        settings: Arc<Settings>,
+        pools: Pools,
+        redis: RedisHandle,
+        admission: Admission,
+    ) -> Arc<Self> {
+        let client_ip_header = HeaderName::from_bytes(settings.server.client_ip_header.as_bytes())
+            .expect("validated: client_ip_header is a header name");
+        Arc::new(Self {
+            settings,
+            pools,
+            redis,
+            admission,
+            client_ip_header,
+            ready: AtomicBool::new(true),
+        })
+    }
+}

@@ -1,0 +1,281 @@
+//! Problem details (RFC 9457): the one place where errors become HTTP.
+//!
+//! Every error enum of the layers below is mapped here, and only here, to a status code,
+//! a problem type and the headers a client needs to react (`Retry-After`, `RateLimit`).
+
+use bytes::Bytes;
+use http::header::{
+    CACHE_CONTROL, CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE,
+};
+use http::{Response, StatusCode};
+use http_body_util::Full;
+use serde::Serialize;
+
+use crate::admission::Rejection;
+use crate::admission::limits::Limited;
+use crate::admission::token::TokenError;
+use crate::deals::{DealError, Window};
+use crate::domain::InvalidInput;
+use crate::inventory::StockError;
+use crate::orders::OrderError;
+use crate::store::StoreError;
+
+const TYPE_BASE: &str = "https://flashgate.dev/problems/";
+
+/// The problem types flashgate answers with; the slug ends the `type` URI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    InvalidRequest,
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    SoldOut,
+    SaleNotOpen,
+    PerUserLimit,
+    RateLimited,
+    IdempotencyConflict,
+    Overloaded,
+}
+
+impl Kind {
+    fn slug_and_title(self) -> (&'static str, &'static str) {
+        match self {
+            Kind::InvalidRequest => ("invalid-request", "Invalid request"),
+            Kind::Unauthorized => ("unauthorized", "Unauthorized"),
+            Kind::Forbidden => ("forbidden", "Forbidden"),
+            Kind::NotFound => ("not-found", "Not found"),
+            Kind::SoldOut => ("sold-out", "Sold out"),
+            Kind::SaleNotOpen => ("sale-not-open", "Sale not open"),
+            Kind::PerUserLimit => ("per-user-limit", "Per-user limit reached"),
+            Kind::RateLimited => ("rate-limited", "Too many requests"),
+            Kind::IdempotencyConflict => ("idempotency-conflict", "Idempotency key reused"),
+            Kind::Overloaded => ("overloaded", "Overloaded"),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Problem {
+    kind: Kind,
+    status: StatusCode,
+    detail: String,
+    headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    #[serde(rename = "type")]
+    type_uri: String,
+    title: &'a str,
+    status: u16,
+    detail: &'a str,
+}
+
+impl Problem {
+    pub fn new(kind: Kind, status: StatusCode, detail: impl Into<String>) -> Self {
+        Self {
+            kind,
+            status,
+            detail: detail.into(),
+            headers: Vec::new(),
+        }
+    }
+
+    pub fn invalid(detail: impl Into<String>) -> Self {
+        Self::new(Kind::InvalidRequest, StatusCode::BAD_REQUEST, detail)
+    }
+
+    pub fn not_found(detail: impl Into<String>) -> Self {
+        Self::new(Kind::NotFound, StatusCode::NOT_FOUND, detail)
+    }
+
+    pub fn payload_too_large(bytes_max: usize) -> Self {
+        Self::new(
+            Kind::InvalidRequest,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body exceeds {bytes_max} bytes"),
+        )
+    }
+
+    pub fn method_not_allowed(allow: &'static str) -> Self {
+        Self::new(
+            Kind::InvalidRequest,
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("allowed: {allow}"),
+        )
+        .with_header(http::header::ALLOW, HeaderValue::from_static(allow))
+    }
+
+    pub fn unauthorized(detail: impl Into<String>) -> Self {
+        Self::new(Kind::Unauthorized, StatusCode::UNAUTHORIZED, detail)
+            .with_header(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"))
+    }
+
+    pub fn forbidden(detail: impl Into<String>) -> Self {
+        Self::new(Kind::Forbidden, StatusCode::FORBIDDEN, detail)
+    }
+
+    pub fn conflict(detail: impl Into<String>) -> Self {
+        Self::new(Kind::InvalidRequest, StatusCode::CONFLICT, detail)
+    }
+
+    pub fn overloaded(detail: impl Into<String>) -> Self {
+        Self::new(Kind::Overloaded, StatusCode::SERVICE_UNAVAILABLE, detail)
+            .with_header(RETRY_AFTER, HeaderValue::from_static("1"))
+    }
+
+    fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.headers.push((name, value));
+        self
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    pub fn into_response(self) -> Response<Full<Bytes>> {
+        let (slug, title) = self.kind.slug_and_title();
+        let body = Body {
+            type_uri: format!("{TYPE_BASE}{slug}"),
+            title,
+            status: self.status.as_u16(),
+            detail: &self.detail,
+        };
+        let json = serde_json::to_vec(&body).unwrap_or_default();
+        let mut response = Response::new(Full::new(Bytes::from(json)));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        for (name, value) in self.headers {
+            headers.insert(name, value);
+        }
+        response
+    }
+
+    fn rate_limited(limited: &Limited) -> Self {
+        let name = limited.scope.as_str();
+        let retry = limited.retry_after_seconds;
+        let header =
+            |text: String| HeaderValue::from_str(&text).unwrap_or(HeaderValue::from_static("1"));
+        Self::new(
+            Kind::RateLimited,
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("{name} rate limit reached; retry in {retry} s"),
+        )
+        .with_header(RETRY_AFTER, header(retry.to_string()))
+        .with_header(
+            HeaderName::from_static("ratelimit-policy"),
+            header(format!(
+                "\"{name}\";q={};w={}",
+                limited.quota, limited.window_seconds
+            )),
+        )
+        .with_header(
+            HeaderName::from_static("ratelimit"),
+            header(format!("\"{name}\";r=0;t={retry}")),
+        )
+    }
+}
+
+impl From<InvalidInput> for Problem {
+    fn from(error: InvalidInput) -> Self {
+        Problem::invalid(error.0)
+    }
+}
+
+impl From<StoreError> for Problem {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::PoolExhausted => {
+                Problem::overloaded("no database capacity right now; retry shortly")
+            }
+            StoreError::Retryable(error) | StoreError::Unexpected(error) => {
+                tracing::error!(%error, "database error");
+                Problem::overloaded("temporarily unable to serve this request; retry shortly")
+            }
+        }
+    }
+}
+
+impl From<TokenError> for Problem {
+    fn from(error: TokenError) -> Self {
+        Problem::unauthorized(error.to_string())
+    }
+}
+
+fn sale_not_open(detail: impl Into<String>) -> Problem {
+    Problem::new(Kind::SaleNotOpen, StatusCode::CONFLICT, detail)
+}
+
+fn sold_out(detail: impl Into<String>) -> Problem {
+    Problem::new(Kind::SoldOut, StatusCode::CONFLICT, detail)
+}
+
+fn per_user_limit(limit: i32) -> Problem {
+    Problem::new(
+        Kind::PerUserLimit,
+        StatusCode::CONFLICT,
+        format!("at most {limit} units per user"),
+    )
+}
+
+impl From<Rejection> for Problem {
+    fn from(rejection: Rejection) -> Self {
+        match rejection {
+            Rejection::RateLimited(limited) => Problem::rate_limited(&limited),
+            Rejection::SoldOut => sold_out("this deal is sold out"),
+            Rejection::Unauthorized(error) => error.into(),
+            Rejection::UnknownDeal => Problem::not_found("no such deal"),
+            Rejection::SaleNotOpen(Window::Upcoming) => sale_not_open("the sale has not started"),
+            Rejection::SaleNotOpen(_) => sale_not_open("the sale has ended"),
+            Rejection::PerUserLimit { limit } => per_user_limit(limit),
+            Rejection::Store(error) => error.into(),
+        }
+    }
+}
+
+impl From<OrderError> for Problem {
+    fn from(error: OrderError) -> Self {
+        match error {
+            OrderError::SoldOut { available: 0 } => sold_out("this deal is sold out"),
+            OrderError::SoldOut { available } => sold_out(format!("only {available} units left")),
+            OrderError::SaleNotOpen => sale_not_open("the sale is not open"),
+            OrderError::PerUserLimit { limit } => per_user_limit(limit),
+            OrderError::IdempotencyConflict => Problem::new(
+                Kind::IdempotencyConflict,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "this Idempotency-Key was already used with a different request",
+            ),
+            OrderError::NotFound => Problem::not_found("no such order"),
+            OrderError::InvalidState(status) => Problem::conflict(format!(
+                "the order is {status}; only PENDING_PAYMENT orders can be cancelled"
+            )),
+            OrderError::Store(error) => error.into(),
+        }
+    }
+}
+
+impl From<DealError> for Problem {
+    fn from(error: DealError) -> Self {
+        match error {
+            DealError::Invalid(detail) => Problem::invalid(detail),
+            DealError::AlreadyExists(id) => Problem::conflict(format!("deal {id} already exists")),
+            DealError::NotFound => Problem::not_found("no such deal"),
+            DealError::Store(error) => error.into(),
+        }
+    }
+}
+
+impl From<StockError> for Problem {
+    fn from(error: StockError) -> Self {
+        match error {
+            StockError::NotFound => Problem::not_found("no such deal"),
+            error @ StockError::NotEnoughAvailable { .. } => Problem::conflict(error.to_string()),
+            StockError::Store(error) => error.into(),
+        }
+    }
+}

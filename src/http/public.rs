@@ -1,0 +1,235 @@
+//! Public and user endpoints: deal status, placing, reading and cancelling orders.
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use http::header::{AUTHORIZATION, HeaderValue};
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::State;
+use super::body::{self, Caching};
+use super::problem::Problem;
+use crate::deals::{Deal, Window};
+use crate::domain::{DealId, IdempotencyKey, OrderStatus, Quantity, UserId};
+use crate::inventory;
+use crate::orders::{self, Order, OrderError};
+
+type Reply = Result<Response<Full<Bytes>>, Problem>;
+
+#[derive(Serialize)]
+struct DealView<'a> {
+    id: &'a str,
+    name: &'a str,
+    state: &'static str,
+    unit_price_minor: i64,
+    currency: &'a str,
+    starts_at: Option<DateTime<Utc>>,
+    ends_at: Option<DateTime<Utc>>,
+}
+
+/// The public state of a deal: its window first, then the sold-out mirror.
+pub fn deal_state(deal: &Deal, sold_out: bool) -> &'static str {
+    match deal.window(Utc::now()) {
+        Window::Upcoming => "upcoming",
+        Window::Ended => "ended",
+        Window::Open if sold_out => "sold_out",
+        Window::Open => "open",
+    }
+}
+
+#[derive(Serialize)]
+struct OrderView<'a> {
+    order_id: Uuid,
+    deal_id: &'a str,
+    status: &'static str,
+    quantity: i32,
+    amount_minor: i64,
+    currency: &'a str,
+    expires_at: DateTime<Utc>,
+    created_at: DateTime<Utc>,
+}
+
+impl<'a> OrderView<'a> {
+    fn new(order: &'a Order, status: OrderStatus) -> Self {
+        Self {
+            order_id: order.id,
+            deal_id: &order.deal_id,
+            status: status.as_str(),
+            quantity: order.quantity,
+            amount_minor: order.amount_minor,
+            currency: &order.currency,
+            expires_at: order.expires_at,
+            created_at: order.created_at,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct OrderRequest {
+    quantity: i64,
+}
+
+fn header<B>(request: &Request<B>, name: impl http::header::AsHeaderName) -> Option<&[u8]> {
+    request.headers().get(name).map(HeaderValue::as_bytes)
+}
+
+/// Per-IP limit, after resolving the client address.
+fn check_ip<B>(state: &State, peer: SocketAddr, request: &Request<B>) -> Result<(), Problem> {
+    let ip = state
+        .admission
+        .client_ip(peer.ip(), header(request, &state.client_ip_header));
+    Ok(state.admission.check_ip(ip)?)
+}
+
+fn authenticate<B>(
+    state: &State,
+    peer: SocketAddr,
+    request: &Request<B>,
+) -> Result<UserId, Problem> {
+    check_ip(state, peer, request)?;
+    Ok(state
+        .admission
+        .authenticate(header(request, AUTHORIZATION))?)
+}
+
+fn parse_deal_id(raw: &str) -> Result<DealId, Problem> {
+    DealId::parse(raw).map_err(|_| Problem::not_found("no such deal"))
+}
+
+fn parse_order_id(raw: &str) -> Result<Uuid, Problem> {
+    Uuid::parse_str(raw).map_err(|_| Problem::not_found("no such order"))
+}
+
+pub async fn get_deal(
+    state: &State,
+    peer: SocketAddr,
+    request: &Request<Incoming>,
+    raw_id: &str,
+) -> Reply {
+    check_ip(state, peer, request)?;
+    let id = parse_deal_id(raw_id)?;
+    let deal = state
+        .admission
+        .deal(&state.pools.request, id.as_str())
+        .await?;
+    let view = DealView {
+        id: &deal.id,
+        name: &deal.name,
+        state: deal_state(&deal, state.admission.sold_out().is_sold_out(&deal.id)),
+        unit_price_minor: deal.unit_price_minor,
+        currency: &deal.currency,
+        starts_at: deal.starts_at,
+        ends_at: deal.ends_at,
+    };
+    let max_age = state.settings.server.public_cache_max_age_seconds;
+    Ok(body::respond(
+        StatusCode::OK,
+        &view,
+        Caching::Public(max_age),
+    ))
+}
+
+pub async fn place_order(
+    state: &State,
+    peer: SocketAddr,
+    request: Request<Incoming>,
+    raw_id: &str,
+) -> Reply {
+    let (parts, incoming) = request.into_parts();
+    let bytes = body::read(
+        incoming,
+        &parts.headers,
+        state.settings.server.body_bytes_max,
+    )
+    .await?;
+    let request = Request::from_parts(parts, ());
+    check_ip(state, peer, &request)?;
+    let deal_id = parse_deal_id(raw_id)?;
+    let orders_settings = &state.settings.orders;
+    let key = header(&request, "idempotency-key")
+        .ok_or_else(|| Problem::invalid("the Idempotency-Key header is required"))?;
+    let key = IdempotencyKey::parse(key, orders_settings.idempotency_key_bytes_max)?;
+    let asked: OrderRequest = body::json(&bytes)?;
+    let quantity = Quantity::new(asked.quantity, orders_settings.quantity_max)?;
+    let pool = &state.pools.request;
+    let admitted = state
+        .admission
+        .admit_order(
+            pool,
+            deal_id.as_str(),
+            header(&request, AUTHORIZATION),
+            quantity,
+        )
+        .await?;
+    match orders::place(pool, &admitted, &key, orders_settings.retries_max).await {
+        Ok(placed) => {
+            if placed.emptied_a_bucket {
+                refresh_sold_out(state, &placed.order.deal_id);
+            }
+            let view = OrderView::new(&placed.order, OrderStatus::PendingPayment);
+            let mut response = body::respond(StatusCode::CREATED, &view, Caching::Private);
+            if placed.replayed {
+                response
+                    .headers_mut()
+                    .insert("idempotent-replayed", HeaderValue::from_static("true"));
+            }
+            Ok(response)
+        }
+        Err(OrderError::SoldOut { available: 0 }) => {
+            state.admission.sold_out().mark(deal_id.as_str()).await;
+            Err(OrderError::SoldOut { available: 0 }.into())
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// A bucket just emptied: find out, off the request path, whether the whole deal did.
+fn refresh_sold_out(state: &State, deal_id: &str) {
+    let sold_out = state.admission.sold_out().clone();
+    let pool = state.pools.background.clone();
+    let deal_id = deal_id.to_owned();
+    tokio::spawn(async move {
+        match inventory::available(&pool, &deal_id).await {
+            Ok(available) => sold_out.record(&deal_id, available).await,
+            Err(error) => tracing::debug!(%error, "sold-out check skipped"),
+        }
+    });
+}
+
+pub async fn get_order(
+    state: &State,
+    peer: SocketAddr,
+    request: &Request<Incoming>,
+    raw_id: &str,
+) -> Reply {
+    let user = authenticate(state, peer, request)?;
+    let order_id = parse_order_id(raw_id)?;
+    let order = orders::get(&state.pools.request, &user, order_id).await?;
+    Ok(body::respond(
+        StatusCode::OK,
+        &OrderView::new(&order, order.status()),
+        Caching::Private,
+    ))
+}
+
+pub async fn cancel_order(
+    state: &State,
+    peer: SocketAddr,
+    request: &Request<Incoming>,
+    raw_id: &str,
+) -> Reply {
+    let user = authenticate(state, peer, request)?;
+    let order_id = parse_order_id(raw_id)?;
+    let order = orders::cancel(&state.pools.request, &user, order_id).await?;
+    state.admission.sold_out().clear(&order.deal_id).await;
+    Ok(body::respond(
+        StatusCode::OK,
+        &OrderView::new(&order, order.status()),
+        Caching::Private,
+    ))
+}

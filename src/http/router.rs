@@ -1,0 +1,166 @@
+//! Maps method and path to a handler; times and counts every request by route template.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{Method, Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
+
+use super::problem::Problem;
+use super::{State, admin, public};
+use crate::telemetry;
+
+/// A matched route. Ids are raw path segments, parsed by the handlers.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Route<'a> {
+    Healthz,
+    Readyz,
+    Metrics,
+    GetDeal(&'a str),
+    PlaceOrder(&'a str),
+    GetOrder(&'a str),
+    CancelOrder(&'a str),
+    CreateDeal,
+    AdjustStock(&'a str),
+    Inventory(&'a str),
+    WrongMethod {
+        template: &'static str,
+        allow: &'static str,
+    },
+    Unknown,
+}
+
+impl<'a> Route<'a> {
+    pub fn of(method: &Method, path: &'a str) -> Self {
+        let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let get = method == Method::GET || method == Method::HEAD;
+        let post = method == Method::POST;
+        let (template, allow, route) = match segments.as_slice() {
+            ["healthz"] => ("/healthz", "GET", Route::Healthz),
+            ["readyz"] => ("/readyz", "GET", Route::Readyz),
+            ["metrics"] => ("/metrics", "GET", Route::Metrics),
+            ["v1", "deals", id] => ("/v1/deals/{id}", "GET", Route::GetDeal(id)),
+            ["v1", "deals", id, "orders"] => {
+                ("/v1/deals/{id}/orders", "POST", Route::PlaceOrder(id))
+            }
+            ["v1", "orders", id] => ("/v1/orders/{id}", "GET", Route::GetOrder(id)),
+            ["v1", "orders", id, "cancel"] => {
+                ("/v1/orders/{id}/cancel", "POST", Route::CancelOrder(id))
+            }
+            ["admin", "deals"] => ("/admin/deals", "POST", Route::CreateDeal),
+            ["admin", "deals", id, "stock"] => {
+                ("/admin/deals/{id}/stock", "POST", Route::AdjustStock(id))
+            }
+            ["admin", "deals", id, "inventory"] => {
+                ("/admin/deals/{id}/inventory", "GET", Route::Inventory(id))
+            }
+            _ => return Route::Unknown,
+        };
+        let allowed = if allow == "GET" { get } else { post };
+        if allowed {
+            route
+        } else {
+            Route::WrongMethod { template, allow }
+        }
+    }
+
+    /// The bounded metric label.
+    pub fn template(&self) -> &'static str {
+        match self {
+            Route::Healthz => "/healthz",
+            Route::Readyz => "/readyz",
+            Route::Metrics => "/metrics",
+            Route::GetDeal(_) => "/v1/deals/{id}",
+            Route::PlaceOrder(_) => "/v1/deals/{id}/orders",
+            Route::GetOrder(_) => "/v1/orders/{id}",
+            Route::CancelOrder(_) => "/v1/orders/{id}/cancel",
+            Route::CreateDeal => "/admin/deals",
+            Route::AdjustStock(_) => "/admin/deals/{id}/stock",
+            Route::Inventory(_) => "/admin/deals/{id}/inventory",
+            Route::WrongMethod { template, .. } => template,
+            Route::Unknown => "unknown",
+        }
+    }
+}
+
+/// The service function: never fails, never panics on input, always answers in time.
+pub async fn handle(
+    state: Arc<State>,
+    peer: SocketAddr,
+    request: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let started = Instant::now();
+    let path = request.uri().path().to_owned();
+    let route = Route::of(request.method(), &path);
+    let template = route.template();
+    let timeout = crate::config::millis(state.settings.server.request_timeout_ms);
+    let response = match tokio::time::timeout(timeout, dispatch(&state, peer, route, request)).await
+    {
+        Ok(Ok(response)) => response,
+        Ok(Err(problem)) => problem.into_response(),
+        Err(_) => Problem::overloaded("the request took too long").into_response(),
+    };
+    let status = response.status().as_u16().to_string();
+    metrics::counter!(telemetry::HTTP_REQUESTS, "route" => template, "status" => status)
+        .increment(1);
+    metrics::histogram!(telemetry::HTTP_DURATION, "route" => template)
+        .record(started.elapsed().as_secs_f64());
+    Ok(response)
+}
+
+async fn dispatch(
+    state: &State,
+    peer: SocketAddr,
+    route: Route<'_>,
+    request: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Problem> {
+    match route {
+        Route::Healthz => Ok(admin::healthz()),
+        Route::Readyz => Ok(admin::readyz(state).await),
+        Route::Metrics => Ok(admin::metrics(state)),
+        Route::GetDeal(id) => public::get_deal(state, peer, &request, id).await,
+        Route::PlaceOrder(id) => public::place_order(state, peer, request, id).await,
+        Route::GetOrder(id) => public::get_order(state, peer, &request, id).await,
+        Route::CancelOrder(id) => public::cancel_order(state, peer, &request, id).await,
+        Route::CreateDeal => admin::create_deal(state, request).await,
+        Route::AdjustStock(id) => admin::adjust_stock(state, request, id).await,
+        Route::Inventory(id) => admin::inventory(state, &request, id).await,
+        Route::WrongMethod { allow, .. } => Err(Problem::method_not_allowed(allow)),
+        Route::Unknown => Err(Problem::not_found("no such resource")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes() {
+        assert_eq!(
+            Route::of(&Method::GET, "/v1/deals/d1"),
+            Route::GetDeal("d1")
+        );
+        assert_eq!(
+            Route::of(&Method::POST, "/v1/deals/d1/orders"),
+            Route::PlaceOrder("d1")
+        );
+        assert_eq!(
+            Route::of(&Method::POST, "/admin/deals/d1/stock"),
+            Route::AdjustStock("d1")
+        );
+        assert_eq!(Route::of(&Method::GET, "/v1/deals/d1/x"), Route::Unknown);
+        assert_eq!(Route::of(&Method::GET, "/"), Route::Unknown);
+        assert!(matches!(
+            Route::of(&Method::DELETE, "/v1/deals/d1"),
+            Route::WrongMethod { allow: "GET", .. }
+        ));
+        assert!(matches!(
+            Route::of(&Method::GET, "/v1/deals/d1/orders"),
+            Route::WrongMethod { allow: "POST", .. }
+        ));
+    }
+}

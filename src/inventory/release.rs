@@ -1,0 +1,76 @@
+//! Returning reserved units to the buckets they came from.
+//!
+//! The caller has already moved each order out of PENDING_PAYMENT with a conditional update,
+//! in the same transaction; that guard is what makes a release happen exactly once.
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::store::StoreError;
+
+/// An order whose reservation is being given back.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct HeldOrder {
+    pub id: Uuid,
+    pub deal_id: String,
+    pub user_id: String,
+    pub quantity: i32,
+}
+
+/// Gives back the units of `orders` (already transitioned by the caller) inside `tx`:
+/// users' counters first, then buckets, each locked in ascending order.
+pub async fn release(tx: &mut PgConnection, orders: &[HeldOrder]) -> Result<(), StoreError> {
+    if orders.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<Uuid> = orders.iter().map(|o| o.id).collect();
+    let deals: Vec<&str> = orders.iter().map(|o| o.deal_id.as_str()).collect();
+    let users: Vec<&str> = orders.iter().map(|o| o.user_id.as_str()).collect();
+    let units: Vec<i32> = orders.iter().map(|o| o.quantity).collect();
+    sqlx::query(
+        "SELECT 1 FROM user_deal_units
+          WHERE (deal_id, user_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+          ORDER BY deal_id, user_id FOR UPDATE",
+    )
+    .bind(&deals)
+    .bind(&users)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE user_deal_units u SET units = u.units - t.q
+           FROM (SELECT d, usr, sum(q)::int AS q FROM unnest($1::text[], $2::text[], $3::int[]) AS x(d, usr, q)
+                  GROUP BY d, usr) t
+          WHERE u.deal_id = t.d AND u.user_id = t.usr",
+    )
+    .bind(&deals)
+    .bind(&users)
+    .bind(&units)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "SELECT 1 FROM inventory_buckets
+          WHERE (deal_id, bucket) IN (SELECT deal_id, bucket FROM reservation_lines WHERE order_id = ANY($1))
+          ORDER BY deal_id, bucket FOR UPDATE",
+    )
+    .bind(&ids)
+    .execute(&mut *tx)
+    .await?;
+    let returned: i64 = sqlx::query_scalar(
+        "WITH t AS (SELECT deal_id, bucket, sum(quantity)::bigint AS q FROM reservation_lines
+                     WHERE order_id = ANY($1) GROUP BY deal_id, bucket),
+              u AS (UPDATE inventory_buckets b
+                       SET available = b.available + t.q, reserved = b.reserved - t.q
+                      FROM t WHERE b.deal_id = t.deal_id AND b.bucket = t.bucket
+                    RETURNING t.q)
+         SELECT COALESCE(sum(q), 0)::bigint FROM u",
+    )
+    .bind(&ids)
+    .fetch_one(&mut *tx)
+    .await?;
+    assert_eq!(
+        returned,
+        orders.iter().map(|o| i64::from(o.quantity)).sum::<i64>(),
+        "every released unit goes back to a bucket"
+    );
+    Ok(())
+}

@@ -1,0 +1,39 @@
+//! flashgate: a flash-sale gateway that sits behind the CDN and in front of the shop.
+//!
+//! A request travels one way through the modules:
+//!
+//! ```text
+//! http ──► admission ──► orders ──► inventory ──► PostgreSQL
+//!  │        │  client IP, per-IP limit, sold-out mirror (memory, fed by Redis),
+//!  │        │  JWT, per-user limit, per-deal limit, cached deal, sale window
+//!  │        └─ rejects without touching PostgreSQL
+//!  └─ body/head limits, routing, problem+json, metrics
+//! ```
+//!
+//! - [`http`]: hyper server, router, handlers; the only module that knows HTTP.
+//! - [`admission`]: cheap checks, cheapest first; produces [`admission::Admitted`].
+//! - [`orders`]: the order transaction (idempotency, per-user limit, reservation), cancel,
+//!   and the expiry sweeper. It drives [`inventory`], which owns the bucket rows.
+//! - [`deals`]: the catalogue and its per-instance cache.
+//! - [`domain`]: pure types: ids, quantities, the order state machine.
+//! - [`store`]: pools and migrations; [`redis_link`]: the optional Redis connection.
+//! - [`app`]: builds everything from [`config::Settings`].
+//!
+//! PostgreSQL is the source of truth. Redis only shares the sold-out flag between
+//! instances; without it flashgate is slower, never wrong.
+
+pub mod admission;
+pub mod app;
+pub mod config;
+pub mod deals;
+pub mod domain;
+pub mod http;
+pub mod inventory;
+pub mod orders;
+pub mod redis_link;
+pub mod shutdown;
+pub mod store;
+pub mod telemetry;
+
+/// Minting and verifying user tokens.
+pub use admission::token as auth;

@@ -1,0 +1,152 @@
+//! The `flashgate` command: serve, migrate, run a demo sale, mint tokens.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use flashgate::app::Application;
+use flashgate::config::Settings;
+use flashgate::deals::{self, DealError, NewDeal};
+use flashgate::domain::DealId;
+use flashgate::{auth, shutdown, store, telemetry};
+
+/// Exit code for a configuration that cannot be used (EX_USAGE).
+const EXIT_BAD_CONFIG: u8 = 64;
+
+#[derive(Parser)]
+#[command(
+    name = "flashgate",
+    version,
+    about = "A high-throughput flash-sale gateway"
+)]
+struct Cli {
+    /// A TOML file overriding config/default.toml; environment variables override both.
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway (applies migrations first unless database.migrate_on_start = false).
+    Serve,
+    /// Apply database migrations and exit.
+    Migrate,
+    /// Serve with a ready demo sale and print how to try it.
+    Demo,
+    /// Print a user token (JWT) signed with the configured secret.
+    Token {
+        /// The user id (`sub`).
+        #[arg(long)]
+        user: String,
+        /// Seconds until the token expires.
+        #[arg(long, default_value_t = 3600)]
+        ttl_seconds: i64,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let settings = match Settings::load(cli.config.as_deref()) {
+        Ok(settings) => settings,
+        Err(error) => {
+            eprintln!("flashgate: {error}");
+            return ExitCode::from(EXIT_BAD_CONFIG);
+        }
+    };
+    if let Command::Token { user, ttl_seconds } = &cli.command {
+        println!(
+            "{}",
+            auth::mint_token(&settings.auth.jwt_secret, user, *ttl_seconds)
+        );
+        return ExitCode::SUCCESS;
+    }
+    telemetry::init_logging(&settings.telemetry.log_filter);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("flashgate: cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = runtime.block_on(async move {
+        match cli.command {
+            Command::Serve => serve(settings, false).await,
+            Command::Demo => serve(settings, true).await,
+            Command::Migrate => store::migrate(&settings.database)
+                .await
+                .map_err(|e| e.to_string()),
+            Command::Token { .. } => Ok(()),
+        }
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "flashgate failed");
+            eprintln!("flashgate: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(mut settings: Settings, demo: bool) -> Result<(), String> {
+    if demo {
+        settings.database.migrate_on_start = true;
+    }
+    if settings.uses_default_secrets() && !demo {
+        tracing::warn!(
+            "FLASHGATE_JWT_SECRET or FLASHGATE_ADMIN_TOKEN is left at its development default"
+        );
+    }
+    let secret = settings.auth.jwt_secret.clone();
+    let admin_token = settings.auth.admin_token.clone();
+    let app = Application::build(settings)
+        .await
+        .map_err(|e| e.to_string())?;
+    if demo {
+        create_demo_deal(&app).await?;
+        print_demo_help(&app, &secret, &admin_token);
+    }
+    tracing::info!(addr = %app.local_addr(), "flashgate listening");
+    tokio::spawn(shutdown::cancel_on_signal(app.shutdown_token()));
+    app.run().await.map_err(|e| e.to_string())
+}
+
+async fn create_demo_deal(app: &Application) -> Result<(), String> {
+    let demo = NewDeal {
+        id: DealId::parse("demo").map_err(|e| e.to_string())?,
+        name: "Demo: 100 concert seats".into(),
+        stock: 100,
+        buckets: 8,
+        unit_price_minor: 4_999,
+        currency: "EUR".into(),
+        per_user_limit: 2,
+        reservation_ttl_seconds: 300,
+        starts_at: None,
+        ends_at: None,
+    };
+    match deals::create(&app.admin_pool(), &demo).await {
+        Ok(_) | Err(DealError::AlreadyExists(_)) => Ok(()),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
+fn print_demo_help(app: &Application, secret: &str, admin_token: &str) {
+    let base = format!("http://{}", app.local_addr());
+    let token = auth::mint_token(secret, "alice", 3600);
+    println!(
+        "\nflashgate demo sale is live at {base}\n\n\
+         Deal status:\n  curl -s {base}/v1/deals/demo\n\n\
+         Buy two seats as alice (token valid for an hour):\n  \
+         curl -s -X POST {base}/v1/deals/demo/orders \\\n    \
+         -H 'Authorization: Bearer {token}' \\\n    \
+         -H 'Idempotency-Key: first-try' -d '{{\"quantity\": 2}}'\n\n\
+         Inventory (admin):\n  curl -s {base}/admin/deals/demo/inventory -H 'Authorization: Bearer {admin_token}'\n\n\
+         Metrics:\n  curl -s {base}/metrics\n\n\
+         Press Ctrl-C to stop.\n"
+    );
+}

@@ -1,0 +1,319 @@
+//! Orders: placing one (idempotently, with its reservation), reading and cancelling it.
+//!
+//! An order is created in one short transaction that inserts the order row (the
+//! idempotency key is a unique index on it), counts the units against the user's limit,
+//! takes the units from the buckets and records which buckets they came from. Nothing in
+//! that transaction waits on a user or a payment provider.
+
+pub mod sweeper;
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::admission::Admitted;
+use crate::domain::{IdempotencyKey, OrderEvent, OrderStatus, UserId};
+use crate::inventory::{self, HeldOrder, ReserveError};
+use crate::store::StoreError;
+use crate::telemetry;
+
+/// An order as stored.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Order {
+    pub id: Uuid,
+    pub user_id: String,
+    pub deal_id: String,
+    #[sqlx(try_from = "String")]
+    pub status: StatusColumn,
+    pub quantity: i32,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub expires_at: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// `orders.status`, parsed; the CHECK constraint keeps it to known names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatusColumn(pub OrderStatus);
+
+impl TryFrom<String> for StatusColumn {
+    type Error = String;
+    fn try_from(raw: String) -> Result<Self, Self::Error> {
+        OrderStatus::parse(&raw).map(StatusColumn).ok_or(raw)
+    }
+}
+
+impl Order {
+    pub fn status(&self) -> OrderStatus {
+        self.status.0
+    }
+}
+
+/// The outcome of placing an order.
+#[derive(Debug)]
+pub struct Placed {
+    pub order: Order,
+    /// The idempotency key had already produced this order; nothing new was reserved.
+    pub replayed: bool,
+    /// A bucket reached zero: the deal may have just sold out.
+    pub emptied_a_bucket: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OrderError {
+    #[error("not enough stock ({available} units left)")]
+    SoldOut { available: i64 },
+    #[error("the sale is not open")]
+    SaleNotOpen,
+    #[error("at most {limit} units per user")]
+    PerUserLimit { limit: i32 },
+    #[error("this Idempotency-Key was used for a different request")]
+    IdempotencyConflict,
+    #[error("order not found")]
+    NotFound,
+    #[error("order is {0}")]
+    InvalidState(OrderStatus),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for OrderError {
+    fn from(error: sqlx::Error) -> Self {
+        Self::Store(error.into())
+    }
+}
+
+const ORDER_COLUMNS: &str =
+    "id, user_id, deal_id, status, quantity, amount_minor, currency, expires_at, created_at";
+
+/// What the request asked for; a key replayed with a different fingerprint is a conflict.
+pub fn fingerprint(deal_id: &str, quantity: u32) -> Vec<u8> {
+    format!("v1\n{deal_id}\n{quantity}").into_bytes()
+}
+
+/// Places an admitted order, retrying transient conflicts up to `retries_max` times.
+pub async fn place(
+    pool: &PgPool,
+    admitted: &Admitted,
+    key: &IdempotencyKey,
+    retries_max: u32,
+) -> Result<Placed, OrderError> {
+    let mut attempt = 0;
+    loop {
+        match place_once(pool, admitted, key).await {
+            Err(OrderError::Store(StoreError::Retryable(error))) if attempt < retries_max => {
+                attempt += 1;
+                tracing::debug!(%error, attempt, "order transaction retried");
+            }
+            outcome => return record(outcome),
+        }
+    }
+}
+
+fn record(outcome: Result<Placed, OrderError>) -> Result<Placed, OrderError> {
+    let label = match &outcome {
+        Ok(placed) if placed.replayed => "replayed",
+        Ok(_) => "reserved",
+        Err(OrderError::SoldOut { .. }) => "sold_out",
+        Err(OrderError::PerUserLimit { .. }) => "per_user_limit",
+        Err(OrderError::SaleNotOpen) => "sale_not_open",
+        Err(OrderError::IdempotencyConflict) => "idempotency_conflict",
+        Err(OrderError::Store(StoreError::PoolExhausted)) => "overloaded",
+        Err(_) => "error",
+    };
+    metrics::counter!(telemetry::RESERVATIONS, "outcome" => label).increment(1);
+    outcome
+}
+
+async fn place_once(
+    pool: &PgPool,
+    admitted: &Admitted,
+    key: &IdempotencyKey,
+) -> Result<Placed, OrderError> {
+    let deal = &admitted.deal;
+    let quantity = admitted.quantity.as_i32();
+    let request = fingerprint(&deal.id, admitted.quantity.get());
+    let mut tx = pool.begin().await?;
+    let Some(order) = insert_order(&mut tx, admitted, key, &request).await? else {
+        tx.rollback().await?;
+        return replay(pool, &admitted.user, key, &request).await;
+    };
+    count_against_limit(&mut tx, admitted).await?;
+    let start = rand::random_range(0..deal.bucket_count);
+    let reserved =
+        match inventory::reserve(&mut tx, &deal.id, quantity, deal.bucket_count, start).await {
+            Ok(reserved) => reserved,
+            Err(ReserveError::Insufficient { available }) => {
+                return Err(OrderError::SoldOut { available });
+            }
+            Err(ReserveError::Store(error)) => return Err(error.into()),
+        };
+    insert_lines(&mut tx, &order, &reserved.lines).await?;
+    tx.commit().await?;
+    Ok(Placed {
+        order,
+        replayed: false,
+        emptied_a_bucket: reserved.emptied_a_bucket,
+    })
+}
+
+/// Inserts the order with the deal's price and the database clock's expiry, unless the key
+/// was used before (`None`) or the sale window is closed by PostgreSQL's clock (`None`).
+async fn insert_order(
+    tx: &mut PgConnection,
+    admitted: &Admitted,
+    key: &IdempotencyKey,
+    request: &[u8],
+) -> Result<Option<Order>, OrderError> {
+    let sql = format!(
+        "INSERT INTO orders (id, user_id, deal_id, idempotency_key, request_fingerprint, status,
+                             quantity, unit_price_minor, amount_minor, currency, expires_at)
+         SELECT $1, $2, d.id, $4, $5, 'PENDING_PAYMENT', $6, d.unit_price_minor,
+                d.unit_price_minor * $6, d.currency,
+                now() + make_interval(secs => d.reservation_ttl_seconds)
+           FROM deals d
+          WHERE d.id = $3
+            AND (d.starts_at IS NULL OR d.starts_at <= now())
+            AND (d.ends_at IS NULL OR now() < d.ends_at)
+         ON CONFLICT (user_id, idempotency_key) DO NOTHING
+         RETURNING {ORDER_COLUMNS}"
+    );
+    Ok(sqlx::query_as::<_, Order>(sqlx::AssertSqlSafe(sql))
+        .bind(Uuid::now_v7())
+        .bind(admitted.user.as_str())
+        .bind(&admitted.deal.id)
+        .bind(key.as_str())
+        .bind(request)
+        .bind(admitted.quantity.as_i32())
+        .fetch_optional(tx)
+        .await?)
+}
+
+/// Adds the units to the user's counter, refusing (with no row) to pass the deal's limit.
+async fn count_against_limit(tx: &mut PgConnection, admitted: &Admitted) -> Result<(), OrderError> {
+    let limit = admitted.deal.per_user_limit;
+    let counted: Option<i32> = sqlx::query_scalar(
+        "INSERT INTO user_deal_units AS u (deal_id, user_id, units, limit_units)
+         VALUES ($1, $2, $3, $4)
+         ON CONFLICT (deal_id, user_id) DO UPDATE
+            SET units = u.units + EXCLUDED.units, limit_units = EXCLUDED.limit_units
+          WHERE u.units + EXCLUDED.units <= EXCLUDED.limit_units
+         RETURNING units",
+    )
+    .bind(&admitted.deal.id)
+    .bind(admitted.user.as_str())
+    .bind(admitted.quantity.as_i32())
+    .bind(limit)
+    .fetch_optional(tx)
+    .await?;
+    match counted {
+        Some(units) => {
+            assert!(units <= limit);
+            Ok(())
+        }
+        None => Err(OrderError::PerUserLimit { limit }),
+    }
+}
+
+async fn insert_lines(
+    tx: &mut PgConnection,
+    order: &Order,
+    lines: &[inventory::Line],
+) -> Result<(), OrderError> {
+    let buckets: Vec<i32> = lines.iter().map(|l| l.bucket).collect();
+    let units: Vec<i32> = lines.iter().map(|l| l.quantity).collect();
+    assert_eq!(
+        units.iter().sum::<i32>(),
+        order.quantity,
+        "lines cover the order exactly"
+    );
+    sqlx::query(
+        "INSERT INTO reservation_lines (order_id, deal_id, bucket, quantity)
+         SELECT $1, $2, bucket, q FROM unnest($3::int[], $4::int[]) AS t(bucket, q)",
+    )
+    .bind(order.id)
+    .bind(&order.deal_id)
+    .bind(&buckets)
+    .bind(&units)
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+/// The key was used before: the same request replays its order, another is a conflict.
+/// No row at all means the insert was refused by the sale window.
+async fn replay(
+    pool: &PgPool,
+    user: &UserId,
+    key: &IdempotencyKey,
+    request: &[u8],
+) -> Result<Placed, OrderError> {
+    let sql = format!(
+        "SELECT {ORDER_COLUMNS}, request_fingerprint FROM orders WHERE user_id = $1 AND idempotency_key = $2"
+    );
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(user.as_str())
+        .bind(key.as_str())
+        .fetch_optional(pool)
+        .await?;
+    let Some(row) = row else {
+        return Err(OrderError::SaleNotOpen);
+    };
+    let stored: Vec<u8> = sqlx::Row::try_get(&row, "request_fingerprint")?;
+    if stored != request {
+        return Err(OrderError::IdempotencyConflict);
+    }
+    let order = <Order as sqlx::FromRow<_>>::from_row(&row)?;
+    Ok(Placed {
+        order,
+        replayed: true,
+        emptied_a_bucket: false,
+    })
+}
+
+/// The user's own order; anyone else's reads as not found.
+pub async fn get(pool: &PgPool, user: &UserId, order_id: Uuid) -> Result<Order, OrderError> {
+    let sql = format!("SELECT {ORDER_COLUMNS} FROM orders WHERE id = $1 AND user_id = $2");
+    sqlx::query_as::<_, Order>(sqlx::AssertSqlSafe(sql))
+        .bind(order_id)
+        .bind(user.as_str())
+        .fetch_optional(pool)
+        .await?
+        .ok_or(OrderError::NotFound)
+}
+
+/// Cancels a pending order and returns its units to their buckets, exactly once.
+pub async fn cancel(pool: &PgPool, user: &UserId, order_id: Uuid) -> Result<Order, OrderError> {
+    let to = OrderStatus::PendingPayment
+        .transition(OrderEvent::Cancel)
+        .expect("a pending order can be cancelled");
+    let mut tx = pool.begin().await?;
+    let sql = format!(
+        "UPDATE orders SET status = $3, updated_at = now()
+          WHERE id = $1 AND user_id = $2 AND status = 'PENDING_PAYMENT'
+         RETURNING {ORDER_COLUMNS}"
+    );
+    let cancelled = sqlx::query_as::<_, Order>(sqlx::AssertSqlSafe(sql))
+        .bind(order_id)
+        .bind(user.as_str())
+        .bind(to.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+    let Some(order) = cancelled else {
+        tx.rollback().await?;
+        let current = get(pool, user, order_id).await?;
+        return Err(OrderError::InvalidState(current.status()));
+    };
+    inventory::release(&mut tx, &[held(&order)]).await?;
+    tx.commit().await?;
+    Ok(order)
+}
+
+fn held(order: &Order) -> HeldOrder {
+    HeldOrder {
+        id: order.id,
+        deal_id: order.deal_id.clone(),
+        user_id: order.user_id.clone(),
+        quantity: order.quantity,
+    }
+}

@@ -1,0 +1,93 @@
+//! The expiry sweeper: gives back the stock of orders nobody paid for in time.
+//!
+//! Every instance runs one. Each pass claims a batch of overdue orders with
+//! `FOR UPDATE SKIP LOCKED`, so instances never wait on each other or expire an order
+//! twice, moves them to EXPIRED guarded by their old status (a racing cancel wins or loses
+//! cleanly) and releases their units to the buckets they came from, in one transaction.
+//! Overdue is judged by PostgreSQL's clock.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::{OrderEvent, OrderStatus};
+use crate::inventory::{self, HeldOrder};
+use crate::store::StoreError;
+use crate::telemetry;
+
+/// What one pass did.
+#[derive(Debug, Default)]
+pub struct Swept {
+    pub expired: usize,
+    /// Deals that got units back.
+    pub deals: BTreeSet<String>,
+}
+
+/// Expires at most `batch_max` overdue orders.
+pub async fn sweep_once(pool: &PgPool, batch_max: u32) -> Result<Swept, StoreError> {
+    let to = OrderStatus::PendingPayment
+        .transition(OrderEvent::Expire)
+        .expect("a pending order can expire");
+    let mut tx = pool.begin().await?;
+    let expired: Vec<HeldOrder> = sqlx::query_as(
+        "WITH due AS (
+             SELECT id FROM orders
+              WHERE status = 'PENDING_PAYMENT' AND expires_at <= now()
+              ORDER BY expires_at
+              LIMIT $1
+                FOR UPDATE SKIP LOCKED)
+         UPDATE orders o SET status = $2, updated_at = now()
+           FROM due
+          WHERE o.id = due.id AND o.status = 'PENDING_PAYMENT'
+         RETURNING o.id, o.deal_id, o.user_id, o.quantity",
+    )
+    .bind(i64::from(batch_max))
+    .bind(to.as_str())
+    .fetch_all(&mut *tx)
+    .await?;
+    assert!(expired.len() <= batch_max as usize);
+    inventory::release(&mut tx, &expired).await?;
+    tx.commit().await?;
+    metrics::counter!(telemetry::ORDERS_EXPIRED).increment(expired.len() as u64);
+    Ok(Swept {
+        expired: expired.len(),
+        deals: expired.into_iter().map(|order| order.deal_id).collect(),
+    })
+}
+
+/// Sweeps every `interval` until `shutdown`, handing each batch's deals to `on_released`
+/// (which clears their sold-out flags). A full batch is followed at once by another.
+pub async fn run<F, Fut>(
+    pool: PgPool,
+    interval: Duration,
+    batch_max: u32,
+    shutdown: CancellationToken,
+    on_released: F,
+) where
+    F: Fn(BTreeSet<String>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    loop {
+        let mut full_batch = false;
+        match sweep_once(&pool, batch_max).await {
+            Ok(swept) => {
+                metrics::counter!(telemetry::SWEEPER_RUNS, "outcome" => "ok").increment(1);
+                full_batch = swept.expired as u64 >= u64::from(batch_max);
+                if !swept.deals.is_empty() {
+                    on_released(swept.deals).await;
+                }
+            }
+            Err(error) => {
+                metrics::counter!(telemetry::SWEEPER_RUNS, "outcome" => "error").increment(1);
+                tracing::warn!(%error, "expiry sweep failed");
+            }
+        }
+        let pause = if full_batch { Duration::ZERO } else { interval };
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(pause) => {}
+        }
+    }
+}

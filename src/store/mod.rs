@@ -1,0 +1,110 @@
+//! PostgreSQL plumbing shared by every domain module: the two pools, migrations, and the
+//! classification of database errors into what callers can act on.
+//!
+//! Two pools keep sale traffic from starving the work that keeps the system correct: user
+//! requests share `request`, while the sweeper, the sold-out mirror and the metrics sampler
+//! use `background`.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool};
+
+use crate::config::DatabaseSettings;
+use crate::telemetry;
+
+/// SQL errors as the callers see them.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// No connection was free within the acquire timeout: shed load, do not queue.
+    #[error("database pool exhausted")]
+    PoolExhausted,
+    /// A deadlock or serialization failure; the transaction may simply be retried.
+    #[error("transient conflict: {0}")]
+    Retryable(sqlx::Error),
+    #[error("database error: {0}")]
+    Unexpected(sqlx::Error),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(error: sqlx::Error) -> Self {
+        match &error {
+            sqlx::Error::PoolTimedOut => {
+                metrics::counter!(telemetry::DB_POOL_TIMEOUTS).increment(1);
+                Self::PoolExhausted
+            }
+            sqlx::Error::Database(db)
+                if matches!(db.code().as_deref(), Some("40P01" | "40001")) =>
+            {
+                Self::Retryable(error)
+            }
+            _ => Self::Unexpected(error),
+        }
+    }
+}
+
+/// Connection options shared by both pools and the migration connection.
+fn connect_options(settings: &DatabaseSettings) -> Result<PgConnectOptions, sqlx::Error> {
+    Ok(settings
+        .url
+        .parse::<PgConnectOptions>()?
+        .application_name("flashgate")
+        .options([(
+            "statement_timeout",
+            settings.statement_timeout_ms.to_string(),
+        )])
+        .disable_statement_logging())
+}
+
+#[derive(Clone)]
+pub struct Pools {
+    /// Serves user requests; exhausted means 503.
+    pub request: PgPool,
+    /// Background tasks and admin work; never used by sale traffic.
+    pub background: PgPool,
+}
+
+impl Pools {
+    /// Lazily connecting pools: nothing is dialled until first use.
+    pub fn new(settings: &DatabaseSettings) -> Result<Self, sqlx::Error> {
+        let options = connect_options(settings)?;
+        let acquire_timeout = Duration::from_millis(settings.acquire_timeout_ms);
+        let pool = |max: u32| {
+            PgPoolOptions::new()
+                .max_connections(max)
+                .min_connections(0)
+                .acquire_timeout(acquire_timeout)
+                .test_before_acquire(false)
+                .connect_lazy_with(options.clone())
+        };
+        Ok(Self {
+            request: pool(settings.request_pool_max),
+            background: pool(settings.background_pool_max),
+        })
+    }
+
+    /// Publishes pool occupancy; called by the metrics sampler.
+    pub fn record_metrics(&self) {
+        for (name, pool) in [("request", &self.request), ("background", &self.background)] {
+            let size = pool.size() as f64;
+            let idle = pool.num_idle() as f64;
+            metrics::gauge!(telemetry::DB_POOL_CONNECTIONS, "pool" => name, "state" => "idle")
+                .set(idle);
+            metrics::gauge!(telemetry::DB_POOL_CONNECTIONS, "pool" => name, "state" => "in_use")
+                .set(size - idle);
+        }
+    }
+}
+
+/// How long start-up waits for PostgreSQL to accept the migration connection.
+const MIGRATION_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Applies pending migrations on a dedicated connection. sqlx holds a PostgreSQL advisory
+/// lock while migrating, so instances that start together apply each migration once.
+pub async fn migrate(settings: &DatabaseSettings) -> Result<(), sqlx::migrate::MigrateError> {
+    let options = connect_options(settings)?;
+    let mut connection = tokio::time::timeout(MIGRATION_CONNECT_TIMEOUT, options.connect())
+        .await
+        .map_err(|_| sqlx::Error::PoolTimedOut)??;
+    sqlx::migrate!("./migrations").run(&mut connection).await
+}
