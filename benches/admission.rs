@@ -1,0 +1,127 @@
+//! The admission hot path, piece by piece: every check a rejected request pays for.
+//!
+//! Run with `cargo bench --bench admission`.
+
+use std::hint::black_box;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use flashgate::admission::client_ip::ClientIp;
+use flashgate::admission::limits::RateLimits;
+use flashgate::admission::soldout::SoldOut;
+use flashgate::admission::token::{TokenVerifier, mint_token};
+use flashgate::config::{LimitSettings, RateSettings};
+use flashgate::domain::{OrderEvent, OrderStatus};
+use flashgate::http::problem::Problem;
+use flashgate::redis_link::RedisHandle;
+
+fn client_ip(c: &mut Criterion) {
+    let resolver = ClientIp::new(vec![
+        "10.0.0.0/8".parse().unwrap(),
+        "127.0.0.1/32".parse().unwrap(),
+    ]);
+    let peer: IpAddr = "10.1.2.3".parse().unwrap();
+    let header = b"203.0.113.50, 198.51.100.7, 10.9.9.9".as_slice();
+    c.bench_function("client_ip/x_forwarded_for_trusted_peer", |b| {
+        b.iter(|| resolver.resolve(black_box(peer), black_box(Some(header))))
+    });
+}
+
+fn limiters(c: &mut Criterion) {
+    let generous = RateSettings {
+        rate_per_second: u32::MAX / 2,
+        burst: u32::MAX / 2,
+    };
+    let limits = RateLimits::new(&LimitSettings {
+        retain_interval_ms: 10_000,
+        per_ip: generous,
+        per_user: generous,
+        per_deal: generous,
+    });
+    let ips: Vec<IpAddr> = (0..1024u32)
+        .map(|i| IpAddr::from((0xc000_0200u32 + i).to_be_bytes()))
+        .collect();
+    let mut i = 0;
+    c.bench_function("limits/per_ip_1024_keys", |b| {
+        b.iter(|| {
+            i = (i + 1) % ips.len();
+            limits.check_ip(black_box(ips[i]))
+        })
+    });
+    c.bench_function("limits/per_user", |b| {
+        b.iter(|| limits.check_user(black_box("user-42")))
+    });
+    c.bench_function("limits/per_deal", |b| {
+        b.iter(|| limits.check_deal(black_box("concert")))
+    });
+}
+
+fn tokens(c: &mut Criterion) {
+    let verifier = TokenVerifier::new("bench-secret", 0, 128);
+    let header = format!("Bearer {}", mint_token("bench-secret", "user-42", 3600)).into_bytes();
+    c.bench_function("token/verify_hs256", |b| {
+        b.iter(|| verifier.verify(black_box(Some(&header))))
+    });
+}
+
+fn sold_out_mirror(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let sold_out = SoldOut::new(RedisHandle::new(
+        "redis://127.0.0.1:1",
+        "bench:",
+        Duration::from_millis(1),
+    ));
+    runtime.block_on(async {
+        for i in 0..1000 {
+            sold_out.mark(&format!("deal-{i}")).await;
+        }
+    });
+    c.bench_function("sold_out/mirror_hit", |b| {
+        b.iter(|| sold_out.is_sold_out(black_box("deal-500")))
+    });
+    c.bench_function("sold_out/mirror_miss", |b| {
+        b.iter(|| sold_out.is_sold_out(black_box("open-deal")))
+    });
+}
+
+fn problem_json(c: &mut Criterion) {
+    c.bench_function("problem/render_rate_limited", |b| {
+        b.iter(|| {
+            Problem::overloaded(black_box("no database capacity right now; retry shortly"))
+                .into_response()
+        })
+    });
+}
+
+fn transitions(c: &mut Criterion) {
+    let events = [
+        OrderEvent::Cancel,
+        OrderEvent::Expire,
+        OrderEvent::PaymentSucceeded,
+        OrderEvent::RefundCompleted,
+    ];
+    c.bench_function("order/transition_all_pairs", |b| {
+        b.iter(|| {
+            OrderStatus::ALL
+                .iter()
+                .flat_map(|s| events.iter().map(move |e| s.transition(*e)))
+                .filter(Result::is_ok)
+                .count()
+        })
+    });
+}
+
+criterion_group!(
+    benches,
+    client_ip,
+    limiters,
+    tokens,
+    sold_out_mirror,
+    problem_json,
+    transitions
+);
+criterion_main!(benches);
