@@ -89,7 +89,7 @@ fn sold_out_mirror(c: &mut Criterion) {
 }
 
 fn problem_json(c: &mut Criterion) {
-    c.bench_function("problem/render_rate_limited", |b| {
+    c.bench_function("problem/render_overloaded", |b| {
         b.iter(|| {
             Problem::overloaded(black_box("no database capacity right now; retry shortly"))
                 .into_response()

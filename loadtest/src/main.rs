@@ -137,6 +137,7 @@ async fn run_sale(client: &reqwest::Client, args: &Args, deal_id: &str) -> Outco
                 outcomes.clone(),
             );
             let url = format!("{}/v1/deals/{deal_id}/orders", args.base_url);
+            let deal_id = deal_id.to_owned();
             tokio::spawn(async move {
                 let mut local = Outcomes::new();
                 loop {
@@ -145,7 +146,7 @@ async fn run_sale(client: &reqwest::Client, args: &Args, deal_id: &str) -> Outco
                         break;
                     }
                     let (user, attempt) = (job % args.users, job / args.users);
-                    let key = format!("lt-{user}-{attempt}");
+                    let key = format!("{deal_id}-{user}-{attempt}");
                     let (outcome, micros) =
                         buy(&client, &url, &tokens[user], &key, args.retries_max).await;
                     record(&mut local, outcome, micros);
