@@ -23,8 +23,8 @@ printf 'test: DATABASE_URL=%s\ntest: REDIS_URL=%s\n' "$DATABASE_URL" "$REDIS_URL
 step "cargo fmt --all -- --check"
 cargo fmt --all -- --check
 
-step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --all-targets -- -D warnings
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
 
 if cargo nextest --version >/dev/null 2>&1; then
     step "cargo nextest run --workspace --no-fail-fast $*"
