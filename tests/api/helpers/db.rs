@@ -1,0 +1,314 @@
+//! The test database: created per test, and the SQL that checks what the gateway did.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::json;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Connection, PgConnection};
+use uuid::Uuid;
+
+use super::{Api, base_database_url, unique_suffix};
+
+/// The connection string of `base` with its database name replaced by `name`.
+fn with_database(base: &str, name: &str) -> String {
+    let (url, query) = match base.split_once('?') {
+        Some((url, query)) => (url, Some(query)),
+        None => (base, None),
+    };
+    let authority_start = url.find("://").map_or(0, |i| i + 3);
+    let root = match url[authority_start..].find('/') {
+        Some(i) => &url[..authority_start + i],
+        None => url,
+    };
+    match query {
+        Some(query) => format!("{root}/{name}?{query}"),
+        None => format!("{root}/{name}"),
+    }
+}
+
+/// A test that panics leaves its database behind; later runs drop those older than this.
+const ABANDONED_AFTER: Duration = Duration::from_secs(3600);
+
+/// Drops `fg_<uuid v7>` databases created more than `ABANDONED_AFTER` ago (the UUID
+/// carries its creation time), so failed runs do not pile up. Best effort.
+async fn drop_abandoned_databases(conn: &mut PgConnection) {
+    let names: Vec<String> =
+        sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE 'fg\\_%'")
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap_or_default();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    for name in names {
+        let created = name
+            .strip_prefix("fg_")
+            .and_then(|id| Uuid::parse_str(id).ok())
+            .and_then(|id| id.get_timestamp())
+            .map(|at| Duration::from_secs(at.to_unix().0));
+        if created.is_some_and(|created| now.saturating_sub(created) > ABANDONED_AFTER) {
+            let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+            let _ = sqlx::query(AssertSqlSafe(sql)).execute(&mut *conn).await;
+        }
+    }
+}
+
+/// A database created for one test and dropped by `drop_database`.
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+}
+
+impl TestDb {
+    pub async fn create() -> TestDb {
+        let name = format!("fg_{}", unique_suffix());
+        let mut conn = PgConnection::connect(&base_database_url())
+            .await
+            .expect("connect to the base test database (set DATABASE_URL)");
+        // Parallel CREATE DATABASE can collide on the template; a retry settles it.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let sql = format!("CREATE DATABASE \"{name}\"");
+            match sqlx::query(AssertSqlSafe(sql)).execute(&mut conn).await {
+                Ok(_) => break,
+                Err(e) if attempt < 5 => {
+                    eprintln!("CREATE DATABASE failed ({e}), retrying");
+                    tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+                }
+                Err(e) => panic!("CREATE DATABASE {name}: {e}"),
+            }
+        }
+        drop_abandoned_databases(&mut conn).await;
+        let _ = conn.close().await;
+        let url = with_database(&base_database_url(), &name);
+        TestDb { name, url }
+    }
+
+    pub async fn connect(&self, max_connections: u32) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(max_connections)
+            .connect(&self.url)
+            .await
+            .expect("connect to the test database")
+    }
+
+    pub async fn drop_database(self) {
+        let Ok(mut conn) = PgConnection::connect(&base_database_url()).await else {
+            return;
+        };
+        let sql = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name);
+        if let Err(e) = sqlx::query(AssertSqlSafe(sql)).execute(&mut conn).await {
+            eprintln!("could not drop test database {}: {e}", self.name);
+        }
+        let _ = conn.close().await;
+    }
+}
+
+/// One inventory row.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct BucketRow {
+    pub bucket: i32,
+    pub available: i64,
+    pub reserved: i64,
+    pub sold: i64,
+}
+
+pub async fn buckets(db: &PgPool, deal: &str) -> Vec<BucketRow> {
+    sqlx::query_as(
+        "SELECT bucket, available, reserved, sold FROM inventory_buckets \
+         WHERE deal_id = $1 ORDER BY bucket",
+    )
+    .bind(deal)
+    .fetch_all(db)
+    .await
+    .expect("read inventory_buckets")
+}
+
+pub async fn available_by_bucket(db: &PgPool, deal: &str) -> BTreeMap<i32, i64> {
+    buckets(db, deal)
+        .await
+        .into_iter()
+        .map(|b| (b.bucket, b.available))
+        .collect()
+}
+
+/// The (bucket, quantity) lines an order reserved.
+pub async fn reservation_lines(db: &PgPool, order_id: &str) -> BTreeMap<i32, i64> {
+    let order_id: Uuid = order_id.parse().expect("order_id is a UUID");
+    let rows: Vec<(i32, i32)> = sqlx::query_as(
+        "SELECT bucket, quantity FROM reservation_lines WHERE order_id = $1 ORDER BY bucket",
+    )
+    .bind(order_id)
+    .fetch_all(db)
+    .await
+    .expect("read reservation_lines");
+    rows.into_iter()
+        .map(|(bucket, quantity)| (bucket, i64::from(quantity)))
+        .collect()
+}
+
+pub async fn order_count(db: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(db)
+        .await
+        .expect("count orders")
+}
+
+pub async fn order_status(db: &PgPool, order_id: &str) -> String {
+    let order_id: Uuid = order_id.parse().expect("order_id is a UUID");
+    sqlx::query_scalar("SELECT status FROM orders WHERE id = $1")
+        .bind(order_id)
+        .fetch_one(db)
+        .await
+        .expect("order row exists")
+}
+
+/// Everything a rejected request must leave untouched.
+#[derive(Debug, PartialEq)]
+pub struct DbSnapshot {
+    buckets: Vec<BucketRow>,
+    orders: i64,
+    reservation_lines: i64,
+    user_units: Vec<(String, String, i32)>,
+}
+
+pub async fn db_snapshot(db: &PgPool, deal: &str) -> DbSnapshot {
+    DbSnapshot {
+        buckets: buckets(db, deal).await,
+        orders: order_count(db).await,
+        reservation_lines: sqlx::query_scalar("SELECT count(*) FROM reservation_lines")
+            .fetch_one(db)
+            .await
+            .expect("count reservation_lines"),
+        user_units: sqlx::query_as(
+            "SELECT deal_id, user_id, units FROM user_deal_units ORDER BY deal_id, user_id",
+        )
+        .fetch_all(db)
+        .await
+        .expect("read user_deal_units"),
+    }
+}
+
+/// Checks from SQL that no unit was created or lost, then that the admin endpoint agrees:
+/// no bucket below zero, `stock_total = Σ(available + reserved + sold)`, every bucket's
+/// `reserved` equals the reservation lines of its pending orders, every pending order's lines
+/// add up to its quantity, and each user's held units match their pending orders.
+pub async fn assert_invariants(api: &Api, db: &PgPool, deal: &str) {
+    let rows = buckets(db, deal).await;
+    assert!(!rows.is_empty(), "deal {deal} has no buckets");
+    assert!(
+        rows.iter().all(|b| b.available >= 0),
+        "a bucket below zero: {rows:?}"
+    );
+
+    let stock_total: i64 = sqlx::query_scalar("SELECT stock_total FROM deals WHERE id = $1")
+        .bind(deal)
+        .fetch_one(db)
+        .await
+        .expect("deal row");
+    let held: i64 = rows.iter().map(|b| b.available + b.reserved + b.sold).sum();
+    assert_eq!(
+        stock_total, held,
+        "stock_total != Σ(available + reserved + sold): {rows:?}"
+    );
+
+    let pending_lines: Vec<(i32, i64)> = sqlx::query_as(
+        "SELECT l.bucket, sum(l.quantity)::BIGINT FROM reservation_lines l \
+         JOIN orders o ON o.id = l.order_id \
+         WHERE l.deal_id = $1 AND o.status = 'PENDING_PAYMENT' GROUP BY l.bucket",
+    )
+    .bind(deal)
+    .fetch_all(db)
+    .await
+    .expect("sum reservation lines");
+    let pending: BTreeMap<i32, i64> = pending_lines.into_iter().collect();
+    let reserved: BTreeMap<i32, i64> = rows
+        .iter()
+        .filter(|b| b.reserved != 0)
+        .map(|b| (b.bucket, b.reserved))
+        .collect();
+    assert_eq!(
+        reserved, pending,
+        "per-bucket reserved units differ from the lines of pending orders"
+    );
+
+    let mismatched: Vec<(Uuid, i32, i64)> = sqlx::query_as(
+        "SELECT o.id, o.quantity, coalesce(sum(l.quantity), 0)::BIGINT FROM orders o \
+         LEFT JOIN reservation_lines l ON l.order_id = o.id \
+         WHERE o.deal_id = $1 AND o.status = 'PENDING_PAYMENT' \
+         GROUP BY o.id, o.quantity HAVING coalesce(sum(l.quantity), 0) <> o.quantity",
+    )
+    .bind(deal)
+    .fetch_all(db)
+    .await
+    .expect("compare order quantities with their lines");
+    assert!(
+        mismatched.is_empty(),
+        "pending orders whose lines differ from quantity: {mismatched:?}"
+    );
+
+    let user_units: Vec<(String, i64, i64)> = sqlx::query_as(
+        "WITH held AS (SELECT user_id, sum(quantity)::BIGINT AS units FROM orders \
+                       WHERE deal_id = $1 AND status IN ('PENDING_PAYMENT', 'PAID') GROUP BY user_id), \
+              counted AS (SELECT user_id, units::BIGINT AS units FROM user_deal_units WHERE deal_id = $1) \
+         SELECT coalesce(h.user_id, c.user_id), coalesce(h.units, 0), coalesce(c.units, 0) \
+         FROM held h FULL JOIN counted c ON c.user_id = h.user_id \
+         WHERE coalesce(h.units, 0) <> coalesce(c.units, 0)",
+    )
+    .bind(deal)
+    .fetch_all(db)
+    .await
+    .expect("compare user_deal_units with orders");
+    assert!(
+        user_units.is_empty(),
+        "user_deal_units disagree with held orders (user, held, counted): {user_units:?}"
+    );
+
+    let inventory = api.inventory(deal).await;
+    assert_eq!(
+        inventory["invariant_holds"],
+        json!(true),
+        "inventory: {inventory}"
+    );
+    assert_eq!(
+        inventory["stock_total"],
+        json!(stock_total),
+        "inventory: {inventory}"
+    );
+    let sum = |f: fn(&BucketRow) -> i64| rows.iter().map(f).sum::<i64>();
+    assert_eq!(
+        inventory["available"],
+        json!(sum(|b| b.available)),
+        "inventory: {inventory}"
+    );
+    assert_eq!(
+        inventory["reserved"],
+        json!(sum(|b| b.reserved)),
+        "inventory: {inventory}"
+    );
+    assert_eq!(
+        inventory["sold"],
+        json!(sum(|b| b.sold)),
+        "inventory: {inventory}"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_database;
+
+    #[test]
+    fn replaces_the_database_name() {
+        assert_eq!(
+            with_database("postgres://u@h:5432/test", "x"),
+            "postgres://u@h:5432/x"
+        );
+        assert_eq!(
+            with_database("postgres://u@h/test?sslmode=disable", "x"),
+            "postgres://u@h/x?sslmode=disable"
+        );
+        assert_eq!(with_database("postgres://u@h", "x"), "postgres://u@h/x");
+    }
+}

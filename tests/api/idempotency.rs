@@ -1,0 +1,164 @@
+//! Idempotency-Key: replays return the stored answer, conflicts are refused, and concurrent
+//! duplicates still create one order.
+
+use std::collections::BTreeSet;
+
+use serde_json::json;
+
+use crate::helpers::{db_snapshot, new_deal, order_count, spawn_app};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replay_returns_the_same_answer_and_reserves_once() {
+    // Arrange
+    let app = spawn_app().await;
+    let id = app.given_deal(&new_deal("i1", 10, 2)).await;
+    let token = app.token("alice");
+    let first = app.place_order(&token, &id, "key-1", 2).await;
+    let first_body = first.expect(201);
+    let after_first = db_snapshot(&app.db, &id).await;
+
+    // Act
+    let replay = app.place_order(&token, &id, "key-1", 2).await;
+
+    // Assert
+    assert_eq!(replay.status, 201, "{}", replay.text);
+    assert_eq!(
+        replay.json(),
+        first_body,
+        "a replay must return the stored body"
+    );
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(
+        db_snapshot(&app.db, &id).await,
+        after_first,
+        "a replay changed the database"
+    );
+    assert_eq!(app.inventory(&id).await["reserved"], 2);
+    app.assert_invariants(&id).await;
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn same_key_with_another_body_is_a_conflict() {
+    let app = spawn_app().await;
+    let id = app.given_deal(&new_deal("i2", 10, 2)).await;
+    let token = app.token("alice");
+    app.place_order(&token, &id, "key-1", 1).await.expect(201);
+    let before = db_snapshot(&app.db, &id).await;
+
+    let conflict = app.place_order(&token, &id, "key-1", 2).await;
+
+    conflict.expect_problem(422, "idempotency-conflict");
+    assert_eq!(
+        db_snapshot(&app.db, &id).await,
+        before,
+        "a conflict changed the database"
+    );
+    app.assert_invariants(&id).await;
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn same_key_on_another_deal_is_a_conflict() {
+    let app = spawn_app().await;
+    let first = app.given_deal(&new_deal("i3a", 10, 2)).await;
+    let second = app.given_deal(&new_deal("i3b", 10, 2)).await;
+    let token = app.token("alice");
+    app.place_order(&token, &first, "key-1", 1)
+        .await
+        .expect(201);
+    let before = db_snapshot(&app.db, &second).await;
+
+    let conflict = app.place_order(&token, &second, "key-1", 1).await;
+
+    conflict.expect_problem(422, "idempotency-conflict");
+    assert_eq!(
+        db_snapshot(&app.db, &second).await,
+        before,
+        "a conflict changed the database"
+    );
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn keys_are_scoped_per_user() {
+    let app = spawn_app().await;
+    let id = app.given_deal(&new_deal("i4", 10, 2)).await;
+
+    let alice = app
+        .place_order(&app.token("alice"), &id, "shared-key", 1)
+        .await
+        .expect(201);
+    let bob = app
+        .place_order(&app.token("bob"), &id, "shared-key", 1)
+        .await
+        .expect(201);
+
+    assert_ne!(alice["order_id"], bob["order_id"]);
+    assert_eq!(order_count(&app.db).await, 2);
+    app.assert_invariants(&id).await;
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_duplicates_create_one_order() {
+    // Arrange
+    let app = spawn_app().await;
+    let id = app.given_deal(&new_deal("i5", 10, 2)).await;
+    let token = app.token("alice");
+
+    // Act: 20 identical requests at once.
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..20 {
+        let (api, token, id) = (app.api.clone(), token.clone(), id.clone());
+        tasks.spawn(async move { api.place_order_retrying(&token, &id, "same-key", 1).await });
+    }
+    let replies = tasks.join_all().await;
+
+    // Assert
+    let mut order_ids = BTreeSet::new();
+    for reply in &replies {
+        let body = reply.expect(201);
+        order_ids.insert(body["order_id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(
+        order_ids.len(),
+        1,
+        "more than one order for one key: {order_ids:?}"
+    );
+    let replayed = replies
+        .iter()
+        .filter(|r| r.header("idempotent-replayed") == Some("true"))
+        .count();
+    assert_eq!(
+        replayed, 19,
+        "all but the first answer must be marked as replays"
+    );
+    assert_eq!(order_count(&app.db).await, 1);
+    assert_eq!(app.inventory(&id).await["reserved"], json!(1));
+    app.assert_invariants(&id).await;
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replay_after_the_deal_sold_out_returns_the_stored_order() {
+    // Arrange: alice's order takes the last unit.
+    let app = spawn_app().await;
+    let id = app.given_deal(&new_deal("i6", 1, 1)).await;
+    let token = app.token("alice");
+    let first = app.place_order(&token, &id, "key-1", 1).await.expect(201);
+    app.wait_for_deal_state(&id, "sold_out").await;
+
+    // Act: her client retries, e.g. after losing the first response.
+    let replay = app.place_order(&token, &id, "key-1", 1).await;
+
+    // Assert
+    assert_eq!(
+        replay.status, 201,
+        "a retry of a successful order: {}",
+        replay.text
+    );
+    assert_eq!(replay.json(), first);
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    app.cleanup().await;
+}

@@ -1,0 +1,22 @@
+//! Integration tests: each test starts the real gateway on a free port against its own
+//! PostgreSQL database and Redis key prefix, drives it over HTTP and checks the database.
+//!
+//! Needs PostgreSQL (`DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/test`),
+//! Redis (`REDIS_URL`, default `redis://127.0.0.1:6379`) and `redis-server` on `PATH`.
+//! Run with `cargo nextest run --test api` (one process per test).
+
+mod helpers;
+
+mod admin;
+mod bad_requests;
+mod cancel_expiry;
+mod concurrency;
+mod deals;
+mod health;
+mod idempotency;
+mod model;
+mod multi_process;
+mod orders;
+mod rate_limits;
+mod redis_outage;
+mod shutdown;
