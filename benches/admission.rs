@@ -70,14 +70,13 @@ fn sold_out_mirror(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap();
-    let sold_out = SoldOut::new(RedisHandle::new(
-        "redis://127.0.0.1:1",
-        "bench:",
-        Duration::from_millis(1),
-    ));
+    // Neither Redis nor PostgreSQL answers here: flags are set in memory only.
+    let redis = RedisHandle::new("redis://127.0.0.1:1", "bench:", Duration::from_millis(1));
+    let sold_out = SoldOut::new(redis, 1000, Duration::from_secs(60));
     runtime.block_on(async {
+        let pool = sqlx::PgPool::connect_lazy("postgres://bench@127.0.0.1:1/bench").unwrap();
         for i in 0..1000 {
-            sold_out.mark(&format!("deal-{i}")).await;
+            sold_out.mark(&pool, &format!("deal-{i}")).await;
         }
     });
     c.bench_function("sold_out/mirror_hit", |b| {

@@ -79,7 +79,7 @@ impl Application {
 
     /// The pool for administrative work done before serving (the demo sale, say).
     pub fn admin_pool(&self) -> PgPool {
-        self.state.pools.background.clone()
+        self.state.pools.admin.clone()
     }
 
     /// Serves until the shutdown token is cancelled, then drains and stops every task.

@@ -69,7 +69,9 @@ pub struct DatabaseSettings {
     pub url: String,
     pub request_pool_max: u32,
     pub background_pool_max: u32,
+    pub admin_pool_max: u32,
     pub acquire_timeout_ms: u64,
+    pub admin_acquire_timeout_ms: u64,
     pub statement_timeout_ms: u64,
     pub migrate_on_start: bool,
 }
@@ -128,6 +130,8 @@ pub struct SweeperSettings {
 #[serde(deny_unknown_fields)]
 pub struct SoldOutSettings {
     pub refresh_interval_ms: u64,
+    pub holders_max: usize,
+    pub holders_refresh_ms: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]

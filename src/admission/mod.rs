@@ -1,7 +1,8 @@
 //! Admission: everything that can turn a request away before it touches inventory.
 //!
 //! The checks run cheapest first and none of them makes a PostgreSQL round trip on the
-//! rejection path: client address → per-IP limit → sold-out mirror → token → per-user
+//! rejection path: client address → per-IP limit → sold-out mirror (whose only exception,
+//! a user retrying an order of that deal, is known from memory) → token → per-user
 //! limit → per-deal limit → deal settings (cached) → sale window → per-user quantity.
 //! What passes is an `Admitted` order request, the only way into the order path.
 
@@ -88,7 +89,11 @@ impl Admission {
                 settings.auth.jwt_leeway_seconds,
                 settings.auth.user_id_bytes_max,
             ),
-            sold_out: SoldOut::new(redis),
+            sold_out: SoldOut::new(
+                redis,
+                settings.soldout.holders_max,
+                crate::config::millis(settings.soldout.holders_refresh_ms),
+            ),
             deals: DealCache::new(
                 crate::config::millis(settings.deals.cache_ttl_ms),
                 settings.deals.cache_entries_max,
@@ -139,7 +144,7 @@ impl Admission {
         authorization: Option<&[u8]>,
         quantity: Quantity,
     ) -> Result<Admitted, Rejection> {
-        if self.sold_out.is_sold_out(deal_id) {
+        if self.sold_out.is_sold_out(deal_id) && !self.may_replay(deal_id, authorization) {
             return Err(counted(Rejection::SoldOut));
         }
         let user = self.authenticate(authorization)?;
@@ -161,6 +166,14 @@ impl Admission {
             deal,
             quantity,
         })
+    }
+
+    /// A sold-out deal still lets through users who ordered it, whose request may be the
+    /// retry of an order they hold; PostgreSQL then replays it or answers sold out.
+    fn may_replay(&self, deal_id: &str, authorization: Option<&[u8]>) -> bool {
+        self.tokens
+            .verify(authorization)
+            .is_ok_and(|user| self.sold_out.may_replay(deal_id, user.as_str()))
     }
 
     /// The deal's cached settings.

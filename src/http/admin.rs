@@ -123,7 +123,7 @@ pub async fn create_deal(state: &State, request: Request<Incoming>) -> Reply {
     )
     .await?;
     let new = body::json::<CreateDeal>(&bytes)?.into_new_deal()?;
-    let deal = deals::create(&state.pools.background, &new).await?;
+    let deal = deals::create(&state.pools.admin, &new).await?;
     state
         .admission
         .deals()
@@ -131,7 +131,7 @@ pub async fn create_deal(state: &State, request: Request<Incoming>) -> Reply {
     state
         .admission
         .sold_out()
-        .record(&deal.id, deal.stock_total)
+        .record(&state.pools.admin, &deal.id, deal.stock_total)
         .await;
     Ok(body::respond(
         StatusCode::CREATED,
@@ -163,7 +163,7 @@ pub async fn adjust_stock(state: &State, request: Request<Incoming>, raw_id: &st
         )));
     }
     let id = DealId::parse(raw_id).map_err(|_| Problem::not_found("no such deal"))?;
-    inventory::adjust(&state.pools.background, id.as_str(), change.delta).await?;
+    inventory::adjust(&state.pools.admin, id.as_str(), change.delta).await?;
     inventory_reply(state, &id).await
 }
 
@@ -192,13 +192,13 @@ struct InventoryView<'a> {
 
 /// Reads the inventory and, as a side effect, brings the sold-out flag in line with it.
 async fn inventory_reply(state: &State, id: &DealId) -> Reply {
-    let snapshot = inventory::snapshot(&state.pools.background, id.as_str())
+    let snapshot = inventory::snapshot(&state.pools.admin, id.as_str())
         .await?
         .ok_or_else(|| Problem::not_found("no such deal"))?;
     state
         .admission
         .sold_out()
-        .record(id.as_str(), snapshot.available)
+        .record(&state.pools.admin, id.as_str(), snapshot.available)
         .await;
     let view = InventoryView {
         deal_id: id.as_str(),

@@ -37,10 +37,11 @@ pub async fn read(
     }
 }
 
-/// Parses a JSON body into `T`, answering 400 with serde's reason otherwise.
+/// Parses a JSON object body into `T`, answering 400 with serde's reason otherwise.
+/// Only objects are accepted: serde would also read a struct from an array.
 pub fn json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
-    if bytes.is_empty() {
-        return Err(Problem::invalid("a JSON body is required"));
+    if bytes.trim_ascii_start().first() != Some(&b'{') {
+        return Err(Problem::invalid("the body must be a JSON object"));
     }
     serde_json::from_slice(bytes)
         .map_err(|error| Problem::invalid(format!("invalid JSON body: {error}")))

@@ -181,7 +181,11 @@ pub async fn place_order(
             Ok(response)
         }
         Err(OrderError::SoldOut { available: 0 }) => {
-            state.admission.sold_out().mark(deal_id.as_str()).await;
+            state
+                .admission
+                .sold_out()
+                .mark(pool, deal_id.as_str())
+                .await;
             Err(OrderError::SoldOut { available: 0 }.into())
         }
         Err(error) => Err(error.into()),
@@ -195,7 +199,7 @@ fn refresh_sold_out(state: &State, deal_id: &str) {
     let deal_id = deal_id.to_owned();
     tokio::spawn(async move {
         match inventory::available(&pool, &deal_id).await {
-            Ok(available) => sold_out.record(&deal_id, available).await,
+            Ok(available) => sold_out.record(&pool, &deal_id, available).await,
             Err(error) => tracing::debug!(%error, "sold-out check skipped"),
         }
     });

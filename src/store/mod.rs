@@ -1,9 +1,9 @@
 //! PostgreSQL plumbing shared by every domain module: the two pools, migrations, and the
 //! classification of database errors into what callers can act on.
 //!
-//! Two pools keep sale traffic from starving the work that keeps the system correct: user
-//! requests share `request`, while the sweeper, the sold-out mirror and the metrics sampler
-//! use `background`.
+//! Separate pools keep sale traffic from starving the work that keeps the system correct:
+//! user requests share `request`; the sweeper, the sold-out mirror and the metrics sampler
+//! use `background`; operators get `admin`, usable in the middle of a sale storm.
 
 use std::time::Duration;
 
@@ -60,16 +60,18 @@ fn connect_options(settings: &DatabaseSettings) -> Result<PgConnectOptions, sqlx
 pub struct Pools {
     /// Serves user requests; exhausted means 503.
     pub request: PgPool,
-    /// Background tasks and admin work; never used by sale traffic.
+    /// Background tasks; never used by sale traffic.
     pub background: PgPool,
+    /// The admin API and CLI; waits longer for a connection rather than failing fast.
+    pub admin: PgPool,
 }
 
 impl Pools {
     /// Lazily connecting pools: nothing is dialled until first use.
     pub fn new(settings: &DatabaseSettings) -> Result<Self, sqlx::Error> {
         let options = connect_options(settings)?;
-        let acquire_timeout = Duration::from_millis(settings.acquire_timeout_ms);
-        let pool = |max: u32| {
+        let pool = |max: u32, acquire_timeout_ms: u64| {
+            let acquire_timeout = Duration::from_millis(acquire_timeout_ms);
             PgPoolOptions::new()
                 .max_connections(max)
                 .min_connections(0)
@@ -78,14 +80,20 @@ impl Pools {
                 .connect_lazy_with(options.clone())
         };
         Ok(Self {
-            request: pool(settings.request_pool_max),
-            background: pool(settings.background_pool_max),
+            request: pool(settings.request_pool_max, settings.acquire_timeout_ms),
+            background: pool(settings.background_pool_max, settings.acquire_timeout_ms),
+            admin: pool(settings.admin_pool_max, settings.admin_acquire_timeout_ms),
         })
     }
 
     /// Publishes pool occupancy; called by the metrics sampler.
     pub fn record_metrics(&self) {
-        for (name, pool) in [("request", &self.request), ("background", &self.background)] {
+        let pools = [
+            ("request", &self.request),
+            ("background", &self.background),
+            ("admin", &self.admin),
+        ];
+        for (name, pool) in pools {
             let size = pool.size() as f64;
             let idle = pool.num_idle() as f64;
             metrics::gauge!(telemetry::DB_POOL_CONNECTIONS, "pool" => name, "state" => "idle")
