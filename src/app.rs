@@ -84,10 +84,13 @@ impl Application {
 
     /// Serves until the shutdown token is cancelled, then drains and stops every task.
     pub async fn run(self) -> Result<(), AppError> {
+        // Background work keeps running while requests drain: a request finishing during
+        // the drain may still need the sold-out mirror, and the sweeper stops last.
+        let background = CancellationToken::new();
         let tasks = TaskTracker::new();
-        spawn_background(&tasks, &self.state, &self.shutdown);
+        spawn_background(&tasks, &self.state, &background);
         http::serve(self.listener, self.state, self.shutdown.clone()).await;
-        self.shutdown.cancel();
+        background.cancel();
         tasks.close();
         tasks.wait().await;
         tracing::info!("stopped");

@@ -182,6 +182,13 @@ impl Settings {
 
     /// Checks every limit and the relationships between them.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_server()?;
+        self.validate_stores()?;
+        self.validate_admission()?;
+        self.validate_tasks()
+    }
+
+    fn validate_server(&self) -> Result<(), ConfigError> {
         let s = &self.server;
         check(
             s.header_bytes_max >= 8192,
@@ -203,7 +210,10 @@ impl Settings {
         check(
             http::HeaderName::from_bytes(s.client_ip_header.as_bytes()).is_ok(),
             "server.client_ip_header must be a header name",
-        )?;
+        )
+    }
+
+    fn validate_stores(&self) -> Result<(), ConfigError> {
         let d = &self.database;
         check(
             d.request_pool_max > 0,
@@ -213,9 +223,18 @@ impl Settings {
             d.background_pool_max > 0,
             "database.background_pool_max must be > 0",
         )?;
+        check(d.admin_pool_max > 0, "database.admin_pool_max must be > 0")?;
         check(
             d.acquire_timeout_ms > 0,
             "database.acquire_timeout_ms must be > 0",
+        )?;
+        check(
+            d.acquire_timeout_ms < self.server.request_timeout_ms,
+            "database.acquire_timeout_ms must be below server.request_timeout_ms",
+        )?;
+        check(
+            d.admin_acquire_timeout_ms >= d.acquire_timeout_ms,
+            "database.admin_acquire_timeout_ms must be at least database.acquire_timeout_ms",
         )?;
         check(
             d.statement_timeout_ms > 0,
@@ -228,7 +247,10 @@ impl Settings {
         check(
             self.redis.reconnect_interval_ms > 0,
             "redis.reconnect_interval_ms must be > 0",
-        )?;
+        )
+    }
+
+    fn validate_admission(&self) -> Result<(), ConfigError> {
         check(
             !self.auth.jwt_secret.is_empty(),
             "auth.jwt_secret must not be empty",
@@ -256,19 +278,13 @@ impl Settings {
             "limits.retain_interval_ms must be > 0",
         )?;
         let o = &self.orders;
-        check(o.quantity_max > 0, "orders.quantity_max must be > 0")?;
+        check(
+            (1..=1_000_000).contains(&o.quantity_max),
+            "orders.quantity_max must be 1..=1000000",
+        )?;
         check(
             (1..=255).contains(&o.idempotency_key_bytes_max),
             "orders.idempotency_key_bytes_max must be 1..=255",
-        )?;
-        check(
-            self.sweeper.interval_ms > 0,
-            "sweeper.interval_ms must be > 0",
-        )?;
-        check(self.sweeper.batch_max > 0, "sweeper.batch_max must be > 0")?;
-        check(
-            self.soldout.refresh_interval_ms > 0 && self.soldout.refresh_interval_ms <= 1000,
-            "soldout.refresh_interval_ms must be 1..=1000 so a cleared flag spreads within a second",
         )?;
         check(
             self.deals.cache_ttl_ms > 0,
@@ -277,12 +293,27 @@ impl Settings {
         check(
             self.deals.cache_entries_max > 0,
             "deals.cache_entries_max must be > 0",
+        )
+    }
+
+    fn validate_tasks(&self) -> Result<(), ConfigError> {
+        check(
+            self.sweeper.interval_ms > 0,
+            "sweeper.interval_ms must be > 0",
+        )?;
+        check(self.sweeper.batch_max > 0, "sweeper.batch_max must be > 0")?;
+        check(
+            (1..=1000).contains(&self.soldout.refresh_interval_ms),
+            "soldout.refresh_interval_ms must be 1..=1000 so a cleared flag spreads within a second",
+        )?;
+        check(
+            self.soldout.holders_refresh_ms > 0,
+            "soldout.holders_refresh_ms must be > 0",
         )?;
         check(
             self.deals.metrics_interval_ms > 0,
             "deals.metrics_interval_ms must be > 0",
-        )?;
-        Ok(())
+        )
     }
 
     pub fn uses_default_secrets(&self) -> bool {

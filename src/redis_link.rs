@@ -65,6 +65,7 @@ impl RedisHandle {
     /// Runs one command with the configured timeout; any failure drops the connection.
     pub async fn run<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, RedisError> {
         let Some(mut connection) = self.inner.connection.read().await.clone() else {
+            metrics::counter!(telemetry::REDIS_ERRORS).increment(1);
             return Err(RedisError::Disconnected);
         };
         let outcome = tokio::time::timeout(self.inner.command_timeout, async {

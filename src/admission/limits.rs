@@ -98,8 +98,14 @@ impl RateLimits {
         }
     }
 
+    /// IPv6 clients are limited per /64: one host usually owns the whole prefix and could
+    /// otherwise rotate through addresses to escape its limit.
     pub fn check_ip(&self, ip: IpAddr) -> Result<(), Limited> {
-        self.ip.check(&ip)
+        let key = match ip {
+            IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
+            IpAddr::V4(_) => ip,
+        };
+        self.ip.check(&key)
     }
 
     pub fn check_user(&self, user_id: &str) -> Result<(), Limited> {
@@ -118,7 +124,8 @@ impl RateLimits {
     }
 
     /// Keys currently tracked, across all scopes.
-    pub fn keys(&self) -> usize {
+    #[cfg(test)]
+    fn keys(&self) -> usize {
         self.ip.inner.len() + self.user.inner.len() + self.deal.inner.len()
     }
 }
@@ -153,6 +160,18 @@ mod tests {
         assert_eq!((limited.quota, limited.window_seconds), (3, 3));
         // Another key has its own bucket.
         limits.check_ip("192.0.2.2".parse().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn ipv6_clients_share_their_64() {
+        let limits = RateLimits::new(&settings(1, 1));
+        limits.check_ip("2001:db8::1".parse().unwrap()).unwrap();
+        assert!(
+            limits
+                .check_ip("2001:db8::ffff:2".parse().unwrap())
+                .is_err()
+        );
+        limits.check_ip("2001:db8:0:1::1".parse().unwrap()).unwrap();
     }
 
     #[test]

@@ -113,9 +113,13 @@ impl Admission {
         &self.limits
     }
 
-    /// The client address, believing `header` only from trusted proxies.
-    pub fn client_ip(&self, peer: IpAddr, header: Option<&[u8]>) -> IpAddr {
-        self.client_ip.resolve(peer, header)
+    /// The client address, believing the header values only from trusted proxies.
+    pub fn client_ip<'a>(
+        &self,
+        peer: IpAddr,
+        header_values: impl DoubleEndedIterator<Item = &'a [u8]>,
+    ) -> IpAddr {
+        self.client_ip.resolve(peer, header_values)
     }
 
     pub fn check_ip(&self, ip: IpAddr) -> Result<(), Rejection> {

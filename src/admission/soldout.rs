@@ -3,36 +3,46 @@
 //! A sold-out deal may draw a million more clicks. The mirror answers them from memory, with
 //! no Redis or PostgreSQL round trip. PostgreSQL stays the truth: the flag is set only after
 //! PostgreSQL showed zero units, cleared whenever units return, and every refresh drops
-//! flags that PostgreSQL no longer backs. When Redis is down the refresh rebuilds the
-//! mirror from PostgreSQL, so the gateway is slower but never wrong.
+//! flags that PostgreSQL no longer backs (stock came back, or the sale ended). When Redis is
+//! down the refresh rebuilds the mirror from PostgreSQL, so the gateway is slower but never
+//! wrong; when Redis returns, the flags PostgreSQL backs are shared again.
 //!
 //! Each flagged deal also carries the users who ever ordered it: their retries may be
-//! idempotent replays of an order they already hold, so those (and only those) are let
-//! through to PostgreSQL, where the stored order is found and replayed.
+//! idempotent replays of an order they hold, so those (and only those) are let through to
+//! PostgreSQL, where the stored order is found and replayed.
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
+use dashmap::{DashMap, DashSet};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use crate::inventory;
 use crate::redis_link::RedisHandle;
 use crate::store::StoreError;
 use crate::telemetry;
 
 const SET_KEY: &str = "soldout";
 
-/// Users who have ordered a flagged deal, as read from PostgreSQL at `loaded_at`.
+/// Users who ordered a flagged deal. `None` until first read: meanwhile every
+/// authenticated user may be replaying, and PostgreSQL decides.
+#[derive(Default)]
 struct Holders {
-    users: Arc<HashSet<String>>,
-    loaded_at: Instant,
+    users: Option<HashSet<String>>,
+    loaded_at: Option<Instant>,
 }
 
 #[derive(Clone)]
 pub struct SoldOut {
     mirror: Arc<DashMap<Box<str>, Holders>>,
+    /// Deals whose stock is being checked off the request path, one check per deal at a time.
+    checking: Arc<DashSet<Box<str>>>,
+    /// Whether the last refresh could read Redis; a false-to-true change re-shares flags.
+    redis_healthy: Arc<AtomicBool>,
     redis: RedisHandle,
     holders_max: usize,
     holders_ttl: Duration,
@@ -44,6 +54,8 @@ impl SoldOut {
     pub fn new(redis: RedisHandle, holders_max: usize, holders_ttl: Duration) -> Self {
         Self {
             mirror: Arc::new(DashMap::new()),
+            checking: Arc::new(DashSet::new()),
+            redis_healthy: Arc::new(AtomicBool::new(false)),
             redis,
             holders_max,
             holders_ttl,
@@ -55,36 +67,43 @@ impl SoldOut {
         self.mirror.contains_key(deal_id)
     }
 
-    /// Memory only: whether `user_id` ordered this sold-out deal before and so may be
-    /// retrying an order it holds.
+    /// Memory only: whether `user_id` may be retrying an order it holds in this sold-out deal.
     pub fn may_replay(&self, deal_id: &str, user_id: &str) -> bool {
-        self.mirror
-            .get(deal_id)
-            .is_some_and(|holders| holders.users.contains(user_id))
+        self.mirror.get(deal_id).is_some_and(|holders| {
+            holders
+                .users
+                .as_ref()
+                .is_none_or(|users| users.contains(user_id))
+        })
     }
 
-    /// PostgreSQL just showed the deal has no units left.
+    /// PostgreSQL just showed the deal has no units left. Only the first caller shares the
+    /// flag and reads the holders; concurrent callers return at once.
     pub async fn mark(&self, pool: &PgPool, deal_id: &str) {
-        if !self.mirror.contains_key(deal_id) {
-            self.load_holders(pool, deal_id).await;
+        match self.mirror.entry(deal_id.into()) {
+            Entry::Occupied(_) => return,
+            Entry::Vacant(vacant) => {
+                vacant.insert(Holders::default());
+            }
         }
-        let cmd = redis::cmd("SADD")
+        let sadd = redis::cmd("SADD")
             .arg(self.redis.key(SET_KEY))
             .arg(deal_id)
             .clone();
-        if let Err(error) = self.redis.run::<i64>(&cmd).await {
+        if let Err(error) = self.redis.run::<i64>(&sadd).await {
             tracing::debug!(%error, deal_id, "sold-out flag not shared");
         }
+        self.load_holders(pool, deal_id).await;
     }
 
     /// Units came back: clear here at once, everywhere else at the next refresh.
     pub async fn clear(&self, deal_id: &str) {
         self.mirror.remove(deal_id);
-        let cmd = redis::cmd("SREM")
+        let srem = redis::cmd("SREM")
             .arg(self.redis.key(SET_KEY))
             .arg(deal_id)
             .clone();
-        if let Err(error) = self.redis.run::<i64>(&cmd).await {
+        if let Err(error) = self.redis.run::<i64>(&srem).await {
             tracing::debug!(%error, deal_id, "sold-out flag not cleared in redis");
         }
     }
@@ -98,51 +117,106 @@ impl SoldOut {
         }
     }
 
-    /// One refresh: copy the shared set, minus flags PostgreSQL contradicts.
-    pub async fn refresh(&self, pool: &PgPool) -> Result<(), StoreError> {
-        let cmd = redis::cmd("SMEMBERS").arg(self.redis.key(SET_KEY)).clone();
-        let flagged: HashSet<String> = match self.redis.run::<Vec<String>>(&cmd).await {
-            Ok(members) => {
-                let stale = with_stock(pool, &members).await?;
-                if !stale.is_empty() {
-                    let srem = redis::cmd("SREM")
-                        .arg(self.redis.key(SET_KEY))
-                        .arg(&stale)
-                        .clone();
-                    let _ = self.redis.run::<i64>(&srem).await;
-                }
-                members.into_iter().filter(|m| !stale.contains(m)).collect()
+    /// A bucket of `deal_id` just emptied: check, off the request path and at most once at a
+    /// time per deal, whether the whole deal did.
+    pub fn check_soon(&self, pool: &PgPool, deal_id: &str) {
+        if !self.checking.insert(deal_id.into()) {
+            return;
+        }
+        let (this, pool, deal_id) = (self.clone(), pool.clone(), deal_id.to_owned());
+        tokio::spawn(async move {
+            match inventory::available(&pool, &deal_id).await {
+                Ok(available) => this.record(&pool, &deal_id, available).await,
+                Err(error) => tracing::debug!(%error, "sold-out check skipped"),
             }
-            Err(_) => sold_out_in_postgres(pool).await?,
+            this.checking.remove(deal_id.as_str());
+        });
+    }
+
+    /// One refresh: the shared set minus flags PostgreSQL contradicts, or, without Redis,
+    /// the set PostgreSQL implies.
+    pub async fn refresh(&self, pool: &PgPool) -> Result<(), StoreError> {
+        let smembers = redis::cmd("SMEMBERS").arg(self.redis.key(SET_KEY)).clone();
+        let flagged = match self.redis.run::<Vec<String>>(&smembers).await {
+            Ok(members) => {
+                if !self.redis_healthy.swap(true, Ordering::Relaxed) {
+                    self.share_all(pool).await?;
+                }
+                self.drop_stale(pool, members).await?
+            }
+            Err(_) => {
+                self.redis_healthy.store(false, Ordering::Relaxed);
+                sold_out_in_postgres(pool).await?
+            }
         };
         self.mirror.retain(|deal, _| flagged.contains(&**deal));
         for deal in flagged {
-            let fresh = self
-                .mirror
-                .get(deal.as_str())
-                .is_some_and(|h| h.loaded_at.elapsed() < self.holders_ttl);
-            if !fresh {
-                self.load_holders(pool, &deal).await;
-            }
+            self.mirror.entry(deal.into_boxed_str()).or_default();
         }
         metrics::gauge!(telemetry::SOLD_OUT_DEALS).set(self.mirror.len() as f64);
+        self.reload_holders(pool).await;
         Ok(())
     }
 
-    /// (Re)reads who ordered `deal_id` and flags the deal in memory.
+    /// Removes from Redis the flags PostgreSQL no longer backs; returns the rest.
+    async fn drop_stale(
+        &self,
+        pool: &PgPool,
+        members: Vec<String>,
+    ) -> Result<HashSet<String>, StoreError> {
+        let stale = unbacked(pool, &members).await?;
+        if !stale.is_empty() {
+            let srem = redis::cmd("SREM")
+                .arg(self.redis.key(SET_KEY))
+                .arg(&stale)
+                .clone();
+            let _ = self.redis.run::<i64>(&srem).await;
+        }
+        Ok(members.into_iter().filter(|m| !stale.contains(m)).collect())
+    }
+
+    /// Redis came (back) up: share every flag PostgreSQL backs, since marks made while it
+    /// was away never reached it.
+    async fn share_all(&self, pool: &PgPool) -> Result<(), StoreError> {
+        let sold_out = sold_out_in_postgres(pool).await?;
+        if !sold_out.is_empty() {
+            let sadd = redis::cmd("SADD")
+                .arg(self.redis.key(SET_KEY))
+                .arg(Vec::from_iter(sold_out))
+                .clone();
+            let _ = self.redis.run::<i64>(&sadd).await;
+        }
+        Ok(())
+    }
+
+    async fn reload_holders(&self, pool: &PgPool) {
+        let due: Vec<String> = self
+            .mirror
+            .iter()
+            .filter(|entry| {
+                entry
+                    .loaded_at
+                    .is_none_or(|at| at.elapsed() >= self.holders_ttl)
+            })
+            .map(|entry| entry.key().to_string())
+            .collect();
+        for deal_id in due {
+            self.load_holders(pool, &deal_id).await;
+        }
+    }
+
+    /// (Re)reads who ordered `deal_id`, if it is still flagged.
     async fn load_holders(&self, pool: &PgPool, deal_id: &str) {
-        let users = match holders(pool, deal_id, self.holders_max).await {
-            Ok(users) => users,
-            Err(error) => {
-                tracing::debug!(%error, deal_id, "holders of a sold-out deal not loaded");
+        let users = holders(pool, deal_id, self.holders_max)
+            .await
+            .unwrap_or_else(|error| {
+                tracing::debug!(%error, deal_id, "holders of a sold-out deal not read");
                 HashSet::new()
-            }
-        };
-        let holders = Holders {
-            users: Arc::new(users),
-            loaded_at: Instant::now(),
-        };
-        self.mirror.insert(deal_id.into(), holders);
+            });
+        if let Some(mut holders) = self.mirror.get_mut(deal_id) {
+            holders.users = Some(users);
+            holders.loaded_at = Some(Instant::now());
+        }
     }
 
     /// Refreshes every `interval` until `shutdown`.
@@ -161,18 +235,24 @@ impl SoldOut {
     }
 }
 
-/// Of `deal_ids`, those that PostgreSQL says still have units.
-async fn with_stock(pool: &PgPool, deal_ids: &[String]) -> Result<Vec<String>, StoreError> {
-    if deal_ids.is_empty() {
-        return Ok(Vec::new());
+/// Of `flagged`, those PostgreSQL does not back: unknown deals, deals whose sale ended,
+/// and deals with units available again.
+async fn unbacked(pool: &PgPool, flagged: &[String]) -> Result<HashSet<String>, StoreError> {
+    if flagged.is_empty() {
+        return Ok(HashSet::new());
     }
-    Ok(sqlx::query_scalar(
-        "SELECT deal_id FROM inventory_buckets WHERE deal_id = ANY($1)
-          GROUP BY deal_id HAVING sum(available) > 0",
+    let ids: Vec<String> = sqlx::query_scalar(
+        "SELECT m FROM unnest($1::text[]) AS m
+          WHERE NOT EXISTS (
+                SELECT 1 FROM deals d
+                 WHERE d.id = m AND (d.ends_at IS NULL OR d.ends_at > now())
+                   AND NOT EXISTS (SELECT 1 FROM inventory_buckets b
+                                    WHERE b.deal_id = d.id AND b.available > 0))",
     )
-    .bind(deal_ids)
+    .bind(flagged)
     .fetch_all(pool)
-    .await?)
+    .await?;
+    Ok(ids.into_iter().collect())
 }
 
 /// Users who ever ordered `deal_id`; empty when there are more than `users_max`.
@@ -194,7 +274,7 @@ async fn holders(
     Ok(users.into_iter().collect())
 }
 
-/// Every deal that is still on sale or upcoming and has no units left.
+/// Every deal still on sale (or upcoming) with no units left.
 async fn sold_out_in_postgres(pool: &PgPool) -> Result<HashSet<String>, StoreError> {
     let ids: Vec<String> = sqlx::query_scalar(
         "SELECT b.deal_id FROM inventory_buckets b JOIN deals d ON d.id = b.deal_id

@@ -84,8 +84,11 @@ pub enum DealError {
 impl NewDeal {
     pub fn validate(&self) -> Result<(), DealError> {
         let invalid = |m: &str| Err(DealError::Invalid(m.to_owned()));
-        if self.name.trim().is_empty() || self.name.len() > NAME_BYTES_MAX {
-            return invalid("name must be 1-200 bytes");
+        if self.name.trim().is_empty()
+            || self.name.len() > NAME_BYTES_MAX
+            || self.name.chars().any(char::is_control)
+        {
+            return invalid("name must be 1-200 bytes without control characters");
         }
         if !(0..=STOCK_MAX).contains(&self.stock) {
             return invalid("stock must be 0-1000000000");

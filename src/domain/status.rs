@@ -63,11 +63,6 @@ impl OrderStatus {
         }
     }
 
-    /// Whether the order's units are counted as reserved in the buckets.
-    pub fn holds_reservation(self) -> bool {
-        self == Self::PendingPayment
-    }
-
     pub fn as_str(self) -> &'static str {
         match self {
             Self::PendingPayment => "PENDING_PAYMENT",

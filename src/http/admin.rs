@@ -6,6 +6,7 @@ use http::header::AUTHORIZATION;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -113,7 +114,11 @@ impl<'a> AdminDealView<'a> {
     }
 }
 
-pub async fn create_deal(state: &State, request: Request<Incoming>) -> Reply {
+/// The JSON body of an authorised admin request.
+async fn admin_json<T: DeserializeOwned>(
+    state: &State,
+    request: Request<Incoming>,
+) -> Result<T, Problem> {
     require_admin(state, &request)?;
     let (parts, incoming) = request.into_parts();
     let bytes = body::read(
@@ -122,7 +127,13 @@ pub async fn create_deal(state: &State, request: Request<Incoming>) -> Reply {
         state.settings.server.body_bytes_max,
     )
     .await?;
-    let new = body::json::<CreateDeal>(&bytes)?.into_new_deal()?;
+    body::json(&bytes)
+}
+
+pub async fn create_deal(state: &State, request: Request<Incoming>) -> Reply {
+    let new = admin_json::<CreateDeal>(state, request)
+        .await?
+        .into_new_deal()?;
     let deal = deals::create(&state.pools.admin, &new).await?;
     state
         .admission
@@ -147,15 +158,7 @@ struct StockChange {
 }
 
 pub async fn adjust_stock(state: &State, request: Request<Incoming>, raw_id: &str) -> Reply {
-    require_admin(state, &request)?;
-    let (parts, incoming) = request.into_parts();
-    let bytes = body::read(
-        incoming,
-        &parts.headers,
-        state.settings.server.body_bytes_max,
-    )
-    .await?;
-    let change: StockChange = body::json(&bytes)?;
+    let change: StockChange = admin_json(state, request).await?;
     if change.delta.unsigned_abs() > deals::STOCK_MAX as u64 {
         return Err(Problem::invalid(format!(
             "delta must be within ±{}",
@@ -224,12 +227,16 @@ pub fn healthz() -> Response<Full<Bytes>> {
     )
 }
 
+/// How long the readiness probe waits for PostgreSQL.
+const READY_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Ready when PostgreSQL answers and shutdown has not begun; Redis is reported, not required.
 pub async fn readyz(state: &State) -> Response<Full<Bytes>> {
-    let postgres = sqlx::query_scalar::<_, i32>("SELECT 1")
-        .fetch_one(&state.pools.background)
-        .await
-        .is_ok();
+    let probe = sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&state.pools.admin);
+    let postgres = matches!(
+        tokio::time::timeout(READY_PROBE_TIMEOUT, probe).await,
+        Ok(Ok(1))
+    );
     let redis = state.redis.is_connected().await;
     let accepting = state.ready.load(Ordering::Relaxed);
     let ready = postgres && accepting;

@@ -129,10 +129,6 @@ impl Problem {
         self
     }
 
-    pub fn status(&self) -> StatusCode {
-        self.status
-    }
-
     pub fn into_response(self) -> Response<Full<Bytes>> {
         let (slug, title) = self.kind.slug_and_title();
         let body = Body {

@@ -16,7 +16,6 @@ use super::body::{self, Caching};
 use super::problem::Problem;
 use crate::deals::{Deal, Window};
 use crate::domain::{DealId, IdempotencyKey, OrderStatus, Quantity, UserId};
-use crate::inventory;
 use crate::orders::{self, Order, OrderError};
 
 type Reply = Result<Response<Full<Bytes>>, Problem>;
@@ -80,9 +79,10 @@ fn header<B>(request: &Request<B>, name: impl http::header::AsHeaderName) -> Opt
 
 /// Per-IP limit, after resolving the client address.
 fn check_ip<B>(state: &State, peer: SocketAddr, request: &Request<B>) -> Result<(), Problem> {
+    let values = request.headers().get_all(&state.client_ip_header).iter();
     let ip = state
         .admission
-        .client_ip(peer.ip(), header(request, &state.client_ip_header));
+        .client_ip(peer.ip(), values.map(HeaderValue::as_bytes));
     Ok(state.admission.check_ip(ip)?)
 }
 
@@ -140,6 +140,7 @@ pub async fn place_order(
     request: Request<Incoming>,
     raw_id: &str,
 ) -> Reply {
+    check_ip(state, peer, &request)?;
     let (parts, incoming) = request.into_parts();
     let bytes = body::read(
         incoming,
@@ -148,7 +149,6 @@ pub async fn place_order(
     )
     .await?;
     let request = Request::from_parts(parts, ());
-    check_ip(state, peer, &request)?;
     let deal_id = parse_deal_id(raw_id)?;
     let orders_settings = &state.settings.orders;
     let key = header(&request, "idempotency-key")
@@ -169,7 +169,8 @@ pub async fn place_order(
     match orders::place(pool, &admitted, &key, orders_settings.retries_max).await {
         Ok(placed) => {
             if placed.emptied_a_bucket {
-                refresh_sold_out(state, &placed.order.deal_id);
+                let sold_out = state.admission.sold_out();
+                sold_out.check_soon(&state.pools.background, &placed.order.deal_id);
             }
             let view = OrderView::new(&placed.order, OrderStatus::PendingPayment);
             let mut response = body::respond(StatusCode::CREATED, &view, Caching::Private);
@@ -190,19 +191,6 @@ pub async fn place_order(
         }
         Err(error) => Err(error.into()),
     }
-}
-
-/// A bucket just emptied: find out, off the request path, whether the whole deal did.
-fn refresh_sold_out(state: &State, deal_id: &str) {
-    let sold_out = state.admission.sold_out().clone();
-    let pool = state.pools.background.clone();
-    let deal_id = deal_id.to_owned();
-    tokio::spawn(async move {
-        match inventory::available(&pool, &deal_id).await {
-            Ok(available) => sold_out.record(&pool, &deal_id, available).await,
-            Err(error) => tracing::debug!(%error, "sold-out check skipped"),
-        }
-    });
 }
 
 pub async fn get_order(

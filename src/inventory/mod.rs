@@ -5,10 +5,13 @@
 //! never drive a row below zero (`available >= q`, backed by `CHECK (available >= 0)`), and
 //! it runs inside the caller's short order transaction.
 //!
-//! Lock order, everywhere: a user's `user_deal_units` row first, then buckets in ascending
-//! order. The first-choice path takes a single bucket with `SKIP LOCKED`, so it never waits
-//! while another bucket has stock; waiting paths lock in ascending order. Together these
-//! keep reservations, releases and stock changes free of deadlocks.
+//! Lock order, everywhere: a user's `user_deal_units` row first, then buckets in
+//! ascending order. A reservation follows a [`Plan`]: the first choice takes one bucket
+//! with `SKIP LOCKED` and never waits, so a request does not queue behind a locked bucket
+//! while another has stock. Only when that fails does it wait, in a fresh transaction that
+//! holds no bucket yet: on one named bucket, or on every non-empty bucket in ascending
+//! order. No transaction ever waits for a bucket while holding another out of order, so
+//! reservations, releases and stock changes cannot deadlock.
 
 mod release;
 mod stock;
@@ -35,114 +38,133 @@ pub struct Reserved {
     pub emptied_a_bucket: bool,
 }
 
+/// How a reservation looks for units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    /// One bucket that covers the order, tried from `start` on, skipping locked rows.
+    AnyFree { start: i32 },
+    /// Every bucket that fits was busy: wait for this one.
+    Bucket(i32),
+    /// No single bucket covers the order: lock every non-empty bucket, ascending.
+    Spread,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ReserveError {
     /// Fewer than the requested units remain; `available` is what the deal still has.
     #[error("not enough stock: {available} available")]
     Insufficient { available: i64 },
+    /// The plan found nothing without waiting. Roll back (releasing any lock the attempt
+    /// took) and run the order again with this plan.
+    #[error("retry the reservation with {0:?}")]
+    Retry(Plan),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
 
-/// How many times the non-blocking paths are retried before locking every bucket.
-const PICK_ATTEMPTS_MAX: u32 = 3;
-
-/// Takes `quantity` units of `deal_id` inside `tx`. `start` rotates which bucket is tried
-/// first, spreading concurrent requests over the rows.
+/// Takes `quantity` units of `deal_id` inside `tx`, following `plan`.
 pub async fn reserve(
     tx: &mut PgConnection,
     deal_id: &str,
     quantity: i32,
     bucket_count: i32,
-    start: i32,
+    plan: Plan,
 ) -> Result<Reserved, ReserveError> {
     assert!(quantity >= 1 && bucket_count >= 1);
-    for attempt in 0..PICK_ATTEMPTS_MAX {
-        if let Some(reserved) =
-            take_one_bucket(tx, deal_id, quantity, bucket_count, start, true).await?
-        {
-            return Ok(reserved);
-        }
-        let (available, largest) = totals(tx, deal_id).await?;
-        if available < i64::from(quantity) {
-            return Err(ReserveError::Insufficient { available });
-        }
-        if largest < i64::from(quantity) {
-            break;
-        }
-        // Every bucket that fits is locked by a reservation in flight: wait for one of them.
-        let skip_locked = attempt + 1 < PICK_ATTEMPTS_MAX;
-        if !skip_locked
-            && let Some(reserved) =
-                take_one_bucket(tx, deal_id, quantity, bucket_count, start, false).await?
-        {
-            return Ok(reserved);
-        }
-        tokio::task::yield_now().await;
+    let taken = match plan {
+        Plan::AnyFree { start } => take_free(tx, deal_id, quantity, bucket_count, start).await?,
+        Plan::Bucket(bucket) => take_bucket(tx, deal_id, quantity, bucket).await?,
+        Plan::Spread => return take_spread(tx, deal_id, quantity).await,
+    };
+    match taken {
+        Some(reserved) => Ok(reserved),
+        None => Err(next_plan(tx, deal_id, quantity).await?),
     }
-    take_spread(tx, deal_id, quantity).await
 }
 
-/// One conditional decrement on the first bucket, from `start`, that can cover `quantity`.
-async fn take_one_bucket(
+/// Nothing was taken: decide from committed stock whether the deal is sold out, or which
+/// plan can still succeed.
+async fn next_plan(
+    tx: &mut PgConnection,
+    deal_id: &str,
+    quantity: i32,
+) -> Result<ReserveError, StoreError> {
+    let buckets: Vec<(i32, i64)> = sqlx::query_as(
+        "SELECT bucket, available FROM inventory_buckets WHERE deal_id = $1 AND available > 0",
+    )
+    .bind(deal_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    let available: i64 = buckets.iter().map(|(_, units)| units).sum();
+    if available < i64::from(quantity) {
+        return Ok(ReserveError::Insufficient { available });
+    }
+    let fitting: Vec<i32> = buckets
+        .iter()
+        .filter(|(_, units)| *units >= i64::from(quantity))
+        .map(|(bucket, _)| *bucket)
+        .collect();
+    Ok(match fitting.as_slice() {
+        [] => ReserveError::Retry(Plan::Spread),
+        some => ReserveError::Retry(Plan::Bucket(some[rand::random_range(0..some.len())])),
+    })
+}
+
+/// One conditional decrement on the first unlocked bucket, from `start`, that covers
+/// `quantity`. Never waits.
+async fn take_free(
     tx: &mut PgConnection,
     deal_id: &str,
     quantity: i32,
     bucket_count: i32,
     start: i32,
-    skip_locked: bool,
 ) -> Result<Option<Reserved>, StoreError> {
-    let sql = if skip_locked {
-        TAKE_ONE_SKIP_LOCKED
-    } else {
-        TAKE_ONE_WAIT
-    };
-    let row: Option<(i32, i64)> = sqlx::query_as(sql)
-        .bind(deal_id)
-        .bind(i64::from(quantity))
-        .bind(start)
-        .bind(bucket_count)
-        .fetch_optional(&mut *tx)
-        .await?;
-    Ok(row.map(|(bucket, available_after)| {
-        assert!(available_after >= 0);
-        Reserved {
-            lines: vec![Line { bucket, quantity }],
-            emptied_a_bucket: available_after == 0,
-        }
-    }))
-}
-
-const TAKE_ONE_SKIP_LOCKED: &str = "
-    UPDATE inventory_buckets b
-       SET available = b.available - $2, reserved = b.reserved + $2
-      FROM (SELECT bucket FROM inventory_buckets
-             WHERE deal_id = $1 AND available >= $2
-             ORDER BY (bucket + $3) % $4
-             LIMIT 1 FOR UPDATE SKIP LOCKED) pick
-     WHERE b.deal_id = $1 AND b.bucket = pick.bucket AND b.available >= $2
-    RETURNING b.bucket, b.available";
-
-const TAKE_ONE_WAIT: &str = "
-    UPDATE inventory_buckets b
-       SET available = b.available - $2, reserved = b.reserved + $2
-      FROM (SELECT bucket FROM inventory_buckets
-             WHERE deal_id = $1 AND available >= $2
-             ORDER BY (bucket + $3) % $4
-             LIMIT 1 FOR UPDATE) pick
-     WHERE b.deal_id = $1 AND b.bucket = pick.bucket AND b.available >= $2
-    RETURNING b.bucket, b.available";
-
-/// Committed totals, read without locks: (units available, largest single bucket).
-async fn totals(tx: &mut PgConnection, deal_id: &str) -> Result<(i64, i64), StoreError> {
-    let row: (i64, i64) = sqlx::query_as(
-        "SELECT COALESCE(sum(available), 0)::bigint, COALESCE(max(available), 0)::bigint
-           FROM inventory_buckets WHERE deal_id = $1",
+    let row: Option<(i32, i64)> = sqlx::query_as(
+        "UPDATE inventory_buckets b
+            SET available = b.available - $2, reserved = b.reserved + $2
+           FROM (SELECT bucket FROM inventory_buckets
+                  WHERE deal_id = $1 AND available >= $2
+                  ORDER BY (bucket + $3) % $4
+                  LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED) pick
+          WHERE b.deal_id = $1 AND b.bucket = pick.bucket AND b.available >= $2
+         RETURNING b.bucket, b.available",
     )
     .bind(deal_id)
-    .fetch_one(&mut *tx)
+    .bind(i64::from(quantity))
+    .bind(start)
+    .bind(bucket_count)
+    .fetch_optional(&mut *tx)
     .await?;
-    Ok(row)
+    Ok(row.map(|(bucket, after)| single(bucket, quantity, after)))
+}
+
+/// One conditional decrement on `bucket`, waiting for its lock if need be.
+async fn take_bucket(
+    tx: &mut PgConnection,
+    deal_id: &str,
+    quantity: i32,
+    bucket: i32,
+) -> Result<Option<Reserved>, StoreError> {
+    let row: Option<(i32, i64)> = sqlx::query_as(
+        "UPDATE inventory_buckets
+            SET available = available - $3, reserved = reserved + $3
+          WHERE deal_id = $1 AND bucket = $2 AND available >= $3
+         RETURNING bucket, available",
+    )
+    .bind(deal_id)
+    .bind(bucket)
+    .bind(i64::from(quantity))
+    .fetch_optional(&mut *tx)
+    .await?;
+    Ok(row.map(|(bucket, after)| single(bucket, quantity, after)))
+}
+
+fn single(bucket: i32, quantity: i32, available_after: i64) -> Reserved {
+    assert!(available_after >= 0, "CHECK (available >= 0) holds");
+    Reserved {
+        lines: vec![Line { bucket, quantity }],
+        emptied_a_bucket: available_after == 0,
+    }
 }
 
 /// The deal has the units but no single bucket does: lock every non-empty bucket in
@@ -154,7 +176,7 @@ async fn take_spread(
 ) -> Result<Reserved, ReserveError> {
     let buckets: Vec<(i32, i64)> = sqlx::query_as(
         "SELECT bucket, available FROM inventory_buckets
-          WHERE deal_id = $1 AND available > 0 ORDER BY bucket FOR UPDATE",
+          WHERE deal_id = $1 AND available > 0 ORDER BY bucket FOR NO KEY UPDATE",
     )
     .bind(deal_id)
     .fetch_all(&mut *tx)

@@ -30,7 +30,7 @@ pub async fn release(tx: &mut PgConnection, orders: &[HeldOrder]) -> Result<(), 
     sqlx::query(
         "SELECT 1 FROM user_deal_units
           WHERE (deal_id, user_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))
-          ORDER BY deal_id, user_id FOR UPDATE",
+          ORDER BY deal_id, user_id FOR NO KEY UPDATE",
     )
     .bind(&deals)
     .bind(&users)
@@ -50,7 +50,7 @@ pub async fn release(tx: &mut PgConnection, orders: &[HeldOrder]) -> Result<(), 
     sqlx::query(
         "SELECT 1 FROM inventory_buckets
           WHERE (deal_id, bucket) IN (SELECT deal_id, bucket FROM reservation_lines WHERE order_id = ANY($1))
-          ORDER BY deal_id, bucket FOR UPDATE",
+          ORDER BY deal_id, bucket FOR NO KEY UPDATE",
     )
     .bind(&ids)
     .execute(&mut *tx)

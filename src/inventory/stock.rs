@@ -19,23 +19,24 @@ pub enum StockError {
 /// Adds (`delta > 0`) or removes (`delta < 0`) available units, spread over the buckets.
 pub async fn adjust(pool: &PgPool, deal_id: &str, delta: i64) -> Result<(), StockError> {
     let mut tx = pool.begin().await.map_err(StoreError::from)?;
-    let updated = sqlx::query("UPDATE deals SET stock_total = stock_total + $2 WHERE id = $1")
-        .bind(deal_id)
-        .bind(delta)
-        .execute(&mut *tx)
-        .await
-        .map_err(StoreError::from)?;
-    if updated.rows_affected() == 0 {
-        return Err(StockError::NotFound);
-    }
     let buckets: Vec<(i32, i64)> = sqlx::query_as(
-        "SELECT bucket, available FROM inventory_buckets WHERE deal_id = $1 ORDER BY bucket FOR UPDATE",
+        "SELECT bucket, available FROM inventory_buckets
+          WHERE deal_id = $1 ORDER BY bucket FOR NO KEY UPDATE",
     )
     .bind(deal_id)
     .fetch_all(&mut *tx)
     .await
     .map_err(StoreError::from)?;
+    if buckets.is_empty() {
+        return Err(StockError::NotFound);
+    }
     let changes = plan(&buckets, delta)?;
+    sqlx::query("UPDATE deals SET stock_total = stock_total + $2 WHERE id = $1")
+        .bind(deal_id)
+        .bind(delta)
+        .execute(&mut *tx)
+        .await
+        .map_err(StoreError::from)?;
     let (ids, deltas): (Vec<i32>, Vec<i64>) = changes.into_iter().unzip();
     sqlx::query(
         "UPDATE inventory_buckets b SET available = b.available + t.d

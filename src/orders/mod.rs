@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use crate::admission::Admitted;
 use crate::domain::{IdempotencyKey, OrderEvent, OrderStatus, UserId};
-use crate::inventory::{self, HeldOrder, ReserveError};
+use crate::inventory::{self, HeldOrder, Plan, ReserveError};
 use crate::store::StoreError;
 use crate::telemetry;
 
@@ -91,23 +91,38 @@ pub fn fingerprint(deal_id: &str, quantity: u32) -> Vec<u8> {
     format!("v1\n{deal_id}\n{quantity}").into_bytes()
 }
 
-/// Places an admitted order, retrying transient conflicts up to `retries_max` times.
+/// Places an admitted order. A reservation that would have to wait, or a transient
+/// conflict, rolls the transaction back and runs it again, at most `retries_max` times;
+/// the last attempt locks every non-empty bucket in order, which always decides.
 pub async fn place(
     pool: &PgPool,
     admitted: &Admitted,
     key: &IdempotencyKey,
     retries_max: u32,
 ) -> Result<Placed, OrderError> {
-    let mut attempt = 0;
-    loop {
-        match place_once(pool, admitted, key).await {
-            Err(OrderError::Store(StoreError::Retryable(error))) if attempt < retries_max => {
-                attempt += 1;
+    let mut plan = Plan::AnyFree {
+        start: rand::random_range(0..admitted.deal.bucket_count),
+    };
+    for attempt in 0..=retries_max {
+        let last = attempt == retries_max;
+        let plan_now = if last { Plan::Spread } else { plan };
+        match place_once(pool, admitted, key, plan_now).await {
+            Attempt::Again(next) if !last => plan = next,
+            Attempt::Finished(Err(OrderError::Store(StoreError::Retryable(error)))) if !last => {
                 tracing::debug!(%error, attempt, "order transaction retried");
             }
-            outcome => return record(outcome),
+            Attempt::Finished(outcome) => return record(outcome),
+            Attempt::Again(_) => break,
         }
     }
+    record(Err(OrderError::Store(StoreError::PoolExhausted)))
+}
+
+/// One run of the order transaction.
+enum Attempt {
+    Finished(Result<Placed, OrderError>),
+    /// Rolled back; run again with this reservation plan.
+    Again(Plan),
 }
 
 fn record(outcome: Result<Placed, OrderError>) -> Result<Placed, OrderError> {
@@ -129,22 +144,51 @@ async fn place_once(
     pool: &PgPool,
     admitted: &Admitted,
     key: &IdempotencyKey,
-) -> Result<Placed, OrderError> {
+    plan: Plan,
+) -> Attempt {
+    match try_place(pool, admitted, key, plan).await {
+        Ok(placed) => Attempt::Finished(Ok(placed)),
+        Err(Step::Failed(error)) => Attempt::Finished(Err(error)),
+        Err(Step::Retry(plan)) => Attempt::Again(plan),
+    }
+}
+
+/// Why one run of the order transaction stopped early.
+enum Step {
+    Failed(OrderError),
+    Retry(Plan),
+}
+
+impl<E: Into<OrderError>> From<E> for Step {
+    fn from(error: E) -> Self {
+        Step::Failed(error.into())
+    }
+}
+
+async fn try_place(
+    pool: &PgPool,
+    admitted: &Admitted,
+    key: &IdempotencyKey,
+    plan: Plan,
+) -> Result<Placed, Step> {
     let deal = &admitted.deal;
     let quantity = admitted.quantity.as_i32();
     let request = fingerprint(&deal.id, admitted.quantity.get());
     let mut tx = pool.begin().await?;
     let Some(order) = insert_order(&mut tx, admitted, key, &request).await? else {
         tx.rollback().await?;
-        return replay(pool, &admitted.user, key, &request).await;
+        return Ok(replay(pool, &admitted.user, key, &request).await?);
     };
     count_against_limit(&mut tx, admitted).await?;
-    let start = rand::random_range(0..deal.bucket_count);
     let reserved =
-        match inventory::reserve(&mut tx, &deal.id, quantity, deal.bucket_count, start).await {
+        match inventory::reserve(&mut tx, &deal.id, quantity, deal.bucket_count, plan).await {
             Ok(reserved) => reserved,
             Err(ReserveError::Insufficient { available }) => {
-                return Err(OrderError::SoldOut { available });
+                return Err(OrderError::SoldOut { available }.into());
+            }
+            Err(ReserveError::Retry(next)) => {
+                tx.rollback().await?;
+                return Err(Step::Retry(next));
             }
             Err(ReserveError::Store(error)) => return Err(error.into()),
         };

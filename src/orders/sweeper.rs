@@ -70,24 +70,40 @@ pub async fn run<F, Fut>(
     Fut: std::future::Future<Output = ()>,
 {
     loop {
-        let mut full_batch = false;
-        match sweep_once(&pool, batch_max).await {
-            Ok(swept) => {
-                metrics::counter!(telemetry::SWEEPER_RUNS, "outcome" => "ok").increment(1);
-                full_batch = swept.expired as u64 >= u64::from(batch_max);
+        let full_batch = match pass(&pool, batch_max).await {
+            Some(swept) => {
+                let full = swept.expired as u64 >= u64::from(batch_max);
                 if !swept.deals.is_empty() {
                     on_released(swept.deals).await;
                 }
+                full
             }
-            Err(error) => {
-                metrics::counter!(telemetry::SWEEPER_RUNS, "outcome" => "error").increment(1);
-                tracing::warn!(%error, "expiry sweep failed");
-            }
-        }
+            None => false,
+        };
         let pause = if full_batch { Duration::ZERO } else { interval };
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(pause) => {}
         }
     }
+}
+
+/// One pass, run as its own task so that a broken invariant (a panic) is reported and the
+/// next pass still runs, instead of expiry stopping on this instance.
+async fn pass(pool: &PgPool, batch_max: u32) -> Option<Swept> {
+    let pool = pool.clone();
+    let outcome = tokio::spawn(async move { sweep_once(&pool, batch_max).await }).await;
+    let label = match &outcome {
+        Ok(Ok(_)) => "ok",
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "expiry sweep failed");
+            "error"
+        }
+        Err(panic) => {
+            tracing::error!(%panic, "expiry sweep broke an invariant");
+            "panic"
+        }
+    };
+    metrics::counter!(telemetry::SWEEPER_RUNS, "outcome" => label).increment(1);
+    outcome.ok()?.ok()
 }

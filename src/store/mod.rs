@@ -43,7 +43,7 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
-/// Connection options shared by both pools and the migration connection.
+/// Connection options shared by every pool and the migration connection.
 fn connect_options(settings: &DatabaseSettings) -> Result<PgConnectOptions, sqlx::Error> {
     Ok(settings
         .url

@@ -141,6 +141,8 @@ async fn stock_adjustments_add_and_remove_available_units_only() {
     let before = db_snapshot(&app.db, &id).await;
     let too_many = app.adjust_stock(&id, -14).await;
     assert_eq!(too_many.status, 409, "{}", too_many.text);
+    let beyond_total = app.adjust_stock(&id, -16).await;
+    beyond_total.expect_problem(409, "invalid-request");
     assert_eq!(
         db_snapshot(&app.db, &id).await,
         before,

@@ -212,3 +212,45 @@ async fn stock_adjustments_racing_orders_keep_the_books_balanced() {
     app.assert_invariants(&id).await;
     app.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn multi_unit_orders_and_cancels_never_deadlock_or_lose_units() {
+    // Arrange: 60 units over 16 small buckets, so orders of 3 or 4 units soon have to span
+    // buckets while other orders take single ones and cancels return units.
+    let app = spawn_app_with(|s| s.database.acquire_timeout_ms = 2000).await;
+    let mut deal = new_deal("spread", 60, 16);
+    deal["per_user_limit"] = json!(4);
+    let id = app.given_deal(&deal).await;
+
+    // Act: 120 users each order 1-4 units; every third user cancels right away.
+    let mut tasks = tokio::task::JoinSet::new();
+    for user in 0..120 {
+        let (api, id) = (app.api.clone(), id.clone());
+        tasks.spawn(async move {
+            let token = api.token(&format!("spread-{user}"));
+            let quantity = 1 + user % 4;
+            let reply = api
+                .place_order_retrying(&token, &id, &format!("k-{user}"), quantity)
+                .await;
+            if reply.status == 201 && user % 3 == 0 {
+                let order_id = reply.json()["order_id"].as_str().unwrap().to_owned();
+                let cancelled = api.cancel_order(&token, &order_id).await;
+                assert_eq!(cancelled.status, 200, "{}", cancelled.text);
+                return (reply.status, 0);
+            }
+            (reply.status, if reply.status == 201 { quantity } else { 0 })
+        });
+    }
+    let outcomes = tasks.join_all().await;
+
+    // Assert: only 201 or 409 (never a 5xx from a deadlock), and every held unit is reserved.
+    for (status, _) in &outcomes {
+        assert!(matches!(status, 201 | 409), "unexpected status {status}");
+    }
+    let held: i64 = outcomes.iter().map(|(_, units)| units).sum();
+    let inventory = app.inventory(&id).await;
+    assert_eq!(inventory["reserved"], json!(held), "{inventory}");
+    assert_eq!(inventory["stock_total"], json!(60), "{inventory}");
+    app.assert_invariants(&id).await;
+    app.cleanup().await;
+}
