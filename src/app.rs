@@ -13,7 +13,10 @@ use tokio_util::task::TaskTracker;
 use crate::admission::Admission;
 use crate::config::{Settings, millis};
 use crate::http::{self, State};
+use crate::ops;
 use crate::orders::sweeper;
+use crate::payments::http_provider::HttpProvider;
+use crate::payments::{Payments, workers};
 use crate::redis_link::RedisHandle;
 use crate::store::{self, Pools, StoreError};
 use crate::telemetry;
@@ -26,6 +29,8 @@ pub enum AppError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("cannot listen on {0}: {1}")]
     Bind(SocketAddr, std::io::Error),
+    #[error("payment provider client: {0}")]
+    Provider(#[from] reqwest::Error),
 }
 
 /// A built, bound, not yet running gateway.
@@ -59,7 +64,8 @@ impl Application {
         let local_addr = listener
             .local_addr()
             .map_err(|e| AppError::Bind(listen, e))?;
-        let state = State::new(settings, pools, redis, admission);
+        let payments = build_payments(&settings)?;
+        let state = State::new(settings, pools, redis, admission, payments);
         Ok(Self {
             listener,
             local_addr,
@@ -98,6 +104,18 @@ impl Application {
     }
 }
 
+/// The payment provider client, when payments are enabled.
+pub fn build_payments(settings: &Settings) -> Result<Option<Payments>, AppError> {
+    if !settings.payments.enabled {
+        return Ok(None);
+    }
+    let provider = HttpProvider::new(&settings.payments)?;
+    Ok(Some(Payments::new(
+        Arc::new(provider),
+        settings.payments.clone(),
+    )))
+}
+
 fn spawn_background(tasks: &TaskTracker, state: &Arc<State>, shutdown: &CancellationToken) {
     let settings = &state.settings;
     let background = state.pools.background.clone();
@@ -127,6 +145,79 @@ fn spawn_background(tasks: &TaskTracker, state: &Arc<State>, shutdown: &Cancella
     ));
     tasks.spawn(sample_metrics(state.clone(), shutdown.clone()));
     tasks.spawn(forget_idle_limits(state.clone(), shutdown.clone()));
+    spawn_ops(tasks, state, shutdown);
+    spawn_payments(tasks, state, shutdown);
+}
+
+/// The outbox worker, the provider check before unpaid orders expire, and the reconciler.
+fn spawn_payments(tasks: &TaskTracker, state: &Arc<State>, shutdown: &CancellationToken) {
+    let Some(payments) = state.payments.clone() else {
+        return;
+    };
+    let settings = &state.settings;
+    let pool = state.pools.background.clone();
+    let clear = {
+        let sold_out = state.admission.sold_out().clone();
+        move |deals: Vec<String>| {
+            let sold_out = sold_out.clone();
+            async move {
+                for deal in deals {
+                    sold_out.clear(&deal).await;
+                }
+            }
+        }
+    };
+    let (p, db) = (payments.clone(), pool.clone());
+    tasks.spawn(workers::every(
+        millis(settings.payments.outbox_interval_ms),
+        shutdown.clone(),
+        move || {
+            let (p, db) = (p.clone(), db.clone());
+            async move { p.drain_outbox(&db).await.map(|(_, deals)| deals) }
+        },
+        clear.clone(),
+    ));
+    let (p, db) = (payments.clone(), pool.clone());
+    tasks.spawn(workers::every(
+        millis(settings.sweeper.interval_ms),
+        shutdown.clone(),
+        move || {
+            let (p, db) = (p.clone(), db.clone());
+            async move { p.check_overdue(&db).await }
+        },
+        clear.clone(),
+    ));
+    let (p, db) = (payments, pool);
+    tasks.spawn(workers::every(
+        millis(settings.payments.reconcile_interval_ms),
+        shutdown.clone(),
+        move || {
+            let (p, db) = (p.clone(), db.clone());
+            async move { p.reconcile(&db).await.map(|_| Vec::new()) }
+        },
+        clear,
+    ));
+}
+
+/// The invariant audit, and the listener that drops deals changed elsewhere from the cache.
+fn spawn_ops(tasks: &TaskTracker, state: &Arc<State>, shutdown: &CancellationToken) {
+    let settings = &state.settings;
+    tasks.spawn(ops::audit::keep_auditing(
+        state.pools.background.clone(),
+        state.redis.clone(),
+        ops::audit::Options::from_settings(settings),
+        millis(settings.ops.audit_interval_ms),
+        shutdown.clone(),
+    ));
+    let listening = state.clone();
+    tasks.spawn(ops::changes::follow(
+        settings.database.url.clone(),
+        shutdown.clone(),
+        move |change| match change {
+            ops::changes::Change::Deal(id) => listening.admission.deals().evict(id),
+            ops::changes::Change::Unknown => listening.admission.deals().clear(),
+        },
+    ));
 }
 
 /// Publishes pool occupancy and per-deal inventory gauges.
@@ -136,6 +227,11 @@ async fn sample_metrics(state: Arc<State>, shutdown: CancellationToken) {
         state.pools.record_metrics();
         if let Err(error) = record_inventory(&state.pools.background).await {
             tracing::debug!(%error, "inventory gauges not refreshed");
+        }
+        if state.payments.is_some()
+            && let Err(error) = record_payment_backlog(&state.pools.background).await
+        {
+            tracing::debug!(%error, "payment gauges not refreshed");
         }
         if sleep_or_shutdown(interval, &shutdown).await {
             return;
@@ -163,6 +259,15 @@ async fn record_inventory(pool: &PgPool) -> Result<(), StoreError> {
                 .set(units as f64);
         }
     }
+    Ok(())
+}
+
+/// Refunds waiting for the provider and side effects waiting in the outbox.
+async fn record_payment_backlog(pool: &PgPool) -> Result<(), StoreError> {
+    let refunds = crate::payments::refunds::pending(pool).await?;
+    let outbox = crate::payments::outbox::backlog(pool).await?;
+    metrics::gauge!(telemetry::REFUNDS_PENDING).set(refunds as f64);
+    metrics::gauge!(telemetry::OUTBOX_BACKLOG).set(outbox as f64);
     Ok(())
 }
 

@@ -46,6 +46,8 @@ pub struct Settings {
     pub soldout: SoldOutSettings,
     pub deals: DealSettings,
     pub telemetry: TelemetrySettings,
+    pub ops: OpsSettings,
+    pub payments: PaymentSettings,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -70,6 +72,7 @@ pub struct DatabaseSettings {
     pub request_pool_max: u32,
     pub background_pool_max: u32,
     pub admin_pool_max: u32,
+    pub webhook_pool_max: u32,
     pub acquire_timeout_ms: u64,
     pub admin_acquire_timeout_ms: u64,
     pub statement_timeout_ms: u64,
@@ -142,10 +145,56 @@ pub struct DealSettings {
     pub metrics_interval_ms: u64,
 }
 
+/// The payment provider and the workers that settle payments.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PaymentSettings {
+    pub enabled: bool,
+    pub provider: String,
+    pub base_url: String,
+    pub api_key: String,
+    pub webhook_secret: String,
+    pub webhook_tolerance_seconds: u32,
+    pub connect_timeout_ms: u64,
+    pub request_timeout_ms: u64,
+    pub retries_max: u32,
+    pub retry_backoff_ms: u64,
+    pub session_seconds_min: u32,
+    pub check_backoff_max_seconds: u32,
+    pub outbox_interval_ms: u64,
+    pub outbox_batch_max: u32,
+    pub outbox_lease_seconds: u32,
+    pub reconcile_interval_ms: u64,
+    pub reconcile_after_seconds: u32,
+    pub reconcile_batch_max: u32,
+}
+
+impl std::fmt::Debug for PaymentSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PaymentSettings")
+            .field("enabled", &self.enabled)
+            .field("provider", &self.provider)
+            .field("base_url", &self.base_url)
+            .field("api_key", &"<redacted>")
+            .field("webhook_secret", &"<redacted>")
+            .finish_non_exhaustive()
+    }
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TelemetrySettings {
     pub log_filter: String,
+}
+
+/// The invariant audit every instance runs in the background.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpsSettings {
+    /// How often the audit runs; its findings become `flashgate_invariant_violations`.
+    pub audit_interval_ms: u64,
+    /// A pending order this long past its expiry counts as overdue (the sweeper is behind).
+    pub overdue_after_seconds: u64,
 }
 
 impl Settings {
@@ -185,6 +234,7 @@ impl Settings {
         self.validate_server()?;
         self.validate_stores()?;
         self.validate_admission()?;
+        self.validate_payments()?;
         self.validate_tasks()
     }
 
@@ -224,6 +274,10 @@ impl Settings {
             "database.background_pool_max must be > 0",
         )?;
         check(d.admin_pool_max > 0, "database.admin_pool_max must be > 0")?;
+        check(
+            d.webhook_pool_max > 0,
+            "database.webhook_pool_max must be > 0",
+        )?;
         check(
             d.acquire_timeout_ms > 0,
             "database.acquire_timeout_ms must be > 0",
@@ -296,6 +350,53 @@ impl Settings {
         )
     }
 
+    fn validate_payments(&self) -> Result<(), ConfigError> {
+        let p = &self.payments;
+        check(
+            !p.provider.is_empty()
+                && p.provider
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_'),
+            "payments.provider must be a short name of letters, digits and _",
+        )?;
+        check(
+            !p.webhook_secret.is_empty(),
+            "payments.webhook_secret must not be empty",
+        )?;
+        check(
+            p.webhook_tolerance_seconds > 0,
+            "payments.webhook_tolerance_seconds must be > 0",
+        )?;
+        check(
+            p.connect_timeout_ms > 0 && p.request_timeout_ms > 0,
+            "payments timeouts must be > 0",
+        )?;
+        check(
+            p.request_timeout_ms * u64::from(p.retries_max + 1) < self.server.request_timeout_ms,
+            "payments.request_timeout_ms × (retries_max + 1) must fit in server.request_timeout_ms",
+        )?;
+        check(
+            (1..=86_400).contains(&p.session_seconds_min),
+            "payments.session_seconds_min must be 1..=86400",
+        )?;
+        check(
+            p.check_backoff_max_seconds > 0,
+            "payments.check_backoff_max_seconds must be > 0",
+        )?;
+        check(
+            p.outbox_interval_ms > 0 && p.outbox_batch_max > 0,
+            "payments outbox interval and batch must be > 0",
+        )?;
+        check(
+            p.outbox_lease_seconds > 0,
+            "payments.outbox_lease_seconds must be > 0",
+        )?;
+        check(
+            p.reconcile_interval_ms > 0 && p.reconcile_batch_max > 0,
+            "payments reconcile interval and batch must be > 0",
+        )
+    }
+
     fn validate_tasks(&self) -> Result<(), ConfigError> {
         check(
             self.sweeper.interval_ms > 0,
@@ -313,6 +414,14 @@ impl Settings {
         check(
             self.deals.metrics_interval_ms > 0,
             "deals.metrics_interval_ms must be > 0",
+        )?;
+        check(
+            self.ops.audit_interval_ms >= 1000,
+            "ops.audit_interval_ms must be at least 1000",
+        )?;
+        check(
+            self.ops.overdue_after_seconds > 0,
+            "ops.overdue_after_seconds must be > 0",
         )
     }
 

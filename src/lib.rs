@@ -18,6 +18,7 @@
 //! - [`domain`]: pure types: ids, quantities, the order state machine.
 //! - [`store`]: pools and migrations; [`redis_link`]: the optional Redis connection.
 //! - [`app`]: builds everything from [`config::Settings`].
+//! - [`ops`]: operator tools: pause/resume, bucket rebalance, the invariant audit, the CLI.
 //!
 //! PostgreSQL is the source of truth. Redis only shares the sold-out flag between
 //! instances; without it flashgate is slower, never wrong.
@@ -29,7 +30,10 @@ pub mod deals;
 pub mod domain;
 pub mod http;
 pub mod inventory;
+pub mod ops;
 pub mod orders;
+pub mod payments;
+pub mod psp_sim;
 pub mod redis_link;
 pub mod shutdown;
 pub mod store;

@@ -1,5 +1,6 @@
 //! The `flashgate` command: serve, migrate, run a demo sale, mint tokens.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -8,7 +9,7 @@ use flashgate::app::Application;
 use flashgate::config::Settings;
 use flashgate::deals::{self, DealError, NewDeal};
 use flashgate::domain::DealId;
-use flashgate::{auth, shutdown, store, telemetry};
+use flashgate::{auth, ops, psp_sim, shutdown, store, telemetry};
 
 /// Exit code for a configuration that cannot be used (EX_USAGE).
 const EXIT_BAD_CONFIG: u8 = 64;
@@ -35,6 +36,15 @@ enum Command {
     Migrate,
     /// Serve with a ready demo sale and print how to try it.
     Demo,
+    /// Operate deals directly in PostgreSQL: list, show, create, stock, pause, resume, rebalance.
+    Deals {
+        #[command(subcommand)]
+        command: ops::cli::DealsCommand,
+    },
+    /// Audit every invariant; exits non-zero when any is broken.
+    Check,
+    /// Compare payment attempts with the provider once, repair what is safe, print findings.
+    Reconcile,
     /// Print a user token (JWT) signed with the configured secret.
     Token {
         /// The user id (`sub`).
@@ -43,6 +53,31 @@ enum Command {
         /// Seconds until the token expires.
         #[arg(long, default_value_t = 3600)]
         ttl_seconds: i64,
+    },
+    /// Run the payment-provider simulator (hosted checkout, signed webhooks, fault injection).
+    PspSim {
+        /// Address to listen on; port 0 picks a free one (printed on the first stdout line).
+        #[arg(long, default_value = "127.0.0.1:8090")]
+        listen: SocketAddr,
+        /// Where webhooks are POSTed; without it events are only recorded.
+        #[arg(long, env = "FLASHGATE_PSP_WEBHOOK_URL")]
+        webhook_url: Option<String>,
+        /// Shared secret for the `Flashgate-Signature` webhook header.
+        #[arg(
+            long,
+            env = "FLASHGATE_PSP_WEBHOOK_SECRET",
+            default_value = "psp-dev-webhook-secret",
+            hide_env_values = true
+        )]
+        webhook_secret: String,
+        /// Bearer token the simulator's API requires.
+        #[arg(
+            long,
+            env = "FLASHGATE_PSP_API_KEY",
+            default_value = "psp-dev-api-key",
+            hide_env_values = true
+        )]
+        api_key: String,
     },
 }
 
@@ -81,6 +116,25 @@ fn main() -> ExitCode {
                 .await
                 .map_err(|e| e.to_string()),
             Command::Token { .. } => Ok(()),
+            Command::Deals { command } => ops::cli::deals(&settings, command).await,
+            Command::Check => ops::cli::check(&settings).await,
+            Command::Reconcile => reconcile(&settings).await,
+            Command::PspSim {
+                listen,
+                webhook_url,
+                webhook_secret,
+                api_key,
+            } => {
+                let config = psp_sim::SimConfig {
+                    listen,
+                    webhook_url,
+                    webhook_secret,
+                    api_key,
+                };
+                let token = tokio_util::sync::CancellationToken::new();
+                tokio::spawn(shutdown::cancel_on_signal(token.clone()));
+                psp_sim::run(config, token).await
+            }
         }
     });
     match outcome {
@@ -116,6 +170,23 @@ async fn serve(mut settings: Settings, demo: bool) -> Result<(), String> {
     app.run().await.map_err(|e| e.to_string())
 }
 
+/// One reconciliation pass against the configured provider; findings go to stdout as JSON.
+async fn reconcile(settings: &Settings) -> Result<(), String> {
+    let payments = flashgate::app::build_payments(settings)
+        .map_err(|e| e.to_string())?
+        .ok_or("payments are disabled (payments.enabled = false)")?;
+    let pools = store::Pools::new(&settings.database).map_err(|e| e.to_string())?;
+    let findings = payments
+        .reconcile(&pools.admin)
+        .await
+        .map_err(|e| e.to_string())?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&findings).unwrap_or_default()
+    );
+    Ok(())
+}
+
 async fn create_demo_deal(app: &Application) -> Result<(), String> {
     let demo = NewDeal {
         id: DealId::parse("demo").map_err(|e| e.to_string())?,
@@ -128,6 +199,7 @@ async fn create_demo_deal(app: &Application) -> Result<(), String> {
         reservation_ttl_seconds: 300,
         starts_at: None,
         ends_at: None,
+        payment_terms: Default::default(),
     };
     match deals::create(&app.admin_pool(), &demo).await {
         Ok(_) | Err(DealError::AlreadyExists(_)) => Ok(()),

@@ -21,12 +21,28 @@ pub const DB_POOL_TIMEOUTS: &str = "flashgate_db_pool_timeouts_total";
 pub const SOLD_OUT_DEALS: &str = "flashgate_sold_out_deals";
 pub const CONNECTIONS_REFUSED: &str = "flashgate_connections_refused_total";
 pub const SWEEPER_RUNS: &str = "flashgate_sweeper_runs_total";
+pub const WEBHOOK_EVENTS: &str = "flashgate_webhook_events_total";
+pub const WEBHOOK_LAG: &str = "flashgate_webhook_lag_seconds";
+pub const PROVIDER_CALL_DURATION: &str = "flashgate_provider_call_duration_seconds";
+pub const PROVIDER_ERRORS: &str = "flashgate_provider_errors_total";
+pub const PAYMENT_OUTCOMES: &str = "flashgate_payment_outcomes_total";
+pub const LATE_PAYMENTS: &str = "flashgate_late_payments_total";
+pub const REFUNDS_PENDING: &str = "flashgate_refunds_pending";
+pub const OUTBOX_BACKLOG: &str = "flashgate_outbox_backlog";
+pub const OUTBOX_PROCESSED: &str = "flashgate_outbox_processed_total";
+pub const RECONCILER_FINDINGS: &str = "flashgate_reconciler_findings_total";
+pub const INVARIANT_VIOLATIONS: &str = "flashgate_invariant_violations";
+pub const OVERDUE_RESERVATIONS: &str = "flashgate_overdue_reservations";
+pub const AUDIT_RUNS: &str = "flashgate_audit_runs_total";
 
 /// Latency buckets in seconds: fine below 10 ms where the hot path lives, coarse above.
 const LATENCY_BUCKETS_SECONDS: [f64; 16] = [
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
     10.0,
 ];
+
+/// Webhook lag buckets in seconds: providers deliver within seconds, retries within minutes.
+const LAG_BUCKETS_SECONDS: [f64; 10] = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
 
 static PROMETHEUS: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -39,11 +55,37 @@ pub fn prometheus() -> &'static PrometheusHandle {
                 Matcher::Full(HTTP_DURATION.to_owned()),
                 &LATENCY_BUCKETS_SECONDS,
             )
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full(PROVIDER_CALL_DURATION.to_owned()),
+                    &LATENCY_BUCKETS_SECONDS,
+                )
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full(WEBHOOK_LAG.to_owned()),
+                    &LAG_BUCKETS_SECONDS,
+                )
+            })
             .and_then(|builder| builder.install_recorder())
             .expect("the Prometheus recorder is installed once per process");
         describe();
+        export_zeroes();
         handle
     })
+}
+
+/// Unlabelled counters exist from the start, at zero: an alert on `increase()` needs the
+/// series before the first event, and a dashboard shows 0 rather than "no data".
+fn export_zeroes() {
+    for name in [
+        ORDERS_EXPIRED,
+        REDIS_ERRORS,
+        DB_POOL_TIMEOUTS,
+        CONNECTIONS_REFUSED,
+    ] {
+        metrics::counter!(name).increment(0);
+    }
 }
 
 fn describe() {
@@ -89,6 +131,51 @@ fn describe() {
         "TCP connections closed at once over the limit."
     );
     describe_counter!(SWEEPER_RUNS, "Expiry sweeper passes, by outcome.");
+    describe_counter!(WEBHOOK_EVENTS, "Provider webhooks received, by result.");
+    describe_histogram!(
+        WEBHOOK_LAG,
+        metrics::Unit::Seconds,
+        "From the provider creating an event to us consuming it."
+    );
+    describe_histogram!(
+        PROVIDER_CALL_DURATION,
+        metrics::Unit::Seconds,
+        "Provider calls, retries included, by operation."
+    );
+    describe_counter!(
+        PROVIDER_ERRORS,
+        "Provider calls that failed after their retries, by operation and kind."
+    );
+    describe_counter!(
+        PAYMENT_OUTCOMES,
+        "Provider payment states applied to orders, by outcome."
+    );
+    describe_counter!(
+        LATE_PAYMENTS,
+        "Payments that arrived after their order stopped holding stock, by resolution."
+    );
+    describe_gauge!(
+        REFUNDS_PENDING,
+        "Refunds requested and not yet confirmed by the provider."
+    );
+    describe_gauge!(OUTBOX_BACKLOG, "Outbox entries not yet carried out.");
+    describe_counter!(
+        OUTBOX_PROCESSED,
+        "Outbox entries handled, by kind and result."
+    );
+    describe_counter!(
+        RECONCILER_FINDINGS,
+        "Differences the reconciler found with the provider, by kind."
+    );
+    describe_gauge!(
+        INVARIANT_VIOLATIONS,
+        "Findings of the last invariant audit, by check; anything above 0 is a bug."
+    );
+    describe_gauge!(
+        OVERDUE_RESERVATIONS,
+        "Pending orders past expires_at by more than ops.overdue_after_seconds."
+    );
+    describe_counter!(AUDIT_RUNS, "Invariant audits run, by outcome.");
 }
 
 /// Logs go to stderr; `RUST_LOG` overrides the configured filter.

@@ -42,6 +42,9 @@ pub enum Rejection {
     UnknownDeal,
     #[error("the sale is {}", if *.0 == Window::Upcoming { "not open yet" } else { "over" })]
     SaleNotOpen(Window),
+    /// The operators paused the deal; answered like a closed sale.
+    #[error("the sale is paused")]
+    SalePaused,
     #[error("at most {limit} units per user")]
     PerUserLimit { limit: i32 },
     #[error(transparent)]
@@ -57,6 +60,7 @@ impl Rejection {
             Rejection::Unauthorized(_) => "unauthorized",
             Rejection::UnknownDeal => "unknown_deal",
             Rejection::SaleNotOpen(_) => "sale_not_open",
+            Rejection::SalePaused => "sale_paused",
             Rejection::PerUserLimit { .. } => "per_user_limit",
             Rejection::Store(_) => "overloaded",
         }
@@ -159,6 +163,9 @@ impl Admission {
         match deal.window(Utc::now()) {
             Window::Open => {}
             closed => return Err(counted(Rejection::SaleNotOpen(closed))),
+        }
+        if deal.paused {
+            return Err(counted(Rejection::SalePaused));
         }
         if i64::from(quantity.get()) > i64::from(deal.per_user_limit) {
             return Err(counted(Rejection::PerUserLimit {

@@ -26,7 +26,8 @@ use crate::redis_link::RedisHandle;
 use crate::store::StoreError;
 use crate::telemetry;
 
-const SET_KEY: &str = "soldout";
+/// The Redis set (under `redis.key_prefix`) holding the ids of sold-out deals.
+pub const SET_KEY: &str = "soldout";
 
 /// Users who ordered a flagged deal. `None` until first read: meanwhile every
 /// authenticated user may be replaying, and PostgreSQL decides.

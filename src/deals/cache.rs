@@ -43,6 +43,16 @@ impl DealCache {
         Ok(deal)
     }
 
+    /// Forgets `id`, so the next request re-reads it (another instance or the CLI changed it).
+    pub fn evict(&self, id: &str) {
+        self.entries.remove(id);
+    }
+
+    /// Forgets every deal; used when change notifications may have been missed.
+    pub fn clear(&self) {
+        self.entries.clear();
+    }
+
     /// Records a deal this instance just wrote.
     pub fn put(&self, id: &str, deal: Option<Arc<Deal>>) {
         if self.entries.len() >= self.entries_max {

@@ -27,6 +27,13 @@ pub struct Deal {
     pub reservation_ttl_seconds: i32,
     pub starts_at: Option<DateTime<Utc>>,
     pub ends_at: Option<DateTime<Utc>>,
+    /// The operators' kill switch: a paused deal takes no new orders (answered
+    /// `sale-not-open`), whatever its window says.
+    pub paused: bool,
+    /// `reserve_or_refund` or `refund`: what happens to money that arrives late.
+    pub late_payment_policy: String,
+    /// `automatic` (charge at once) or `manual` (authorise, capture when confirmed).
+    pub capture_method: String,
 }
 
 /// Where a deal stands in time, judged by the given clock.
@@ -60,6 +67,27 @@ pub struct NewDeal {
     pub reservation_ttl_seconds: i32,
     pub starts_at: Option<DateTime<Utc>>,
     pub ends_at: Option<DateTime<Utc>>,
+    pub payment_terms: PaymentTerms,
+}
+
+/// How a deal takes money.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaymentTerms {
+    /// `reserve_or_refund`: money arriving after the reservation expired takes the units
+    /// again if any are left, else is refunded; `refund`: it is always refunded.
+    pub late_payment_policy: String,
+    /// `automatic` charges at once; `manual` authorises and captures once the order is
+    /// confirmed (a late authorisation is voided instead of refunded).
+    pub capture_method: String,
+}
+
+impl Default for PaymentTerms {
+    fn default() -> Self {
+        Self {
+            late_payment_policy: "reserve_or_refund".into(),
+            capture_method: "automatic".into(),
+        }
+    }
 }
 
 /// Bounds on what a deal may be created with.
@@ -105,6 +133,16 @@ impl NewDeal {
         if self.per_user_limit < 1 {
             return invalid("per_user_limit must be at least 1");
         }
+        let terms = &self.payment_terms;
+        if !matches!(
+            terms.late_payment_policy.as_str(),
+            "reserve_or_refund" | "refund"
+        ) {
+            return invalid("late_payment_policy must be reserve_or_refund or refund");
+        }
+        if !matches!(terms.capture_method.as_str(), "automatic" | "manual") {
+            return invalid("capture_method must be automatic or manual");
+        }
         if !(1..=TTL_SECONDS_MAX).contains(&self.reservation_ttl_seconds) {
             return invalid("reservation_ttl_seconds must be 1-86400");
         }
@@ -131,7 +169,8 @@ pub fn split_evenly(units: i64, buckets: i32) -> Vec<i64> {
 }
 
 const SELECT_DEAL: &str = "SELECT id, name, stock_total, bucket_count, unit_price_minor, currency,
-        per_user_limit, reservation_ttl_seconds, starts_at, ends_at
+        per_user_limit, reservation_ttl_seconds, starts_at, ends_at, paused,
+        late_payment_policy, capture_method
     FROM deals WHERE id = $1";
 
 pub async fn load(pool: &PgPool, id: &str) -> Result<Option<Deal>, StoreError> {
@@ -147,8 +186,9 @@ pub async fn create(pool: &PgPool, new: &NewDeal) -> Result<Deal, DealError> {
     let mut tx = pool.begin().await.map_err(StoreError::from)?;
     let inserted = sqlx::query(
         "INSERT INTO deals (id, name, stock_total, bucket_count, unit_price_minor, currency,
-             per_user_limit, reservation_ttl_seconds, starts_at, ends_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+             per_user_limit, reservation_ttl_seconds, starts_at, ends_at,
+             late_payment_policy, capture_method)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
          ON CONFLICT (id) DO NOTHING",
     )
     .bind(new.id.as_str())
@@ -161,6 +201,8 @@ pub async fn create(pool: &PgPool, new: &NewDeal) -> Result<Deal, DealError> {
     .bind(new.reservation_ttl_seconds)
     .bind(new.starts_at)
     .bind(new.ends_at)
+    .bind(&new.payment_terms.late_payment_policy)
+    .bind(&new.payment_terms.capture_method)
     .execute(&mut *tx)
     .await
     .map_err(StoreError::from)?;

@@ -16,7 +16,7 @@ use super::body::{self, Caching};
 use super::problem::Problem;
 use super::public::deal_state;
 use crate::admission::token::{bearer, constant_time_eq};
-use crate::deals::{self, Deal, NewDeal};
+use crate::deals::{self, Deal, NewDeal, PaymentTerms};
 use crate::domain::DealId;
 use crate::inventory;
 use crate::telemetry;
@@ -24,7 +24,7 @@ use crate::telemetry;
 type Reply = Result<Response<Full<Bytes>>, Problem>;
 
 /// Only the configured admin token opens /admin; compared in constant time.
-fn require_admin<B>(state: &State, request: &Request<B>) -> Result<(), Problem> {
+pub(super) fn require_admin<B>(state: &State, request: &Request<B>) -> Result<(), Problem> {
     let value = request.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
     let token =
         bearer(value).ok_or_else(|| Problem::unauthorized("admin bearer token required"))?;
@@ -58,6 +58,10 @@ struct CreateDeal {
     starts_at: Option<DateTime<Utc>>,
     #[serde(default)]
     ends_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    late_payment_policy: Option<String>,
+    #[serde(default)]
+    capture_method: Option<String>,
 }
 
 impl CreateDeal {
@@ -77,12 +81,21 @@ impl CreateDeal {
             reservation_ttl_seconds: self.reservation_ttl_seconds,
             starts_at: self.starts_at,
             ends_at: self.ends_at,
+            payment_terms: {
+                let defaults = PaymentTerms::default();
+                PaymentTerms {
+                    late_payment_policy: self
+                        .late_payment_policy
+                        .unwrap_or(defaults.late_payment_policy),
+                    capture_method: self.capture_method.unwrap_or(defaults.capture_method),
+                }
+            },
         })
     }
 }
 
 #[derive(Serialize)]
-struct AdminDealView<'a> {
+pub(super) struct AdminDealView<'a> {
     id: &'a str,
     name: &'a str,
     state: &'static str,
@@ -94,10 +107,11 @@ struct AdminDealView<'a> {
     reservation_ttl_seconds: i32,
     starts_at: Option<DateTime<Utc>>,
     ends_at: Option<DateTime<Utc>>,
+    paused: bool,
 }
 
 impl<'a> AdminDealView<'a> {
-    fn new(deal: &'a Deal) -> Self {
+    pub(super) fn new(deal: &'a Deal) -> Self {
         Self {
             id: &deal.id,
             name: &deal.name,
@@ -110,12 +124,13 @@ impl<'a> AdminDealView<'a> {
             reservation_ttl_seconds: deal.reservation_ttl_seconds,
             starts_at: deal.starts_at,
             ends_at: deal.ends_at,
+            paused: deal.paused,
         }
     }
 }
 
 /// The JSON body of an authorised admin request.
-async fn admin_json<T: DeserializeOwned>(
+pub(super) async fn admin_json<T: DeserializeOwned>(
     state: &State,
     request: Request<Incoming>,
 ) -> Result<T, Problem> {

@@ -7,6 +7,8 @@
 
 mod admin;
 mod body;
+mod ops;
+mod payments;
 pub mod problem;
 mod public;
 mod router;
@@ -19,6 +21,7 @@ use http::HeaderName;
 
 use crate::admission::Admission;
 use crate::config::Settings;
+use crate::payments::Payments;
 use crate::redis_link::RedisHandle;
 use crate::store::Pools;
 
@@ -30,6 +33,8 @@ pub struct State {
     pub pools: Pools,
     pub redis: RedisHandle,
     pub admission: Admission,
+    /// The payment provider and its settings; `None` when payments are disabled.
+    pub payments: Option<Payments>,
     pub client_ip_header: HeaderName,
     /// False once shutdown has begun, so load balancers stop sending traffic.
     pub ready: AtomicBool,
@@ -41,6 +46,7 @@ impl State {
         pools: Pools,
         redis: RedisHandle,
         admission: Admission,
+        payments: Option<Payments>,
     ) -> Arc<Self> {
         let client_ip_header = HeaderName::from_bytes(settings.server.client_ip_header.as_bytes())
             .expect("validated: client_ip_header is a header name");
@@ -49,6 +55,7 @@ impl State {
             pools,
             redis,
             admission,
+            payments,
             client_ip_header,
             ready: AtomicBool::new(true),
         })

@@ -17,7 +17,11 @@ use crate::admission::token::TokenError;
 use crate::deals::{DealError, Window};
 use crate::domain::InvalidInput;
 use crate::inventory::StockError;
+use crate::ops::rebalance::RebalanceError;
 use crate::orders::OrderError;
+use crate::payments::checkout::CheckoutError;
+use crate::payments::provider::WebhookError;
+use crate::payments::webhook::WebhookRejection;
 use crate::store::StoreError;
 
 const TYPE_BASE: &str = "https://flashgate.dev/problems/";
@@ -228,6 +232,7 @@ impl From<Rejection> for Problem {
             Rejection::UnknownDeal => Problem::not_found("no such deal"),
             Rejection::SaleNotOpen(Window::Upcoming) => sale_not_open("the sale has not started"),
             Rejection::SaleNotOpen(_) => sale_not_open("the sale has ended"),
+            Rejection::SalePaused => sale_not_open("the sale is paused"),
             Rejection::PerUserLimit { limit } => per_user_limit(limit),
             Rejection::Store(error) => error.into(),
         }
@@ -272,6 +277,49 @@ impl From<StockError> for Problem {
             StockError::NotFound => Problem::not_found("no such deal"),
             error @ StockError::NotEnoughAvailable { .. } => Problem::conflict(error.to_string()),
             StockError::Store(error) => error.into(),
+        }
+    }
+}
+
+impl From<RebalanceError> for Problem {
+    fn from(error: RebalanceError) -> Self {
+        match error {
+            error @ RebalanceError::InvalidCount => Problem::invalid(error.to_string()),
+            RebalanceError::NotFound => Problem::not_found("no such deal"),
+            RebalanceError::Store(error) => error.into(),
+        }
+    }
+}
+
+impl From<CheckoutError> for Problem {
+    fn from(error: CheckoutError) -> Self {
+        match error {
+            CheckoutError::NotFound => Problem::not_found("no such order"),
+            CheckoutError::NotPending => Problem::conflict("the order is not waiting for payment"),
+            CheckoutError::Store(error) => error.into(),
+        }
+    }
+}
+
+impl From<WebhookRejection> for Problem {
+    fn from(rejection: WebhookRejection) -> Self {
+        match rejection {
+            WebhookRejection::UnknownProvider => Problem::not_found("no such payment provider"),
+            WebhookRejection::Invalid(WebhookError::BadSignature) => {
+                Problem::unauthorized("the webhook signature does not match")
+            }
+            WebhookRejection::Invalid(WebhookError::Stale) => {
+                Problem::invalid("the webhook timestamp is outside the tolerance")
+            }
+            WebhookRejection::Invalid(WebhookError::Malformed) => {
+                Problem::invalid("the webhook body is not a readable event")
+            }
+            WebhookRejection::Mismatch => Problem::new(
+                Kind::InvalidRequest,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "the payment amount or currency does not match the order",
+            ),
+            WebhookRejection::Store(error) => error.into(),
         }
     }
 }

@@ -17,6 +17,8 @@ use super::problem::Problem;
 use crate::deals::{Deal, Window};
 use crate::domain::{DealId, IdempotencyKey, OrderStatus, Quantity, UserId};
 use crate::orders::{self, Order, OrderError};
+use crate::payments::attempts::{self, Attempt};
+use crate::payments::checkout::PaymentView;
 
 type Reply = Result<Response<Full<Bytes>>, Problem>;
 
@@ -42,7 +44,7 @@ pub fn deal_state(deal: &Deal, sold_out: bool) -> &'static str {
 }
 
 #[derive(Serialize)]
-struct OrderView<'a> {
+pub(super) struct OrderView<'a> {
     order_id: Uuid,
     deal_id: &'a str,
     status: &'static str,
@@ -51,10 +53,15 @@ struct OrderView<'a> {
     currency: &'a str,
     expires_at: DateTime<Utc>,
     created_at: DateTime<Utc>,
+    /// Present when payments are enabled: where and until when to pay.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payment: Option<PaymentView>,
 }
 
 impl<'a> OrderView<'a> {
-    fn new(order: &'a Order, status: OrderStatus) -> Self {
+    pub(super) fn new(order: &'a Order, status: OrderStatus, attempt: Option<&Attempt>) -> Self {
+        // The reservation follows the provider's session when that ends first.
+        let session_end = attempt.and_then(|a| a.provider_expires_at);
         Self {
             order_id: order.id,
             deal_id: &order.deal_id,
@@ -62,8 +69,9 @@ impl<'a> OrderView<'a> {
             quantity: order.quantity,
             amount_minor: order.amount_minor,
             currency: &order.currency,
-            expires_at: order.expires_at,
+            expires_at: session_end.map_or(order.expires_at, |end| end.min(order.expires_at)),
             created_at: order.created_at,
+            payment: attempt.map(PaymentView::of),
         }
     }
 }
@@ -78,7 +86,11 @@ fn header<B>(request: &Request<B>, name: impl http::header::AsHeaderName) -> Opt
 }
 
 /// Per-IP limit, after resolving the client address.
-fn check_ip<B>(state: &State, peer: SocketAddr, request: &Request<B>) -> Result<(), Problem> {
+pub(super) fn check_ip<B>(
+    state: &State,
+    peer: SocketAddr,
+    request: &Request<B>,
+) -> Result<(), Problem> {
     let values = request.headers().get_all(&state.client_ip_header).iter();
     let ip = state
         .admission
@@ -166,13 +178,22 @@ pub async fn place_order(
             quantity,
         )
         .await?;
-    match orders::place(pool, &admitted, &key, orders_settings.retries_max).await {
+    let provider = state.payments.as_ref().map(|p| p.provider.name());
+    match orders::place(pool, &admitted, &key, orders_settings.retries_max, provider).await {
         Ok(placed) => {
             if placed.emptied_a_bucket {
                 let sold_out = state.admission.sold_out();
                 sold_out.check_soon(&state.pools.background, &placed.order.deal_id);
             }
-            let view = OrderView::new(&placed.order, OrderStatus::PendingPayment);
+            let attempt = match &state.payments {
+                Some(payments) => {
+                    payments
+                        .for_new_order(pool, placed.order.id, placed.order.expires_at)
+                        .await?
+                }
+                None => None,
+            };
+            let view = OrderView::new(&placed.order, OrderStatus::PendingPayment, attempt.as_ref());
             let mut response = body::respond(StatusCode::CREATED, &view, Caching::Private);
             if placed.replayed {
                 response
@@ -202,9 +223,13 @@ pub async fn get_order(
     let user = authenticate(state, peer, request)?;
     let order_id = parse_order_id(raw_id)?;
     let order = orders::get(&state.pools.request, &user, order_id).await?;
+    let attempt = match state.payments {
+        Some(_) => attempts::latest(&state.pools.request, order.id).await?,
+        None => None,
+    };
     Ok(body::respond(
         StatusCode::OK,
-        &OrderView::new(&order, order.status()),
+        &OrderView::new(&order, order.status(), attempt.as_ref()),
         Caching::Private,
     ))
 }
@@ -221,7 +246,7 @@ pub async fn cancel_order(
     state.admission.sold_out().clear(&order.deal_id).await;
     Ok(body::respond(
         StatusCode::OK,
-        &OrderView::new(&order, order.status()),
+        &OrderView::new(&order, order.status(), None),
         Caching::Private,
     ))
 }

@@ -11,7 +11,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 
 use super::problem::Problem;
-use super::{State, admin, public};
+use super::{State, admin, ops, payments, public};
 use crate::telemetry;
 
 /// A matched route. Ids are raw path segments, parsed by the handlers.
@@ -24,9 +24,16 @@ pub enum Route<'a> {
     PlaceOrder(&'a str),
     GetOrder(&'a str),
     CancelOrder(&'a str),
+    StartPayment(&'a str),
+    Webhook(&'a str),
     CreateDeal,
     AdjustStock(&'a str),
     Inventory(&'a str),
+    PauseDeal(&'a str),
+    ResumeDeal(&'a str),
+    Rebalance(&'a str),
+    Audit,
+    OpenApi,
     WrongMethod {
         template: &'static str,
         allow: &'static str,
@@ -43,6 +50,7 @@ impl<'a> Route<'a> {
             ["healthz"] => ("/healthz", "GET", Route::Healthz),
             ["readyz"] => ("/readyz", "GET", Route::Readyz),
             ["metrics"] => ("/metrics", "GET", Route::Metrics),
+            ["openapi.json"] => ("/openapi.json", "GET", Route::OpenApi),
             ["v1", "deals", id] => ("/v1/deals/{id}", "GET", Route::GetDeal(id)),
             ["v1", "deals", id, "orders"] => {
                 ("/v1/deals/{id}/orders", "POST", Route::PlaceOrder(id))
@@ -51,6 +59,12 @@ impl<'a> Route<'a> {
             ["v1", "orders", id, "cancel"] => {
                 ("/v1/orders/{id}/cancel", "POST", Route::CancelOrder(id))
             }
+            ["v1", "orders", id, "payments"] => {
+                ("/v1/orders/{id}/payments", "POST", Route::StartPayment(id))
+            }
+            ["v1", "webhooks", provider] => {
+                ("/v1/webhooks/{provider}", "POST", Route::Webhook(provider))
+            }
             ["admin", "deals"] => ("/admin/deals", "POST", Route::CreateDeal),
             ["admin", "deals", id, "stock"] => {
                 ("/admin/deals/{id}/stock", "POST", Route::AdjustStock(id))
@@ -58,6 +72,16 @@ impl<'a> Route<'a> {
             ["admin", "deals", id, "inventory"] => {
                 ("/admin/deals/{id}/inventory", "GET", Route::Inventory(id))
             }
+            ["admin", "deals", id, "pause"] => {
+                ("/admin/deals/{id}/pause", "POST", Route::PauseDeal(id))
+            }
+            ["admin", "deals", id, "resume"] => {
+                ("/admin/deals/{id}/resume", "POST", Route::ResumeDeal(id))
+            }
+            ["admin", "deals", id, "rebalance"] => {
+                ("/admin/deals/{id}/rebalance", "POST", Route::Rebalance(id))
+            }
+            ["admin", "audit"] => ("/admin/audit", "GET", Route::Audit),
             _ => return Route::Unknown,
         };
         let allowed = if allow == "GET" { get } else { post };
@@ -78,9 +102,16 @@ impl<'a> Route<'a> {
             Route::PlaceOrder(_) => "/v1/deals/{id}/orders",
             Route::GetOrder(_) => "/v1/orders/{id}",
             Route::CancelOrder(_) => "/v1/orders/{id}/cancel",
+            Route::StartPayment(_) => "/v1/orders/{id}/payments",
+            Route::Webhook(_) => "/v1/webhooks/{provider}",
             Route::CreateDeal => "/admin/deals",
             Route::AdjustStock(_) => "/admin/deals/{id}/stock",
             Route::Inventory(_) => "/admin/deals/{id}/inventory",
+            Route::PauseDeal(_) => "/admin/deals/{id}/pause",
+            Route::ResumeDeal(_) => "/admin/deals/{id}/resume",
+            Route::Rebalance(_) => "/admin/deals/{id}/rebalance",
+            Route::Audit => "/admin/audit",
+            Route::OpenApi => "/openapi.json",
             Route::WrongMethod { template, .. } => template,
             Route::Unknown => "unknown",
         }
@@ -126,9 +157,16 @@ async fn dispatch(
         Route::PlaceOrder(id) => public::place_order(state, peer, request, id).await,
         Route::GetOrder(id) => public::get_order(state, peer, &request, id).await,
         Route::CancelOrder(id) => public::cancel_order(state, peer, &request, id).await,
+        Route::StartPayment(id) => payments::start_payment(state, peer, request, id).await,
+        Route::Webhook(provider) => payments::webhook(state, request, provider).await,
         Route::CreateDeal => admin::create_deal(state, request).await,
         Route::AdjustStock(id) => admin::adjust_stock(state, request, id).await,
         Route::Inventory(id) => admin::inventory(state, &request, id).await,
+        Route::PauseDeal(id) => ops::set_paused(state, &request, id, true).await,
+        Route::ResumeDeal(id) => ops::set_paused(state, &request, id, false).await,
+        Route::Rebalance(id) => ops::rebalance(state, request, id).await,
+        Route::Audit => ops::audit(state, &request).await,
+        Route::OpenApi => Ok(ops::openapi()),
         Route::WrongMethod { allow, .. } => Err(Problem::method_not_allowed(allow)),
         Route::Unknown => Err(Problem::not_found("no such resource")),
     }

@@ -18,7 +18,7 @@ mod stock;
 
 use sqlx::{PgConnection, PgPool};
 
-pub use release::{HeldOrder, release};
+pub use release::{HeldOrder, consume, release};
 pub use stock::{StockError, adjust};
 
 use crate::store::StoreError;
@@ -279,7 +279,7 @@ pub async fn snapshot(pool: &PgPool, deal_id: &str) -> Result<Option<Snapshot>, 
         "SELECT COALESCE(sum(l.quantity) FILTER (WHERE o.status = 'PENDING_PAYMENT'), 0)::bigint,
                 COALESCE(sum(l.quantity) FILTER (WHERE o.status = 'PAID'), 0)::bigint
            FROM reservation_lines l JOIN orders o ON o.id = l.order_id
-          WHERE l.deal_id = $1",
+          WHERE l.deal_id = $1 AND l.released_at IS NULL",
     )
     .bind(deal_id)
     .fetch_one(&mut *tx)

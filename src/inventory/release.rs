@@ -17,6 +17,41 @@ pub struct HeldOrder {
     pub quantity: i32,
 }
 
+/// Moves the reserved units of a paid order to sold, in its buckets (ascending).
+pub async fn consume(
+    tx: &mut PgConnection,
+    order_id: Uuid,
+    quantity: i32,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "SELECT 1 FROM inventory_buckets
+          WHERE (deal_id, bucket) IN (SELECT deal_id, bucket FROM reservation_lines
+                                       WHERE order_id = $1 AND released_at IS NULL)
+          ORDER BY deal_id, bucket FOR NO KEY UPDATE",
+    )
+    .bind(order_id)
+    .execute(&mut *tx)
+    .await?;
+    let sold: i64 = sqlx::query_scalar(
+        "WITH t AS (SELECT deal_id, bucket, sum(quantity)::bigint AS q FROM reservation_lines
+                     WHERE order_id = $1 AND released_at IS NULL GROUP BY deal_id, bucket),
+              u AS (UPDATE inventory_buckets b
+                       SET reserved = b.reserved - t.q, sold = b.sold + t.q
+                      FROM t WHERE b.deal_id = t.deal_id AND b.bucket = t.bucket
+                    RETURNING t.q)
+         SELECT COALESCE(sum(q), 0)::bigint FROM u",
+    )
+    .bind(order_id)
+    .fetch_one(&mut *tx)
+    .await?;
+    assert_eq!(
+        sold,
+        i64::from(quantity),
+        "a paid order's units all move to sold"
+    );
+    Ok(())
+}
+
 /// Gives back the units of `orders` (already transitioned by the caller) inside `tx`:
 /// users' counters first, then buckets, each locked in ascending order.
 pub async fn release(tx: &mut PgConnection, orders: &[HeldOrder]) -> Result<(), StoreError> {
@@ -49,15 +84,18 @@ pub async fn release(tx: &mut PgConnection, orders: &[HeldOrder]) -> Result<(), 
     .await?;
     sqlx::query(
         "SELECT 1 FROM inventory_buckets
-          WHERE (deal_id, bucket) IN (SELECT deal_id, bucket FROM reservation_lines WHERE order_id = ANY($1))
+          WHERE (deal_id, bucket) IN (SELECT deal_id, bucket FROM reservation_lines
+                                       WHERE order_id = ANY($1) AND released_at IS NULL)
           ORDER BY deal_id, bucket FOR NO KEY UPDATE",
     )
     .bind(&ids)
     .execute(&mut *tx)
     .await?;
     let returned: i64 = sqlx::query_scalar(
-        "WITH t AS (SELECT deal_id, bucket, sum(quantity)::bigint AS q FROM reservation_lines
-                     WHERE order_id = ANY($1) GROUP BY deal_id, bucket),
+        "WITH l AS (UPDATE reservation_lines SET released_at = now()
+                     WHERE order_id = ANY($1) AND released_at IS NULL
+                    RETURNING deal_id, bucket, quantity),
+              t AS (SELECT deal_id, bucket, sum(quantity)::bigint AS q FROM l GROUP BY deal_id, bucket),
               u AS (UPDATE inventory_buckets b
                        SET available = b.available + t.q, reserved = b.reserved - t.q
                       FROM t WHERE b.deal_id = t.deal_id AND b.bucket = t.bucket

@@ -5,6 +5,7 @@
 //! takes the units from the buckets and records which buckets they came from. Nothing in
 //! that transaction waits on a user or a payment provider.
 
+pub mod settlement;
 pub mod sweeper;
 
 use chrono::{DateTime, Utc};
@@ -14,6 +15,7 @@ use uuid::Uuid;
 use crate::admission::Admitted;
 use crate::domain::{IdempotencyKey, OrderEvent, OrderStatus, UserId};
 use crate::inventory::{self, HeldOrder, Plan, ReserveError};
+use crate::payments::attempts;
 use crate::store::StoreError;
 use crate::telemetry;
 
@@ -94,11 +96,15 @@ pub fn fingerprint(deal_id: &str, quantity: u32) -> Vec<u8> {
 /// Places an admitted order. A reservation that would have to wait, or a transient
 /// conflict, rolls the transaction back and runs it again, at most `retries_max` times;
 /// the last attempt locks every non-empty bucket in order, which always decides.
+///
+/// With `payment_provider`, the order's first payment attempt is written in the same
+/// transaction; the provider itself is called only after the commit.
 pub async fn place(
     pool: &PgPool,
     admitted: &Admitted,
     key: &IdempotencyKey,
     retries_max: u32,
+    payment_provider: Option<&str>,
 ) -> Result<Placed, OrderError> {
     let mut plan = Plan::AnyFree {
         start: rand::random_range(0..admitted.deal.bucket_count),
@@ -106,20 +112,20 @@ pub async fn place(
     for attempt in 0..=retries_max {
         let last = attempt == retries_max;
         let plan_now = if last { Plan::Spread } else { plan };
-        match place_once(pool, admitted, key, plan_now).await {
-            Attempt::Again(next) if !last => plan = next,
-            Attempt::Finished(Err(OrderError::Store(StoreError::Retryable(error)))) if !last => {
+        match place_once(pool, admitted, key, plan_now, payment_provider).await {
+            Run::Again(next) if !last => plan = next,
+            Run::Finished(Err(OrderError::Store(StoreError::Retryable(error)))) if !last => {
                 tracing::debug!(%error, attempt, "order transaction retried");
             }
-            Attempt::Finished(outcome) => return record(outcome),
-            Attempt::Again(_) => break,
+            Run::Finished(outcome) => return record(outcome),
+            Run::Again(_) => break,
         }
     }
     record(Err(OrderError::Store(StoreError::PoolExhausted)))
 }
 
 /// One run of the order transaction.
-enum Attempt {
+enum Run {
     Finished(Result<Placed, OrderError>),
     /// Rolled back; run again with this reservation plan.
     Again(Plan),
@@ -145,11 +151,12 @@ async fn place_once(
     admitted: &Admitted,
     key: &IdempotencyKey,
     plan: Plan,
-) -> Attempt {
-    match try_place(pool, admitted, key, plan).await {
-        Ok(placed) => Attempt::Finished(Ok(placed)),
-        Err(Step::Failed(error)) => Attempt::Finished(Err(error)),
-        Err(Step::Retry(plan)) => Attempt::Again(plan),
+    payment_provider: Option<&str>,
+) -> Run {
+    match try_place(pool, admitted, key, plan, payment_provider).await {
+        Ok(placed) => Run::Finished(Ok(placed)),
+        Err(Step::Failed(error)) => Run::Finished(Err(error)),
+        Err(Step::Retry(plan)) => Run::Again(plan),
     }
 }
 
@@ -170,6 +177,7 @@ async fn try_place(
     admitted: &Admitted,
     key: &IdempotencyKey,
     plan: Plan,
+    payment_provider: Option<&str>,
 ) -> Result<Placed, Step> {
     let deal = &admitted.deal;
     let quantity = admitted.quantity.as_i32();
@@ -192,7 +200,17 @@ async fn try_place(
             }
             Err(ReserveError::Store(error)) => return Err(error.into()),
         };
-    insert_lines(&mut tx, &order, &reserved.lines).await?;
+    insert_lines(
+        &mut tx,
+        order.id,
+        &order.deal_id,
+        order.quantity,
+        &reserved.lines,
+    )
+    .await?;
+    if let Some(provider) = payment_provider {
+        attempts::insert_initial(&mut tx, order.id, provider, &deal.capture_method).await?;
+    }
     tx.commit().await?;
     Ok(Placed {
         order,
@@ -219,6 +237,7 @@ async fn insert_order(
           WHERE d.id = $3
             AND (d.starts_at IS NULL OR d.starts_at <= now())
             AND (d.ends_at IS NULL OR now() < d.ends_at)
+            AND NOT d.paused
          ON CONFLICT (user_id, idempotency_key) DO NOTHING
          RETURNING {ORDER_COLUMNS}"
     );
@@ -235,7 +254,37 @@ async fn insert_order(
 
 /// Adds the units to the user's counter, refusing (with no row) to pass the deal's limit.
 async fn count_against_limit(tx: &mut PgConnection, admitted: &Admitted) -> Result<(), OrderError> {
-    let limit = admitted.deal.per_user_limit;
+    let deal = &admitted.deal;
+    let quantity = admitted.quantity.as_i32();
+    if add_units(
+        tx,
+        &deal.id,
+        admitted.user.as_str(),
+        quantity,
+        deal.per_user_limit,
+    )
+    .await?
+    {
+        Ok(())
+    } else {
+        Err(OrderError::PerUserLimit {
+            limit: deal.per_user_limit,
+        })
+    }
+}
+
+/// Adds `quantity` to the user's units in the deal unless that would pass `limit`; the
+/// guarded upsert makes concurrent requests of one user queue on one row.
+pub(crate) async fn add_units(
+    tx: &mut PgConnection,
+    deal_id: &str,
+    user_id: &str,
+    quantity: i32,
+    limit: i32,
+) -> Result<bool, StoreError> {
+    if quantity > limit {
+        return Ok(false);
+    }
     let counted: Option<i32> = sqlx::query_scalar(
         "INSERT INTO user_deal_units AS u (deal_id, user_id, units, limit_units)
          VALUES ($1, $2, $3, $4)
@@ -244,39 +293,36 @@ async fn count_against_limit(tx: &mut PgConnection, admitted: &Admitted) -> Resu
           WHERE u.units + EXCLUDED.units <= EXCLUDED.limit_units
          RETURNING units",
     )
-    .bind(&admitted.deal.id)
-    .bind(admitted.user.as_str())
-    .bind(admitted.quantity.as_i32())
+    .bind(deal_id)
+    .bind(user_id)
+    .bind(quantity)
     .bind(limit)
     .fetch_optional(tx)
     .await?;
-    match counted {
-        Some(units) => {
-            assert!(units <= limit);
-            Ok(())
-        }
-        None => Err(OrderError::PerUserLimit { limit }),
-    }
+    assert!(counted.is_none_or(|units| units <= limit));
+    Ok(counted.is_some())
 }
 
-async fn insert_lines(
+pub(crate) async fn insert_lines(
     tx: &mut PgConnection,
-    order: &Order,
+    order_id: Uuid,
+    deal_id: &str,
+    quantity: i32,
     lines: &[inventory::Line],
-) -> Result<(), OrderError> {
+) -> Result<(), StoreError> {
     let buckets: Vec<i32> = lines.iter().map(|l| l.bucket).collect();
     let units: Vec<i32> = lines.iter().map(|l| l.quantity).collect();
     assert_eq!(
         units.iter().sum::<i32>(),
-        order.quantity,
+        quantity,
         "lines cover the order exactly"
     );
     sqlx::query(
         "INSERT INTO reservation_lines (order_id, deal_id, bucket, quantity)
          SELECT $1, $2, bucket, q FROM unnest($3::int[], $4::int[]) AS t(bucket, q)",
     )
-    .bind(order.id)
-    .bind(&order.deal_id)
+    .bind(order_id)
+    .bind(deal_id)
     .bind(&buckets)
     .bind(&units)
     .execute(tx)

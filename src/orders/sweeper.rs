@@ -4,7 +4,9 @@
 //! `FOR UPDATE SKIP LOCKED`, so instances never wait on each other or expire an order
 //! twice, moves them to EXPIRED guarded by their old status (a racing cancel wins or loses
 //! cleanly) and releases their units to the buckets they came from, in one transaction.
-//! Overdue is judged by PostgreSQL's clock.
+//! Overdue is judged by PostgreSQL's clock. An order with a payment attempt still pending
+//! is left alone: the payments worker first asks the provider (a payment may have gone
+//! through) and closes the attempt, and only then may the order expire.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -35,6 +37,8 @@ pub async fn sweep_once(pool: &PgPool, batch_max: u32) -> Result<Swept, StoreErr
         "WITH due AS (
              SELECT id FROM orders
               WHERE status = 'PENDING_PAYMENT' AND expires_at <= now()
+                AND NOT EXISTS (SELECT 1 FROM payment_attempts a
+                                 WHERE a.order_id = orders.id AND a.status = 'PENDING')
               ORDER BY expires_at
               LIMIT $1
                 FOR UPDATE SKIP LOCKED)

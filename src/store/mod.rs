@@ -64,6 +64,8 @@ pub struct Pools {
     pub background: PgPool,
     /// The admin API and CLI; waits longer for a connection rather than failing fast.
     pub admin: PgPool,
+    /// Payment webhooks: confirming money must not queue behind a sale storm.
+    pub webhook: PgPool,
 }
 
 impl Pools {
@@ -83,6 +85,7 @@ impl Pools {
             request: pool(settings.request_pool_max, settings.acquire_timeout_ms),
             background: pool(settings.background_pool_max, settings.acquire_timeout_ms),
             admin: pool(settings.admin_pool_max, settings.admin_acquire_timeout_ms),
+            webhook: pool(settings.webhook_pool_max, settings.admin_acquire_timeout_ms),
         })
     }
 
@@ -92,6 +95,7 @@ impl Pools {
             ("request", &self.request),
             ("background", &self.background),
             ("admin", &self.admin),
+            ("webhook", &self.webhook),
         ];
         for (name, pool) in pools {
             let size = pool.size() as f64;

@@ -13,7 +13,7 @@ use crate::helpers::{
 };
 
 /// Starts `flashgate serve` on `port` with `settings` passed through the environment.
-fn spawn_gateway(settings: &Settings, port: u16) -> ChildGuard {
+pub fn spawn_gateway(settings: &Settings, port: u16) -> ChildGuard {
     let output = || {
         if test_log() {
             Stdio::inherit()
@@ -51,7 +51,7 @@ fn spawn_gateway(settings: &Settings, port: u16) -> ChildGuard {
 }
 
 /// Waits for `/healthz`, failing early if the process exits.
-async fn wait_until_healthy(gateway: &mut ChildGuard, api: &Api) {
+pub async fn wait_until_healthy(gateway: &mut ChildGuard, api: &Api) {
     let healthy = eventually(Duration::from_secs(60), || {
         if let Some(status) = gateway.child.try_wait().unwrap() {
             panic!("flashgate serve exited during start-up: {status} (TEST_LOG=1 shows its log)");

@@ -1,0 +1,18 @@
+//! Operations: the tools an operator uses during a sale.
+//!
+//! - [`pause`]: the kill switch. A paused deal takes no new orders on any instance.
+//! - [`changes`]: deal changes announced with PostgreSQL `NOTIFY`, so every instance drops
+//!   its cached copy at once instead of waiting for the cache TTL.
+//! - [`rebalance`]: changes a deal's bucket count, moving only available units.
+//! - [`audit`]: the invariant audit behind `flashgate check`, `GET /admin/audit` and the
+//!   periodic audit task.
+//! - [`cli`]: the `flashgate deals …` and `flashgate check` subcommands.
+//!
+//! Everything here talks to PostgreSQL (and Redis for the sold-out flag) directly, so the
+//! CLI works without a running gateway and the admin API shares the same code.
+
+pub mod audit;
+pub mod changes;
+pub mod cli;
+pub mod pause;
+pub mod rebalance;

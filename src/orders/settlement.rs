@@ -1,0 +1,169 @@
+//! Order state changes driven by payments. Each one is an update guarded by the status the
+//! caller saw, so a webhook, the sweeper and a cancel racing on one order produce exactly
+//! one outcome.
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::domain::{OrderEvent, OrderStatus};
+use crate::inventory::{self, HeldOrder, Plan, ReserveError};
+use crate::store::StoreError;
+
+/// An order locked for a payment decision, with what its deal says about late payments.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct LockedOrder {
+    pub id: Uuid,
+    pub deal_id: String,
+    pub user_id: String,
+    pub quantity: i32,
+    #[sqlx(try_from = "String")]
+    pub status: super::StatusColumn,
+    pub late_payment_policy: String,
+    pub bucket_count: i32,
+    pub per_user_limit: i32,
+}
+
+impl LockedOrder {
+    pub fn status(&self) -> OrderStatus {
+        self.status.0
+    }
+
+    fn held(&self) -> HeldOrder {
+        HeldOrder {
+            id: self.id,
+            deal_id: self.deal_id.clone(),
+            user_id: self.user_id.clone(),
+            quantity: self.quantity,
+        }
+    }
+}
+
+/// Locks the order row (after its attempt: the payments lock order is attempt, order,
+/// user units, buckets).
+pub async fn lock(
+    tx: &mut PgConnection,
+    order_id: Uuid,
+) -> Result<Option<LockedOrder>, StoreError> {
+    Ok(sqlx::query_as::<_, LockedOrder>(
+        "SELECT o.id, o.deal_id, o.user_id, o.quantity, o.status, d.late_payment_policy,
+                d.bucket_count, d.per_user_limit
+           FROM orders o JOIN deals d ON d.id = o.deal_id
+          WHERE o.id = $1 FOR NO KEY UPDATE OF o",
+    )
+    .bind(order_id)
+    .fetch_optional(tx)
+    .await?)
+}
+
+/// Applies `event` to the order if it is still in the status `order` was read with.
+pub async fn apply(
+    tx: &mut PgConnection,
+    order: &LockedOrder,
+    event: OrderEvent,
+) -> Result<Option<OrderStatus>, StoreError> {
+    let Ok(to) = order.status().transition(event) else {
+        return Ok(None);
+    };
+    let updated = sqlx::query(
+        "UPDATE orders SET status = $3, updated_at = now() WHERE id = $1 AND status = $2",
+    )
+    .bind(order.id)
+    .bind(order.status().as_str())
+    .bind(to.as_str())
+    .execute(tx)
+    .await?;
+    Ok((updated.rows_affected() == 1).then_some(to))
+}
+
+/// Payment confirmed for a pending order: PAID, reserved units become sold.
+pub async fn pay(tx: &mut PgConnection, order: &LockedOrder) -> Result<bool, StoreError> {
+    if apply(tx, order, OrderEvent::PaymentSucceeded).await? != Some(OrderStatus::Paid) {
+        return Ok(false);
+    }
+    inventory::consume(tx, order.id, order.quantity).await?;
+    Ok(true)
+}
+
+/// Payment failed for a pending order: CANCELLED, units back to their buckets.
+pub async fn fail(tx: &mut PgConnection, order: &LockedOrder) -> Result<bool, StoreError> {
+    if apply(tx, order, OrderEvent::PaymentFailed).await?.is_none() {
+        return Ok(false);
+    }
+    inventory::release(tx, &[order.held()]).await?;
+    Ok(true)
+}
+
+/// Money arrived for an order that had given its units back: take them again if the deal
+/// and the user's limit allow, and mark the order PAID. Returns false (changing nothing)
+/// when the units are gone.
+pub async fn reserve_again_and_pay(
+    tx: &mut PgConnection,
+    order: &LockedOrder,
+) -> Result<bool, StoreError> {
+    assert!(matches!(
+        order.status(),
+        OrderStatus::Expired | OrderStatus::Cancelled
+    ));
+    sqlx::query("SAVEPOINT late_payment")
+        .execute(&mut *tx)
+        .await?;
+    let taken = take_units(tx, order).await?;
+    if !taken {
+        sqlx::query("ROLLBACK TO SAVEPOINT late_payment")
+            .execute(&mut *tx)
+            .await?;
+        return Ok(false);
+    }
+    let updated = sqlx::query(
+        "UPDATE orders SET status = 'PAID', updated_at = now() WHERE id = $1 AND status = $2",
+    )
+    .bind(order.id)
+    .bind(order.status().as_str())
+    .execute(&mut *tx)
+    .await?;
+    assert_eq!(
+        updated.rows_affected(),
+        1,
+        "the order row is locked by this transaction"
+    );
+    inventory::consume(tx, order.id, order.quantity).await?;
+    Ok(true)
+}
+
+async fn take_units(tx: &mut PgConnection, order: &LockedOrder) -> Result<bool, StoreError> {
+    let within_limit = super::add_units(
+        tx,
+        &order.deal_id,
+        &order.user_id,
+        order.quantity,
+        order.per_user_limit,
+    )
+    .await?;
+    if !within_limit {
+        return Ok(false);
+    }
+    match inventory::reserve(
+        tx,
+        &order.deal_id,
+        order.quantity,
+        order.bucket_count,
+        Plan::Spread,
+    )
+    .await
+    {
+        Ok(reserved) => {
+            super::insert_lines(
+                tx,
+                order.id,
+                &order.deal_id,
+                order.quantity,
+                &reserved.lines,
+            )
+            .await?;
+            Ok(true)
+        }
+        // The spread plan always decides; either way there are no units for this order.
+        Err(ReserveError::Insufficient { .. } | ReserveError::Retry(_)) => Ok(false),
+        Err(ReserveError::Store(error)) => Err(error),
+    }
+}

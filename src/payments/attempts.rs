@@ -1,0 +1,217 @@
+//! The `payment_attempts` table: one row per try at taking money for an order.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::store::StoreError;
+
+/// An attempt as stored.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Attempt {
+    pub id: Uuid,
+    pub order_id: Uuid,
+    pub provider: String,
+    pub provider_payment_id: Option<String>,
+    pub status: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub capture_method: String,
+    pub checkout_url: Option<String>,
+    pub provider_expires_at: Option<DateTime<Utc>>,
+    pub accepted: bool,
+    pub checks: i32,
+}
+
+pub const PENDING: &str = "PENDING";
+pub const SUCCEEDED: &str = "SUCCEEDED";
+
+const COLUMNS: &str = "id, order_id, provider, provider_payment_id, status, amount_minor, currency,
+    capture_method, checkout_url, provider_expires_at, accepted, checks";
+
+/// Records the attempt created together with an order, in the order's transaction.
+pub async fn insert_initial(
+    tx: &mut PgConnection,
+    order_id: Uuid,
+    provider: &str,
+    capture_method: &str,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO payment_attempts (id, order_id, provider, status, amount_minor, currency, capture_method)
+         SELECT $1, o.id, $3, 'PENDING', o.amount_minor, o.currency, $4 FROM orders o WHERE o.id = $2",
+    )
+    .bind(Uuid::now_v7())
+    .bind(order_id)
+    .bind(provider)
+    .bind(capture_method)
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+/// Starts another attempt for a pending order under the client's key; `None` when the
+/// order is not pending. A key used before returns that attempt.
+pub async fn insert_keyed(
+    pool: &PgPool,
+    order_id: Uuid,
+    provider: &str,
+    key: &str,
+) -> Result<Option<(Attempt, bool)>, StoreError> {
+    let sql = format!(
+        "INSERT INTO payment_attempts (id, order_id, provider, status, amount_minor, currency, capture_method, idempotency_key)
+         SELECT $1, o.id, $3, 'PENDING', o.amount_minor, o.currency, d.capture_method, $4
+           FROM orders o JOIN deals d ON d.id = o.deal_id
+          WHERE o.id = $2 AND o.status = 'PENDING_PAYMENT'
+         ON CONFLICT (order_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+         RETURNING {COLUMNS}"
+    );
+    let inserted = sqlx::query_as::<_, Attempt>(sqlx::AssertSqlSafe(sql))
+        .bind(Uuid::now_v7())
+        .bind(order_id)
+        .bind(provider)
+        .bind(key)
+        .fetch_optional(pool)
+        .await?;
+    if let Some(attempt) = inserted {
+        return Ok(Some((attempt, false)));
+    }
+    let sql = format!(
+        "SELECT {COLUMNS} FROM payment_attempts WHERE order_id = $1 AND idempotency_key = $2"
+    );
+    let existing = sqlx::query_as::<_, Attempt>(sqlx::AssertSqlSafe(sql))
+        .bind(order_id)
+        .bind(key)
+        .fetch_optional(pool)
+        .await?;
+    Ok(existing.map(|attempt| (attempt, true)))
+}
+
+/// The attempt created with the order.
+pub async fn initial(pool: &PgPool, order_id: Uuid) -> Result<Option<Attempt>, StoreError> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM payment_attempts WHERE order_id = $1 AND idempotency_key IS NULL"
+    );
+    Ok(sqlx::query_as::<_, Attempt>(sqlx::AssertSqlSafe(sql))
+        .bind(order_id)
+        .fetch_optional(pool)
+        .await?)
+}
+
+/// The newest attempt of an order, for showing its payment.
+pub async fn latest(pool: &PgPool, order_id: Uuid) -> Result<Option<Attempt>, StoreError> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM payment_attempts WHERE order_id = $1 ORDER BY created_at DESC, id DESC LIMIT 1"
+    );
+    Ok(sqlx::query_as::<_, Attempt>(sqlx::AssertSqlSafe(sql))
+        .bind(order_id)
+        .fetch_optional(pool)
+        .await?)
+}
+
+/// Records what the provider answered to the create call, and lets the reservation follow
+/// the provider's session when that ends first. Returns the order's expiry.
+pub async fn record_created(
+    pool: &PgPool,
+    attempt_id: Uuid,
+    order_id: Uuid,
+    provider_payment_id: &str,
+    checkout_url: Option<&str>,
+    provider_expires_at: Option<DateTime<Utc>>,
+) -> Result<Option<DateTime<Utc>>, StoreError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "UPDATE payment_attempts
+            SET provider_payment_id = COALESCE(provider_payment_id, $2), checkout_url = $3,
+                provider_expires_at = $4, updated_at = now()
+          WHERE id = $1",
+    )
+    .bind(attempt_id)
+    .bind(provider_payment_id)
+    .bind(checkout_url)
+    .bind(provider_expires_at)
+    .execute(&mut *tx)
+    .await?;
+    let expires_at: Option<DateTime<Utc>> = sqlx::query_scalar(
+        "UPDATE orders SET expires_at = LEAST(expires_at, COALESCE($2, expires_at)), updated_at = now()
+          WHERE id = $1 AND status = 'PENDING_PAYMENT'
+         RETURNING expires_at",
+    )
+    .bind(order_id)
+    .bind(provider_expires_at)
+    .fetch_optional(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(expires_at)
+}
+
+/// Locks the attempt a provider payment belongs to: by provider payment id, or (before the
+/// create answer was recorded) by the reference we sent, adopting the payment id.
+pub async fn lock_for_payment(
+    tx: &mut PgConnection,
+    provider: &str,
+    provider_payment_id: &str,
+    reference: Option<Uuid>,
+) -> Result<Option<Attempt>, StoreError> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM payment_attempts WHERE provider = $1 AND provider_payment_id = $2 FOR UPDATE"
+    );
+    let found = sqlx::query_as::<_, Attempt>(sqlx::AssertSqlSafe(sql))
+        .bind(provider)
+        .bind(provider_payment_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+    if found.is_some() {
+        return Ok(found);
+    }
+    let Some(reference) = reference else {
+        return Ok(None);
+    };
+    let sql = format!(
+        "UPDATE payment_attempts SET provider_payment_id = $3, updated_at = now()
+          WHERE id = $1 AND provider = $2 AND provider_payment_id IS NULL
+         RETURNING {COLUMNS}"
+    );
+    Ok(sqlx::query_as::<_, Attempt>(sqlx::AssertSqlSafe(sql))
+        .bind(reference)
+        .bind(provider)
+        .bind(provider_payment_id)
+        .fetch_optional(&mut *tx)
+        .await?)
+}
+
+/// Moves an attempt to `to`, guarded by its current status; false if it had moved already.
+pub async fn transition(
+    tx: &mut PgConnection,
+    attempt_id: Uuid,
+    from: &str,
+    to: &str,
+) -> Result<bool, StoreError> {
+    let updated = sqlx::query(
+        "UPDATE payment_attempts SET status = $3, updated_at = now() WHERE id = $1 AND status = $2",
+    )
+    .bind(attempt_id)
+    .bind(from)
+    .bind(to)
+    .execute(tx)
+    .await?;
+    Ok(updated.rows_affected() == 1)
+}
+
+/// Asks again later about a payment the provider still has in progress.
+pub async fn postpone(
+    pool: &PgPool,
+    attempt_id: Uuid,
+    backoff_max_seconds: u32,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE payment_attempts
+            SET checks = checks + 1,
+                next_check_at = now() + make_interval(secs => LEAST($2, power(2, LEAST(checks, 16)))::float8)
+          WHERE id = $1",
+    )
+    .bind(attempt_id)
+    .bind(f64::from(backoff_max_seconds))
+    .execute(pool)
+    .await?;
+    Ok(())
+}

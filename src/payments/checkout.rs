@@ -1,0 +1,139 @@
+//! Creating payments at the provider for orders.
+//!
+//! The attempt row exists before the provider is called (it is written with the order),
+//! and its id is the idempotency key of the create call. A create that times out is
+//! therefore simply repeated later (on a retried order request, by the sweeper or by the
+//! reconciler) and returns the same payment; it is never taken for a failure.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::Payments;
+use super::attempts::{self, Attempt};
+use super::provider::{CreatePayment, ProviderError, ProviderPayment};
+use crate::store::StoreError;
+
+/// The payment block of an order response.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct PaymentView {
+    pub attempt_id: Uuid,
+    /// Where to send the payer; null until the provider has answered.
+    pub checkout_url: Option<String>,
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+impl PaymentView {
+    pub fn of(attempt: &Attempt) -> Self {
+        Self {
+            attempt_id: attempt.id,
+            checkout_url: attempt.checkout_url.clone(),
+            expires_at: attempt.provider_expires_at,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckoutError {
+    #[error("order not found")]
+    NotFound,
+    #[error("the order is not waiting for payment")]
+    NotPending,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl Payments {
+    /// Creates `attempt` at the provider if that has not happened yet, and records the
+    /// answer. A provider failure leaves the attempt as it was, to be created later with the
+    /// same key. Returns the attempt as it now stands.
+    pub async fn open(
+        &self,
+        pool: &PgPool,
+        attempt: Attempt,
+        order_expires_at: DateTime<Utc>,
+    ) -> Result<Attempt, StoreError> {
+        if attempt.provider_payment_id.is_some() {
+            return Ok(attempt);
+        }
+        match self.create_at_provider(&attempt, order_expires_at).await {
+            Ok(payment) => self.record(pool, attempt, &payment).await,
+            Err(error) => {
+                tracing::warn!(%error, attempt = %attempt.id, "payment not created yet; will retry with the same key");
+                Ok(attempt)
+            }
+        }
+    }
+
+    /// The create call for `attempt`, keyed by its id.
+    pub async fn create_at_provider(
+        &self,
+        attempt: &Attempt,
+        order_expires_at: DateTime<Utc>,
+    ) -> Result<ProviderPayment, ProviderError> {
+        let remaining = (order_expires_at - Utc::now()).num_seconds().max(0);
+        let seconds = u32::try_from(remaining)
+            .unwrap_or(u32::MAX)
+            .max(self.settings.session_seconds_min);
+        let request = CreatePayment {
+            idempotency_key: format!("attempt-{}", attempt.id),
+            amount_minor: attempt.amount_minor,
+            currency: attempt.currency.clone(),
+            reference: attempt.id,
+            order_id: attempt.order_id,
+            capture_manual: attempt.capture_method == "manual",
+            expires_in_seconds: seconds.min(86_400),
+        };
+        self.provider.create_payment(&request).await
+    }
+
+    async fn record(
+        &self,
+        pool: &PgPool,
+        mut attempt: Attempt,
+        payment: &ProviderPayment,
+    ) -> Result<Attempt, StoreError> {
+        attempts::record_created(
+            pool,
+            attempt.id,
+            attempt.order_id,
+            &payment.id,
+            payment.checkout_url.as_deref(),
+            payment.expires_at,
+        )
+        .await?;
+        attempt.provider_payment_id = Some(payment.id.clone());
+        attempt.checkout_url = payment.checkout_url.clone();
+        attempt.provider_expires_at = payment.expires_at;
+        Ok(attempt)
+    }
+
+    /// The payment of a just placed (or replayed) order: its first attempt, opened at the
+    /// provider if need be.
+    pub async fn for_new_order(
+        &self,
+        pool: &PgPool,
+        order_id: Uuid,
+        expires_at: DateTime<Utc>,
+    ) -> Result<Option<Attempt>, StoreError> {
+        let Some(attempt) = attempts::initial(pool, order_id).await? else {
+            return Ok(None);
+        };
+        Ok(Some(self.open(pool, attempt, expires_at).await?))
+    }
+
+    /// Starts (or, for a key used before, returns) another attempt for a pending order.
+    pub async fn start_attempt(
+        &self,
+        pool: &PgPool,
+        order_id: Uuid,
+        expires_at: DateTime<Utc>,
+        key: &str,
+    ) -> Result<(Attempt, bool), CheckoutError> {
+        let (attempt, replayed) = attempts::insert_keyed(pool, order_id, self.provider.name(), key)
+            .await?
+            .ok_or(CheckoutError::NotPending)?;
+        Ok((self.open(pool, attempt, expires_at).await?, replayed))
+    }
+}

@@ -1,0 +1,43 @@
+//! Payments: turning reservations into sales without trusting the browser.
+//!
+//! Every order gets a payment attempt at a hosted-checkout provider, created after the
+//! reservation committed and outside any transaction. The result comes only from signed,
+//! deduplicated provider webhooks and from asking the provider (sweeper, reconciler),
+//! never from the payer's browser. All of it funnels into [`settle::apply`], which moves
+//! attempt and order together with updates guarded by their old states. Side effects that
+//! must reach the provider (refunds, captures, voids) go through the transactional
+//! [`outbox`].
+//!
+//! - [`provider`]: the provider abstraction; [`http_provider`]: its HTTP implementation.
+//! - [`attempts`], [`refunds`], [`outbox`]: the tables.
+//! - [`checkout`]: creating payments for orders; [`webhook`]: receiving events.
+//! - [`workers`]: outbox worker, overdue-payment checks before expiry, reconciler.
+
+pub mod attempts;
+pub mod checkout;
+pub mod http_provider;
+pub mod outbox;
+pub mod provider;
+pub mod refunds;
+pub mod settle;
+pub mod signature;
+pub mod webhook;
+pub mod workers;
+
+use std::sync::Arc;
+
+use crate::config::PaymentSettings;
+use provider::PaymentProvider;
+
+/// The provider and the settings every payment path needs.
+#[derive(Clone)]
+pub struct Payments {
+    pub provider: Arc<dyn PaymentProvider>,
+    pub settings: PaymentSettings,
+}
+
+impl Payments {
+    pub fn new(provider: Arc<dyn PaymentProvider>, settings: PaymentSettings) -> Self {
+        Self { provider, settings }
+    }
+}

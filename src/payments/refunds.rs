@@ -1,0 +1,113 @@
+//! The `refunds` table: money to give back, one refund per successful attempt.
+
+use serde_json::json;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::attempts::Attempt;
+use super::outbox::{self, Kind};
+use crate::store::StoreError;
+
+/// Records a full refund of `attempt` and queues it for the provider; a second request for
+/// the same attempt changes nothing.
+pub async fn request(
+    tx: &mut PgConnection,
+    attempt: &Attempt,
+    reason: &str,
+) -> Result<(), StoreError> {
+    let refund_id: Option<Uuid> = sqlx::query_scalar(
+        "INSERT INTO refunds (id, attempt_id, order_id, amount_minor, currency, reason, status)
+         VALUES ($1, $2, $3, $4, $5, $6, 'PENDING')
+         ON CONFLICT (attempt_id) DO NOTHING
+         RETURNING id",
+    )
+    .bind(Uuid::now_v7())
+    .bind(attempt.id)
+    .bind(attempt.order_id)
+    .bind(attempt.amount_minor)
+    .bind(&attempt.currency)
+    .bind(reason)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(refund_id) = refund_id else {
+        return Ok(());
+    };
+    let payload = json!({
+        "refund_id": refund_id,
+        "provider_payment_id": attempt.provider_payment_id,
+        "amount_minor": attempt.amount_minor,
+    });
+    outbox::enqueue(tx, Kind::Refund, &format!("refund:{refund_id}"), payload).await
+}
+
+/// The provider confirmed refund `refund_id`: mark it, and finish the order when it was
+/// waiting only for this money to go back.
+pub async fn complete(
+    pool: &PgPool,
+    refund_id: Uuid,
+    provider_refund_id: &str,
+) -> Result<(), StoreError> {
+    let mut tx = pool.begin().await?;
+    let order_id: Option<Uuid> = sqlx::query_scalar(
+        "UPDATE refunds SET status = 'SUCCEEDED', provider_refund_id = $2, updated_at = now()
+          WHERE id = $1 AND status = 'PENDING'
+         RETURNING order_id",
+    )
+    .bind(refund_id)
+    .bind(provider_refund_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some(order_id) = order_id {
+        finish_order(&mut tx, order_id).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// A refund event from the provider for payment `provider_payment_id`.
+pub async fn complete_for_payment(
+    tx: &mut PgConnection,
+    provider: &str,
+    provider_payment_id: &str,
+    provider_refund_id: &str,
+) -> Result<bool, StoreError> {
+    let order_id: Option<Uuid> = sqlx::query_scalar(
+        "UPDATE refunds r SET status = 'SUCCEEDED', provider_refund_id = $3, updated_at = now()
+           FROM payment_attempts a
+          WHERE a.id = r.attempt_id AND a.provider = $1 AND a.provider_payment_id = $2
+            AND r.status = 'PENDING'
+         RETURNING r.order_id",
+    )
+    .bind(provider)
+    .bind(provider_payment_id)
+    .bind(provider_refund_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(order_id) = order_id else {
+        return Ok(false);
+    };
+    finish_order(tx, order_id).await?;
+    Ok(true)
+}
+
+/// REFUND_PENDING becomes REFUNDED once no refund of the order is pending.
+async fn finish_order(tx: &mut PgConnection, order_id: Uuid) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE orders SET status = 'REFUNDED', updated_at = now()
+          WHERE id = $1 AND status = 'REFUND_PENDING'
+            AND NOT EXISTS (SELECT 1 FROM refunds WHERE order_id = $1 AND status = 'PENDING')",
+    )
+    .bind(order_id)
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+/// Refunds requested and not yet confirmed.
+pub async fn pending(pool: &PgPool) -> Result<i64, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM refunds WHERE status = 'PENDING'")
+            .fetch_one(pool)
+            .await?,
+    )
+}

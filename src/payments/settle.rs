@@ -1,0 +1,254 @@
+//! Bringing local state in line with what the provider says about a payment.
+//!
+//! Webhooks, the sweeper, the outbox worker and the reconciler all end here, so a payment
+//! has one set of rules however its news arrives. One transaction locks the attempt, then
+//! the order, checks the amount against the price snapshot and applies only legal moves:
+//! a duplicate or out-of-order report finds the state already moved and changes nothing.
+
+use serde_json::json;
+use sqlx::{PgConnection, PgPool};
+
+use super::attempts::{self, Attempt, PENDING, SUCCEEDED};
+use super::outbox::{self, Kind};
+use super::provider::{ProviderPayment, ProviderStatus};
+use super::refunds;
+use crate::domain::{OrderEvent, OrderStatus};
+use crate::orders::settlement::{self, LockedOrder};
+use crate::store::StoreError;
+use crate::telemetry;
+
+/// What applying a provider report did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applied {
+    /// The order is now PAID and its units sold.
+    Paid,
+    /// The report was already applied.
+    Duplicate,
+    /// Authorised (manual capture); the capture is queued.
+    Authorized,
+    /// The attempt failed and the order gave its units back (`deal_id` may leave sold-out).
+    Released { deal_id: String },
+    /// The attempt failed; the order waits for another attempt or its expiry.
+    Failed,
+    /// Money for an order that had expired: units taken again, order PAID.
+    LateReserved,
+    /// Money for an order that had expired: refund queued, order REFUND_PENDING.
+    LateRefunded,
+    /// Authorisation for an order that no longer holds stock: void queued.
+    LateVoided,
+    /// The order was already paid by another attempt: this money is refunded.
+    ExtraRefunded,
+    /// Still waiting for the payer.
+    Pending,
+    /// A refund was confirmed.
+    Refunded,
+    /// Amount or currency differ from the price snapshot: nothing applied.
+    Mismatch,
+    /// No attempt of ours has this payment.
+    UnknownPayment,
+}
+
+impl Applied {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Applied::Paid => "paid",
+            Applied::Duplicate => "duplicate",
+            Applied::Authorized => "authorized",
+            Applied::Released { .. } => "released",
+            Applied::Failed => "failed",
+            Applied::LateReserved => "late_reserved",
+            Applied::LateRefunded => "late_refunded",
+            Applied::LateVoided => "late_voided",
+            Applied::ExtraRefunded => "extra_refunded",
+            Applied::Pending => "pending",
+            Applied::Refunded => "refunded",
+            Applied::Mismatch => "mismatch",
+            Applied::UnknownPayment => "unknown_payment",
+        }
+    }
+}
+
+/// Applies the provider's view of `payment` in one transaction.
+pub async fn apply(
+    pool: &PgPool,
+    provider: &str,
+    payment: &ProviderPayment,
+) -> Result<Applied, StoreError> {
+    let mut tx = pool.begin().await?;
+    let applied = apply_in(&mut tx, provider, payment).await?;
+    if applied == Applied::Mismatch {
+        tx.rollback().await?;
+    } else {
+        tx.commit().await?;
+    }
+    Ok(applied)
+}
+
+/// Applies the provider's view of `payment` inside the caller's transaction. On
+/// `Mismatch` the caller must roll back.
+pub async fn apply_in(
+    tx: &mut PgConnection,
+    provider: &str,
+    payment: &ProviderPayment,
+) -> Result<Applied, StoreError> {
+    let Some(attempt) =
+        attempts::lock_for_payment(tx, provider, &payment.id, payment.reference).await?
+    else {
+        return Ok(Applied::UnknownPayment);
+    };
+    if payment.amount_minor != attempt.amount_minor || payment.currency != attempt.currency {
+        tracing::error!(
+            attempt = %attempt.id, order = %attempt.order_id, provider_payment = %payment.id,
+            expected_minor = attempt.amount_minor, got_minor = payment.amount_minor,
+            expected_currency = %attempt.currency, got_currency = %payment.currency,
+            "payment amount or currency does not match the order"
+        );
+        metrics::counter!(telemetry::PAYMENT_OUTCOMES, "outcome" => "mismatch").increment(1);
+        return Ok(Applied::Mismatch);
+    }
+    let applied = match payment.status {
+        ProviderStatus::Succeeded => succeeded(tx, &attempt).await?,
+        ProviderStatus::RequiresCapture => authorized(tx, &attempt).await?,
+        ProviderStatus::Failed | ProviderStatus::Canceled => failed(tx, &attempt, "FAILED").await?,
+        ProviderStatus::Expired => failed(tx, &attempt, "EXPIRED").await?,
+        ProviderStatus::RequiresPayment => Applied::Pending,
+    };
+    metrics::counter!(telemetry::PAYMENT_OUTCOMES, "outcome" => applied.label()).increment(1);
+    if let Some(resolution) = late_resolution(&applied) {
+        metrics::counter!(telemetry::LATE_PAYMENTS, "resolution" => resolution).increment(1);
+    }
+    Ok(applied)
+}
+
+fn late_resolution(applied: &Applied) -> Option<&'static str> {
+    match applied {
+        Applied::LateReserved => Some("reserved"),
+        Applied::LateRefunded => Some("refunded"),
+        Applied::LateVoided => Some("voided"),
+        _ => None,
+    }
+}
+
+async fn lock_order(tx: &mut PgConnection, attempt: &Attempt) -> Result<LockedOrder, StoreError> {
+    let order = settlement::lock(tx, attempt.order_id).await?;
+    // The foreign key guarantees the order exists.
+    Ok(order.expect("every attempt belongs to an order"))
+}
+
+async fn succeeded(tx: &mut PgConnection, attempt: &Attempt) -> Result<Applied, StoreError> {
+    if attempt.status == SUCCEEDED {
+        return Ok(Applied::Duplicate);
+    }
+    // A payment reported failed or expired may still succeed later (a late capture, say):
+    // the money is real, so the attempt follows the provider.
+    assert!(attempts::transition(tx, attempt.id, &attempt.status, SUCCEEDED).await?);
+    let order = lock_order(tx, attempt).await?;
+    match order.status() {
+        OrderStatus::PendingPayment => {
+            accept(tx, attempt).await?;
+            assert!(
+                settlement::pay(tx, &order).await?,
+                "the order row is locked"
+            );
+            order_paid(tx, attempt).await?;
+            Ok(Applied::Paid)
+        }
+        OrderStatus::Expired | OrderStatus::Cancelled => late(tx, &order, attempt).await,
+        OrderStatus::Paid | OrderStatus::RefundPending | OrderStatus::Refunded => {
+            refunds::request(tx, attempt, "order_already_paid").await?;
+            Ok(Applied::ExtraRefunded)
+        }
+    }
+}
+
+/// Money for an order that gave its units back: the deal's policy decides.
+async fn late(
+    tx: &mut PgConnection,
+    order: &LockedOrder,
+    attempt: &Attempt,
+) -> Result<Applied, StoreError> {
+    if order.late_payment_policy == "reserve_or_refund"
+        && settlement::reserve_again_and_pay(tx, order).await?
+    {
+        accept(tx, attempt).await?;
+        order_paid(tx, attempt).await?;
+        return Ok(Applied::LateReserved);
+    }
+    let moved = settlement::apply(tx, order, OrderEvent::PaymentSucceeded).await?;
+    assert_eq!(
+        moved,
+        Some(OrderStatus::RefundPending),
+        "the order row is locked"
+    );
+    refunds::request(tx, attempt, "late_payment").await?;
+    Ok(Applied::LateRefunded)
+}
+
+async fn authorized(tx: &mut PgConnection, attempt: &Attempt) -> Result<Applied, StoreError> {
+    if attempt.status != PENDING {
+        return Ok(Applied::Duplicate);
+    }
+    let order = lock_order(tx, attempt).await?;
+    let payload =
+        json!({ "attempt_id": attempt.id, "provider_payment_id": attempt.provider_payment_id });
+    if order.status() == OrderStatus::PendingPayment {
+        outbox::enqueue(
+            tx,
+            Kind::Capture,
+            &format!("capture:{}", attempt.id),
+            payload,
+        )
+        .await?;
+        return Ok(Applied::Authorized);
+    }
+    outbox::enqueue(tx, Kind::Void, &format!("void:{}", attempt.id), payload).await?;
+    Ok(Applied::LateVoided)
+}
+
+async fn failed(tx: &mut PgConnection, attempt: &Attempt, to: &str) -> Result<Applied, StoreError> {
+    if attempt.status != PENDING {
+        return Ok(Applied::Duplicate);
+    }
+    assert!(attempts::transition(tx, attempt.id, PENDING, to).await?);
+    let order = lock_order(tx, attempt).await?;
+    if order.status() != OrderStatus::PendingPayment || other_pending(tx, attempt).await? {
+        return Ok(Applied::Failed);
+    }
+    assert!(
+        settlement::fail(tx, &order).await?,
+        "the order row is locked"
+    );
+    Ok(Applied::Released {
+        deal_id: order.deal_id,
+    })
+}
+
+async fn other_pending(tx: &mut PgConnection, attempt: &Attempt) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM payment_attempts WHERE order_id = $1 AND id <> $2 AND status = 'PENDING')",
+    )
+    .bind(attempt.order_id)
+    .bind(attempt.id)
+    .fetch_one(tx)
+    .await?)
+}
+
+/// Marks `attempt` as the one that paid its order (unique per order).
+async fn accept(tx: &mut PgConnection, attempt: &Attempt) -> Result<(), StoreError> {
+    sqlx::query("UPDATE payment_attempts SET accepted = true WHERE id = $1")
+        .bind(attempt.id)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+async fn order_paid(tx: &mut PgConnection, attempt: &Attempt) -> Result<(), StoreError> {
+    let payload = json!({ "order_id": attempt.order_id, "attempt_id": attempt.id, "amount_minor": attempt.amount_minor, "currency": attempt.currency });
+    outbox::enqueue(
+        tx,
+        Kind::OrderPaid,
+        &format!("order_paid:{}", attempt.order_id),
+        payload,
+    )
+    .await
+}

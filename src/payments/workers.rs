@@ -1,0 +1,415 @@
+//! Background work that keeps payments moving without a browser: the outbox worker, the
+//! provider check that runs before an unpaid order may expire, and the reconciler.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::Payments;
+use super::attempts::{self, Attempt};
+use super::outbox::{self, Entry, Kind};
+use super::provider::{ProviderError, ProviderPayment, ProviderStatus};
+use super::refunds;
+use super::settle::{self, Applied};
+use crate::store::StoreError;
+use crate::telemetry;
+
+/// Deals whose units came back during a pass (their sold-out flags must clear).
+pub type Released = Vec<String>;
+
+fn released(applied: &Applied) -> Option<String> {
+    match applied {
+        Applied::Released { deal_id } => Some(deal_id.clone()),
+        _ => None,
+    }
+}
+
+impl Payments {
+    /// Carries out due outbox entries; returns how many were claimed.
+    pub async fn drain_outbox(&self, pool: &PgPool) -> Result<(usize, Released), StoreError> {
+        let entries = outbox::claim(
+            pool,
+            self.settings.outbox_batch_max,
+            self.settings.outbox_lease_seconds,
+        )
+        .await?;
+        let mut deals = Released::new();
+        for entry in &entries {
+            match self.carry_out(pool, entry).await {
+                Ok(applied) => {
+                    deals.extend(applied.as_ref().and_then(released));
+                    outbox::done(pool, entry.id).await?;
+                    metrics::counter!(telemetry::OUTBOX_PROCESSED, "kind" => entry.kind.as_str(), "result" => "done").increment(1);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, id = entry.id, kind = entry.kind.as_str(), attempts = entry.attempts, "outbox entry will be retried");
+                    outbox::retry_later(pool, entry.id, &error.to_string()).await?;
+                    metrics::counter!(telemetry::OUTBOX_PROCESSED, "kind" => entry.kind.as_str(), "result" => "retry").increment(1);
+                }
+            }
+        }
+        Ok((entries.len(), deals))
+    }
+
+    async fn carry_out(
+        &self,
+        pool: &PgPool,
+        entry: &Entry,
+    ) -> Result<Option<Applied>, OutboxError> {
+        let payment_id = || text(&entry.payload, "provider_payment_id");
+        match entry.kind {
+            Kind::OrderPaid => {
+                tracing::info!(payload = %entry.payload, "order paid");
+                Ok(None)
+            }
+            Kind::Refund => {
+                let refund_id = text(&entry.payload, "refund_id")?;
+                let refund_id =
+                    Uuid::parse_str(&refund_id).map_err(|e| OutboxError::Payload(e.to_string()))?;
+                let amount = entry
+                    .payload
+                    .get("amount_minor")
+                    .and_then(Value::as_i64)
+                    .unwrap_or_default();
+                let refund = self
+                    .provider
+                    .refund(&payment_id()?, amount, &format!("refund-{refund_id}"))
+                    .await?;
+                refunds::complete(pool, refund_id, &refund.id).await?;
+                Ok(None)
+            }
+            Kind::Capture => {
+                let id = payment_id()?;
+                let payment = self
+                    .settled_view(self.provider.capture(&id).await, &id)
+                    .await?;
+                Ok(Some(
+                    settle::apply(pool, self.provider.name(), &payment).await?,
+                ))
+            }
+            Kind::Void => {
+                let id = payment_id()?;
+                let payment = self
+                    .settled_view(self.provider.void(&id).await, &id)
+                    .await?;
+                Ok(Some(
+                    settle::apply(pool, self.provider.name(), &payment).await?,
+                ))
+            }
+        }
+    }
+
+    /// The payment after a capture or void; when the provider refused because the payment
+    /// moved on (captured already, cancelled, paid), its current state instead.
+    async fn settled_view(
+        &self,
+        result: Result<ProviderPayment, ProviderError>,
+        id: &str,
+    ) -> Result<ProviderPayment, ProviderError> {
+        match result {
+            Err(ProviderError::Conflict(_)) => self.provider.get_payment(id).await,
+            other => other,
+        }
+    }
+
+    /// Before an unpaid order may expire, asks the provider about each of its pending
+    /// attempts: paid ones are settled, open checkout sessions are cancelled, failed ones
+    /// are closed; when the provider cannot be reached the order waits (never expired on
+    /// a timeout).
+    pub async fn check_overdue(&self, pool: &PgPool) -> Result<Released, StoreError> {
+        let due = overdue_attempts(pool, self.settings.reconcile_batch_max).await?;
+        let mut deals = Released::new();
+        for attempt in due {
+            match self.resolve_overdue(pool, &attempt).await {
+                Ok(Some(applied)) => deals.extend(released(&applied)),
+                Ok(None) => {}
+                Err(OutboxError::Provider(error)) if error.is_transient() => {
+                    attempts::postpone(pool, attempt.id, self.settings.check_backoff_max_seconds)
+                        .await?;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, attempt = %attempt.id, "overdue payment check failed");
+                    attempts::postpone(pool, attempt.id, self.settings.check_backoff_max_seconds)
+                        .await?;
+                }
+            }
+        }
+        Ok(deals)
+    }
+
+    async fn resolve_overdue(
+        &self,
+        pool: &PgPool,
+        attempt: &Attempt,
+    ) -> Result<Option<Applied>, OutboxError> {
+        let payment = match &attempt.provider_payment_id {
+            Some(id) => self.provider.get_payment(id).await?,
+            None => self.create_at_provider(attempt, Utc::now()).await?,
+        };
+        let payment = match payment.status {
+            ProviderStatus::RequiresPayment => {
+                self.settled_view(self.provider.void(&payment.id).await, &payment.id)
+                    .await?
+            }
+            ProviderStatus::RequiresCapture => {
+                self.settled_view(self.provider.capture(&payment.id).await, &payment.id)
+                    .await?
+            }
+            _ => payment,
+        };
+        if matches!(
+            payment.status,
+            ProviderStatus::Succeeded | ProviderStatus::RequiresCapture
+        ) {
+            return Ok(Some(
+                settle::apply(pool, self.provider.name(), &payment).await?,
+            ));
+        }
+        // Closed without payment: close the attempt and let the sweeper expire the order.
+        let mut tx = pool.begin().await.map_err(StoreError::from)?;
+        attempts::lock_for_payment(&mut tx, self.provider.name(), &payment.id, Some(attempt.id))
+            .await?;
+        attempts::transition(&mut tx, attempt.id, attempts::PENDING, "EXPIRED").await?;
+        tx.commit().await.map_err(StoreError::from)?;
+        Ok(None)
+    }
+
+    /// One reconciliation pass; every finding is counted and logged.
+    pub async fn reconcile(&self, pool: &PgPool) -> Result<Vec<Finding>, StoreError> {
+        let mut findings = Vec::new();
+        findings.extend(self.reconcile_pending(pool).await?);
+        findings.extend(unrefunded_extras(pool, self.settings.reconcile_batch_max).await?);
+        findings.extend(stuck_refunds(pool).await?);
+        findings.extend(self.reconcile_paid(pool).await?);
+        for finding in &findings {
+            metrics::counter!(telemetry::RECONCILER_FINDINGS, "kind" => finding.kind).increment(1);
+            tracing::warn!(kind = finding.kind, subject = %finding.subject, detail = %finding.detail, "reconciler finding");
+        }
+        Ok(findings)
+    }
+
+    /// Pending attempts older than the threshold: the provider's word is applied (a lost
+    /// webhook for a paid payment is the case this repairs).
+    async fn reconcile_pending(&self, pool: &PgPool) -> Result<Vec<Finding>, StoreError> {
+        let stale = stale_pending(
+            pool,
+            self.settings.reconcile_after_seconds,
+            self.settings.reconcile_batch_max,
+        )
+        .await?;
+        let mut findings = Vec::new();
+        for attempt in stale {
+            let Some(id) = &attempt.provider_payment_id else {
+                continue;
+            };
+            let Ok(payment) = self.provider.get_payment(id).await else {
+                continue;
+            };
+            if payment.status == ProviderStatus::Succeeded {
+                findings.push(Finding::new(
+                    "paid_at_provider_pending_locally",
+                    attempt.id,
+                    json!({ "provider_payment_id": id }),
+                ));
+            }
+            if let Ok(Applied::Mismatch) = settle::apply(pool, self.provider.name(), &payment).await
+            {
+                findings.push(Finding::new(
+                    "amount_mismatch",
+                    attempt.id,
+                    json!({ "provider_amount_minor": payment.amount_minor }),
+                ));
+            }
+        }
+        Ok(findings)
+    }
+
+    /// Recently paid orders: the provider must agree that the money is there.
+    async fn reconcile_paid(&self, pool: &PgPool) -> Result<Vec<Finding>, StoreError> {
+        let paid = recently_accepted(pool, self.settings.reconcile_batch_max).await?;
+        let mut findings = Vec::new();
+        for attempt in paid {
+            let Some(id) = &attempt.provider_payment_id else {
+                continue;
+            };
+            match self.provider.get_payment(id).await {
+                Ok(payment)
+                    if payment.amount_minor != attempt.amount_minor
+                        || payment.currency != attempt.currency =>
+                {
+                    findings.push(Finding::new(
+                        "amount_mismatch",
+                        attempt.id,
+                        json!({ "provider_amount_minor": payment.amount_minor }),
+                    ));
+                }
+                Ok(payment) if payment.status != ProviderStatus::Succeeded => {
+                    findings.push(Finding::new(
+                        "paid_locally_not_at_provider",
+                        attempt.id,
+                        json!({ "provider_status": format!("{:?}", payment.status) }),
+                    ));
+                }
+                Err(ProviderError::NotFound) => {
+                    findings.push(Finding::new(
+                        "paid_locally_unknown_at_provider",
+                        attempt.id,
+                        json!({ "provider_payment_id": id }),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        Ok(findings)
+    }
+}
+
+/// Something the reconciler found.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Finding {
+    pub kind: &'static str,
+    pub subject: Uuid,
+    pub detail: Value,
+}
+
+impl Finding {
+    fn new(kind: &'static str, subject: Uuid, detail: Value) -> Self {
+        Self {
+            kind,
+            subject,
+            detail,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum OutboxError {
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("unreadable outbox payload: {0}")]
+    Payload(String),
+}
+
+fn text(payload: &Value, field: &str) -> Result<String, OutboxError> {
+    payload
+        .get(field)
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .ok_or_else(|| OutboxError::Payload(format!("missing {field}")))
+}
+
+const ATTEMPT_COLUMNS: &str =
+    "a.id, a.order_id, a.provider, a.provider_payment_id, a.status, a.amount_minor,
+    a.currency, a.capture_method, a.checkout_url, a.provider_expires_at, a.accepted, a.checks";
+
+async fn overdue_attempts(pool: &PgPool, batch_max: u32) -> Result<Vec<Attempt>, StoreError> {
+    let sql = format!(
+        "SELECT {ATTEMPT_COLUMNS} FROM payment_attempts a JOIN orders o ON o.id = a.order_id
+          WHERE a.status = 'PENDING' AND o.status = 'PENDING_PAYMENT'
+            AND o.expires_at <= now() AND a.next_check_at <= now()
+          ORDER BY o.expires_at LIMIT $1"
+    );
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(i64::from(batch_max))
+        .fetch_all(pool)
+        .await?)
+}
+
+async fn stale_pending(
+    pool: &PgPool,
+    after_seconds: u32,
+    batch_max: u32,
+) -> Result<Vec<Attempt>, StoreError> {
+    let sql = format!(
+        "SELECT {ATTEMPT_COLUMNS} FROM payment_attempts a
+          WHERE a.status = 'PENDING' AND a.created_at <= now() - make_interval(secs => $1)
+          ORDER BY a.created_at LIMIT $2"
+    );
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(f64::from(after_seconds))
+        .bind(i64::from(batch_max))
+        .fetch_all(pool)
+        .await?)
+}
+
+async fn recently_accepted(pool: &PgPool, batch_max: u32) -> Result<Vec<Attempt>, StoreError> {
+    let sql = format!(
+        "SELECT {ATTEMPT_COLUMNS} FROM payment_attempts a
+          WHERE a.accepted AND a.updated_at > now() - interval '1 day'
+          ORDER BY a.updated_at DESC LIMIT $1"
+    );
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(i64::from(batch_max))
+        .fetch_all(pool)
+        .await?)
+}
+
+/// Successful attempts that did not pay their order and have no refund: refund them.
+async fn unrefunded_extras(pool: &PgPool, batch_max: u32) -> Result<Vec<Finding>, StoreError> {
+    let sql = format!(
+        "SELECT {ATTEMPT_COLUMNS} FROM payment_attempts a
+          WHERE a.status = 'SUCCEEDED' AND NOT a.accepted
+            AND NOT EXISTS (SELECT 1 FROM refunds r WHERE r.attempt_id = a.id)
+          LIMIT $1"
+    );
+    let extras: Vec<Attempt> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(i64::from(batch_max))
+        .fetch_all(pool)
+        .await?;
+    let mut findings = Vec::new();
+    for attempt in extras {
+        let mut tx = pool.begin().await?;
+        refunds::request(&mut tx, &attempt, "reconciler_extra_payment").await?;
+        tx.commit().await?;
+        findings.push(Finding::new(
+            "unrefunded_extra_payment",
+            attempt.id,
+            json!({ "order_id": attempt.order_id }),
+        ));
+    }
+    Ok(findings)
+}
+
+/// Refunds still pending ten minutes after they were requested.
+async fn stuck_refunds(pool: &PgPool) -> Result<Vec<Finding>, StoreError> {
+    let stuck: Vec<(Uuid, Uuid)> = sqlx::query_as(
+        "SELECT id, order_id FROM refunds WHERE status = 'PENDING' AND created_at < now() - interval '10 minutes'",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(stuck
+        .into_iter()
+        .map(|(id, order_id)| Finding::new("refund_stuck", id, json!({ "order_id": order_id })))
+        .collect())
+}
+
+/// Runs `pass` every `interval` until `shutdown`, handing released deals to `on_released`.
+pub async fn every<P, PF, R, RF>(
+    interval: Duration,
+    shutdown: CancellationToken,
+    pass: P,
+    on_released: R,
+) where
+    P: Fn() -> PF,
+    PF: Future<Output = Result<Released, StoreError>>,
+    R: Fn(Released) -> RF,
+    RF: Future<Output = ()>,
+{
+    loop {
+        match pass().await {
+            Ok(deals) if !deals.is_empty() => on_released(deals).await,
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "payment worker pass failed"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
+}
