@@ -244,6 +244,12 @@ pub async fn cancel_order(
     let order_id = parse_order_id(raw_id)?;
     let order = orders::cancel(&state.pools.request, &user, order_id).await?;
     state.admission.sold_out().clear(&order.deal_id).await;
+    if let Some(payments) = &state.payments
+        && let Err(error) = payments.close_open_attempts(&state.pools.request, order.id).await
+    {
+        // The reconciler and the late-payment path still cover a session left open.
+        tracing::warn!(%error, order = %order.id, "checkout session of a cancelled order not closed");
+    }
     Ok(body::respond(
         StatusCode::OK,
         &OrderView::new(&order, order.status(), None),

@@ -123,6 +123,24 @@ impl Payments {
         Ok(Some(self.open(pool, attempt, expires_at).await?))
     }
 
+    /// The order was cancelled: close its open checkout sessions at the provider (through
+    /// the outbox), so the payer cannot pay for units that went back on sale. A payment
+    /// that slips through anyway is a late payment and is settled as one.
+    pub async fn close_open_attempts(&self, pool: &PgPool, order_id: Uuid) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO outbox (kind, dedupe_key, payload)
+             SELECT 'void', 'void:' || a.id,
+                    jsonb_build_object('attempt_id', a.id, 'provider_payment_id', a.provider_payment_id)
+               FROM payment_attempts a
+              WHERE a.order_id = $1 AND a.status = 'PENDING' AND a.provider_payment_id IS NOT NULL
+             ON CONFLICT (dedupe_key) DO NOTHING",
+        )
+        .bind(order_id)
+        .execute(pool)
+        .await?;
+        Ok(())
+    }
+
     /// Starts (or, for a key used before, returns) another attempt for a pending order.
     pub async fn start_attempt(
         &self,
