@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Every test flashgate has: formatting, clippy (warnings are errors), and the unit and
-# integration tests against a real local PostgreSQL and Redis (started if needed).
+# integration tests against a real local PostgreSQL and Redis (started if needed), the
+# Prometheus alert rule tests (promtool) and, on a full run, schemathesis against a live
+# gateway (scripts/schemathesis.sh).
 #
 # Usage: scripts/test.sh [test filter or other arguments for the test runner]
 #
@@ -37,6 +39,25 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
     step "cargo test --workspace --no-fail-fast $* (cargo-nextest is not installed)"
     cargo test --workspace --no-fail-fast "$@"
+fi
+
+# Alert rules and their unit tests (promtool comes with Debian's prometheus package).
+if ! command -v promtool >/dev/null 2>&1; then
+    step "installing promtool (Debian package prometheus)"
+    SUDO=""
+    [[ $(id -u) -eq 0 ]] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+step "promtool check rules + test rules"
+promtool check rules config/prometheus/alerts.yml
+promtool test rules config/prometheus/tests/*.yml
+
+# The OpenAPI document against a live gateway (only on a full run, not for a test filter).
+if [[ $# -eq 0 ]]; then
+    step "schemathesis: docs/openapi.yaml against a live gateway"
+    cargo build --bin flashgate
+    bash scripts/schemathesis.sh
 fi
 
 step "all checks passed"

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Checks docs/openapi.yaml against a live gateway with schemathesis: a fresh database, one
+# deal (`summer-sale`, the id the document's examples use), an admin and a user token. Fails
+# on any 5xx, any undocumented status code or content type, or any body that does not match
+# the document. Needs PostgreSQL and Redis (DATABASE_URL, REDIS_URL) and a built
+# target/debug/flashgate.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
+REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
+
+if ! command -v schemathesis >/dev/null 2>&1; then
+    python3 -m pip install --quiet 'schemathesis>=4.32,<5'
+fi
+
+suffix="$$_$(date +%s)"
+database="fg_schemathesis_${suffix}"
+base="${DATABASE_URL%/*}"
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+log=$(mktemp)
+server=""
+
+cleanup() {
+    if [[ -n "$server" ]]; then
+        kill "$server" 2>/dev/null || true
+        wait "$server" 2>/dev/null || true
+    fi
+    psql -q "$DATABASE_URL" -c "DROP DATABASE IF EXISTS \"$database\" WITH (FORCE)" >/dev/null 2>&1 || true
+    rm -f "$log"
+}
+trap cleanup EXIT
+
+psql -q "$DATABASE_URL" -c "CREATE DATABASE \"$database\""
+
+export DATABASE_URL="$base/$database"
+export REDIS_URL
+export FLASHGATE_LISTEN="127.0.0.1:$port"
+export FLASHGATE_ADMIN_TOKEN="schemathesis-admin-token-$suffix"
+export FLASHGATE_JWT_SECRET="schemathesis-jwt-secret-$suffix"
+export FLASHGATE__REDIS__KEY_PREFIX="fgschemathesis:$suffix:"
+for limit in PER_IP PER_USER PER_DEAL; do
+    export "FLASHGATE__LIMITS__${limit}__RATE_PER_SECOND=100000"
+    export "FLASHGATE__LIMITS__${limit}__BURST=100000"
+done
+export RUST_LOG="${RUST_LOG:-warn}"
+
+target/debug/flashgate serve >"$log" 2>&1 &
+server=$!
+for _ in $(seq 1 100); do
+    if curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1; then
+        break
+    fi
+    sleep 0.2
+done
+curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null || { cat "$log"; exit 1; }
+
+curl -fsS -X POST "http://127.0.0.1:$port/admin/deals" \
+    -H "Authorization: Bearer $FLASHGATE_ADMIN_TOKEN" -H 'Content-Type: application/json' \
+    -d '{"id": "summer-sale", "name": "Summer sale", "stock": 1000000, "buckets": 8,
+         "unit_price_minor": 1999, "currency": "EUR", "per_user_limit": 1000000,
+         "reservation_ttl_seconds": 600}' >/dev/null
+FLASHGATE_USER_TOKEN=$(target/debug/flashgate token --user schemathesis --ttl-seconds 3600)
+export FLASHGATE_USER_TOKEN
+
+status=0
+timeout "${SCHEMATHESIS_TIMEOUT_SECONDS:-900}" \
+    schemathesis --config-file config/schemathesis.toml run docs/openapi.yaml \
+    --url "http://127.0.0.1:$port" --workers 2 "$@" || status=$?
+if [[ $status -ne 0 ]]; then
+    echo "schemathesis: failed ($status); gateway log:" >&2
+    tail -n 50 "$log" >&2
+fi
+exit $status
