@@ -183,7 +183,8 @@ const SQL_CHECKS: [(Check, &str); 7] = [
         Check::ReservedLines,
         "WITH l AS (SELECT l.deal_id, l.bucket, sum(l.quantity)::bigint AS q
                       FROM reservation_lines l JOIN orders o ON o.id = l.order_id
-                     WHERE o.status = 'PENDING_PAYMENT' GROUP BY l.deal_id, l.bucket)
+                     WHERE o.status = 'PENDING_PAYMENT' AND l.released_at IS NULL
+                     GROUP BY l.deal_id, l.bucket)
          SELECT b.deal_id, format('bucket %s: reserved %s, pending lines %s',
                                   b.bucket, b.reserved, coalesce(l.q, 0))
            FROM inventory_buckets b LEFT JOIN l ON l.deal_id = b.deal_id AND l.bucket = b.bucket
@@ -193,7 +194,8 @@ const SQL_CHECKS: [(Check, &str); 7] = [
         Check::SoldLines,
         "WITH l AS (SELECT l.deal_id, l.bucket, sum(l.quantity)::bigint AS q
                       FROM reservation_lines l JOIN orders o ON o.id = l.order_id
-                     WHERE o.status = 'PAID' GROUP BY l.deal_id, l.bucket)
+                     WHERE o.status = 'PAID' AND l.released_at IS NULL
+                     GROUP BY l.deal_id, l.bucket)
          SELECT b.deal_id, format('bucket %s: sold %s, paid lines %s',
                                   b.bucket, b.sold, coalesce(l.q, 0))
            FROM inventory_buckets b LEFT JOIN l ON l.deal_id = b.deal_id AND l.bucket = b.bucket
@@ -204,7 +206,7 @@ const SQL_CHECKS: [(Check, &str); 7] = [
         "SELECT o.deal_id, format('order %s (%s): quantity %s, lines %s, lines in other deals %s',
                                   o.id, o.status, o.quantity, coalesce(sum(l.quantity), 0),
                                   count(*) FILTER (WHERE l.deal_id <> o.deal_id))
-           FROM orders o LEFT JOIN reservation_lines l ON l.order_id = o.id
+           FROM orders o LEFT JOIN reservation_lines l ON l.order_id = o.id AND l.released_at IS NULL
           WHERE o.status IN ('PENDING_PAYMENT', 'PAID')
           GROUP BY o.id
          HAVING coalesce(sum(l.quantity), 0) <> o.quantity

@@ -1,0 +1,12 @@
+//! flashgate-loadtest: flash sales against a running gateway, on loopback only.
+//!
+//! - [`sale`]: a bounded sale (closed loop or open-loop arrivals) with HDR latency per
+//!   outcome, a timeline, and a verdict checked against the inventory and, when given,
+//!   the database.
+//! - [`chart`]: the timeline as an SVG chart.
+//! - [`bare`]: a bare hyper server answering a tiny JSON body, the baseline that
+//!   rejection cost is compared with.
+
+pub mod bare;
+pub mod chart;
+pub mod sale;

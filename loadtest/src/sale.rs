@@ -1,0 +1,590 @@
+//! A bounded flash sale against a running gateway.
+//!
+//! It creates a deal, lets `users` virtual users each try `attempts` purchases, retries
+//! 429 and 503 answers as a real client would, and records latency per outcome in HDR
+//! histograms and per second in a timeline. Arrivals are either closed loop (`concurrency`
+//! workers) or open loop (`rate` new purchases per second whatever the server does, with
+//! latency measured from the scheduled start, so slow answers cannot hide queueing). The
+//! verdict checks the inventory and, with a database URL, the orders themselves: no
+//! oversell, the invariant holds, and every acknowledged order exists.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+/// What to run.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SaleConfig {
+    /// Gateway base URL; must be a loopback address.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    pub base_url: String,
+    #[arg(
+        long,
+        env = "FLASHGATE_ADMIN_TOKEN",
+        default_value = "flashgate-dev-admin-token"
+    )]
+    pub admin_token: String,
+    #[arg(
+        long,
+        env = "FLASHGATE_JWT_SECRET",
+        default_value = "flashgate-dev-secret-change-me"
+    )]
+    pub jwt_secret: String,
+    /// Units on sale.
+    #[arg(long, default_value_t = 1000)]
+    pub stock: i64,
+    #[arg(long, default_value_t = 32)]
+    pub buckets: i32,
+    #[arg(long, default_value_t = 4000)]
+    pub users: usize,
+    /// Purchase attempts per user, each with its own idempotency key.
+    #[arg(long, default_value_t = 1)]
+    pub attempts: usize,
+    #[arg(long, default_value_t = 1)]
+    pub per_user_limit: i32,
+    /// Requests in flight at once (closed loop), or the cap on them (open loop).
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Open loop: new purchases started per second; 0 means closed loop.
+    #[arg(long, default_value_t = 0)]
+    pub rate: u32,
+    /// Hard stop, whatever is left.
+    #[arg(long, default_value_t = 60)]
+    pub duration_max_seconds: u64,
+    /// Retries of one attempt after 429 or 503.
+    #[arg(long, default_value_t = 5)]
+    pub retries_max: u32,
+    /// PostgreSQL of the gateway, to check the orders behind the answers.
+    #[arg(long)]
+    pub database_url: Option<String>,
+}
+
+/// Latency histograms keyed by outcome (HTTP status or "error").
+type Outcomes = BTreeMap<String, Histogram<u64>>;
+
+/// One second of the sale.
+#[derive(Debug, Clone, Default)]
+pub struct Slot {
+    pub responses: u64,
+    pub created: u64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+    /// Units still available, as last sampled in this second (-1 if not sampled).
+    pub available: i64,
+}
+
+struct Recorder {
+    outcomes: Outcomes,
+    per_second: Vec<Histogram<u64>>,
+    created_per_second: Vec<u64>,
+    order_ids: Vec<String>,
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
+}
+
+impl Recorder {
+    fn record(&mut self, second: usize, outcome: &str, micros: u64, order_id: Option<String>) {
+        let micros = micros.max(1);
+        self.outcomes
+            .entry(outcome.to_owned())
+            .or_insert_with(histogram)
+            .saturating_record(micros);
+        while self.per_second.len() <= second {
+            self.per_second.push(histogram());
+            self.created_per_second.push(0);
+        }
+        self.per_second[second].saturating_record(micros);
+        if let Some(id) = order_id {
+            self.created_per_second[second] += 1;
+            self.order_ids.push(id);
+        }
+    }
+}
+
+pub fn ensure_loopback(base_url: &str) -> Result<(), String> {
+    let url = reqwest::Url::parse(base_url).map_err(|e| e.to_string())?;
+    let host = url.host_str().unwrap_or_default().trim_matches(['[', ']']);
+    let loopback = host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if loopback {
+        Ok(())
+    } else {
+        Err(format!("{base_url} is not a loopback address"))
+    }
+}
+
+/// Runs the sale and returns the report (its `verdict.ok` says whether it passed).
+pub async fn run(config: &SaleConfig) -> Result<Value, String> {
+    ensure_loopback(&config.base_url)?;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(config.concurrency)
+        .timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let deal_id = format!("lt-{}", uuid::Uuid::now_v7().simple());
+    create_deal(&client, config, &deal_id).await?;
+    let recorder = Arc::new(Mutex::new(Recorder {
+        outcomes: Outcomes::new(),
+        per_second: Vec::new(),
+        created_per_second: Vec::new(),
+        order_ids: Vec::new(),
+    }));
+    let started = Instant::now();
+    let stock_samples = Arc::new(Mutex::new(Vec::<(usize, i64)>::new()));
+    let sampler = tokio::spawn(sample_stock(
+        client.clone(),
+        config.clone(),
+        deal_id.clone(),
+        started,
+        stock_samples.clone(),
+    ));
+    drive(&client, config, &deal_id, started, recorder.clone()).await;
+    sampler.abort();
+    let elapsed = started.elapsed();
+    let inventory = get_inventory(&client, config, &deal_id).await?;
+    let recorder = Arc::try_unwrap(recorder)
+        .map_err(|_| "workers still running")?
+        .into_inner()
+        .map_err(|_| "poisoned")?;
+    let db = match &config.database_url {
+        Some(url) => Some(check_database(url, &deal_id, &recorder.order_ids).await?),
+        None => None,
+    };
+    let samples = stock_samples.lock().map(|s| s.clone()).unwrap_or_default();
+    let timeline = timeline(&recorder, &samples);
+    Ok(report(
+        config,
+        &deal_id,
+        elapsed,
+        &recorder.outcomes,
+        &timeline,
+        &inventory,
+        db.as_ref(),
+    ))
+}
+
+async fn create_deal(
+    client: &reqwest::Client,
+    config: &SaleConfig,
+    deal_id: &str,
+) -> Result<(), String> {
+    let response = client
+        .post(format!("{}/admin/deals", config.base_url))
+        .bearer_auth(&config.admin_token)
+        .json(&json!({
+            "id": deal_id, "name": "load test", "stock": config.stock, "buckets": config.buckets,
+            "unit_price_minor": 1000, "currency": "EUR", "per_user_limit": config.per_user_limit,
+            "reservation_ttl_seconds": 600,
+        }))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    if response.status() != reqwest::StatusCode::CREATED {
+        return Err(format!("creating the deal answered {}", response.status()));
+    }
+    Ok(())
+}
+
+/// Runs every purchase, closed or open loop, until done or out of time.
+async fn drive(
+    client: &reqwest::Client,
+    config: &SaleConfig,
+    deal_id: &str,
+    started: Instant,
+    recorder: Arc<Mutex<Recorder>>,
+) {
+    let tokens: Arc<Vec<String>> = Arc::new(
+        (0..config.users)
+            .map(|u| flashgate::auth::mint_token(&config.jwt_secret, &format!("lt-user-{u}"), 3600))
+            .collect(),
+    );
+    let deadline = started + Duration::from_secs(config.duration_max_seconds);
+    let total = config.users * config.attempts;
+    let permits = Arc::new(Semaphore::new(config.concurrency.max(1)));
+    let url = Arc::new(format!("{}/v1/deals/{deal_id}/orders", config.base_url));
+    let mut tasks = tokio::task::JoinSet::new();
+    for job in 0..total {
+        let scheduled = if config.rate > 0 {
+            let at = started + Duration::from_secs_f64(job as f64 / f64::from(config.rate));
+            tokio::time::sleep_until(at.into()).await;
+            at
+        } else {
+            Instant::now()
+        };
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            break;
+        };
+        if Instant::now() >= deadline {
+            break;
+        }
+        let (user, attempt) = (job % config.users, job / config.users);
+        let key = format!("{deal_id}-{user}-{attempt}");
+        let (client, url, tokens, recorder, retries) = (
+            client.clone(),
+            url.clone(),
+            tokens.clone(),
+            recorder.clone(),
+            config.retries_max,
+        );
+        let scheduled = if config.rate > 0 {
+            scheduled
+        } else {
+            Instant::now()
+        };
+        tasks.spawn(async move {
+            let (outcome, order_id) = buy(&client, &url, &tokens[user], &key, retries).await;
+            let micros = u64::try_from(scheduled.elapsed().as_micros()).unwrap_or(u64::MAX);
+            let second =
+                usize::try_from(scheduled.duration_since(started).as_secs()).unwrap_or(usize::MAX);
+            if let Ok(mut recorder) = recorder.lock() {
+                recorder.record(second, &outcome, micros, order_id);
+            }
+            drop(permit);
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// One purchase with its retries: the outcome and, for a 201, the order id.
+async fn buy(
+    client: &reqwest::Client,
+    url: &str,
+    token: &str,
+    key: &str,
+    retries_max: u32,
+) -> (String, Option<String>) {
+    let mut retries = 0;
+    loop {
+        let response = client
+            .post(url)
+            .bearer_auth(token)
+            .header("Idempotency-Key", key)
+            .body(r#"{"quantity":1}"#)
+            .send()
+            .await;
+        let Ok(response) = response else {
+            return ("error".into(), None);
+        };
+        let status = response.status().as_u16();
+        if matches!(status, 429 | 503) && retries < retries_max {
+            retries += 1;
+            tokio::time::sleep(Duration::from_millis(20 * u64::from(retries))).await;
+            continue;
+        }
+        let order_id = if status == 201 {
+            let body: Value = response.json().await.unwrap_or_default();
+            body["order_id"].as_str().map(str::to_owned)
+        } else {
+            None
+        };
+        return (status.to_string(), order_id);
+    }
+}
+
+async fn sample_stock(
+    client: reqwest::Client,
+    config: SaleConfig,
+    deal_id: String,
+    started: Instant,
+    samples: Arc<Mutex<Vec<(usize, i64)>>>,
+) {
+    loop {
+        if let Ok(inventory) = get_inventory(&client, &config, &deal_id).await
+            && let Some(available) = inventory["available"].as_i64()
+            && let Ok(mut samples) = samples.lock()
+        {
+            samples.push((started.elapsed().as_secs() as usize, available));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn get_inventory(
+    client: &reqwest::Client,
+    config: &SaleConfig,
+    deal_id: &str,
+) -> Result<Value, String> {
+    client
+        .get(format!(
+            "{}/admin/deals/{deal_id}/inventory",
+            config.base_url
+        ))
+        .bearer_auth(&config.admin_token)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .json()
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// What the database says about the orders behind the answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DbCheck {
+    /// Orders of the deal holding units (pending or paid).
+    pub holding_orders: i64,
+    /// Units those orders hold.
+    pub holding_units: i64,
+    /// Acknowledged order ids (201s) that exist in the database.
+    pub acknowledged_found: i64,
+    pub acknowledged: i64,
+}
+
+async fn check_database(url: &str, deal_id: &str, order_ids: &[String]) -> Result<DbCheck, String> {
+    let pool = sqlx::PgPool::connect(url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (holding_orders, holding_units): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), COALESCE(sum(quantity), 0)::bigint FROM orders
+          WHERE deal_id = $1 AND status IN ('PENDING_PAYMENT', 'PAID')",
+    )
+    .bind(deal_id)
+    .fetch_one(&pool)
+    .await
+    .map_err(|e| e.to_string())?;
+    let ids: Vec<uuid::Uuid> = order_ids
+        .iter()
+        .filter_map(|id| uuid::Uuid::parse_str(id).ok())
+        .collect();
+    let found: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE id = ANY($1)")
+        .bind(&ids)
+        .fetch_one(&pool)
+        .await
+        .map_err(|e| e.to_string())?;
+    pool.close().await;
+    Ok(DbCheck {
+        holding_orders,
+        holding_units,
+        acknowledged_found: found,
+        acknowledged: order_ids.len() as i64,
+    })
+}
+
+/// Pass or fail, with every reason to fail.
+pub fn verdict(
+    stock: i64,
+    created: u64,
+    inventory: &Value,
+    db: Option<&DbCheck>,
+) -> (bool, Vec<String>) {
+    let mut reasons = Vec::new();
+    let field = |name: &str| inventory[name].as_i64();
+    let (Some(available), Some(reserved), Some(sold), Some(total)) = (
+        field("available"),
+        field("reserved"),
+        field("sold"),
+        field("stock_total"),
+    ) else {
+        return (false, vec![format!("unreadable inventory: {inventory}")]);
+    };
+    if inventory["invariant_holds"] != json!(true) {
+        reasons.push("the gateway reports the inventory invariant broken".to_owned());
+    }
+    if total != available + reserved + sold {
+        reasons.push(format!(
+            "stock_total {total} != available {available} + reserved {reserved} + sold {sold}"
+        ));
+    }
+    if reserved + sold > stock {
+        reasons.push(format!(
+            "oversold: {} units held of {stock}",
+            reserved + sold
+        ));
+    }
+    if i64::try_from(created).unwrap_or(i64::MAX) != reserved + sold {
+        reasons.push(format!(
+            "{created} orders acknowledged but {} units held",
+            reserved + sold
+        ));
+    }
+    if let Some(db) = db {
+        if db.acknowledged_found != db.acknowledged {
+            reasons.push(format!(
+                "{} acknowledged orders missing from the database",
+                db.acknowledged - db.acknowledged_found
+            ));
+        }
+        if db.holding_units != reserved + sold || db.holding_units > stock {
+            reasons.push(format!(
+                "orders hold {} units; inventory says {}",
+                db.holding_units,
+                reserved + sold
+            ));
+        }
+    }
+    (reasons.is_empty(), reasons)
+}
+
+fn timeline(recorder: &Recorder, samples: &[(usize, i64)]) -> Vec<Slot> {
+    let mut last_available = -1;
+    recorder
+        .per_second
+        .iter()
+        .enumerate()
+        .map(|(second, h)| {
+            if let Some((_, available)) = samples.iter().rev().find(|(s, _)| *s == second) {
+                last_available = *available;
+            }
+            Slot {
+                responses: h.len(),
+                created: recorder.created_per_second[second],
+                p50_us: h.value_at_quantile(0.5),
+                p99_us: h.value_at_quantile(0.99),
+                available: last_available,
+            }
+        })
+        .collect()
+}
+
+fn report(
+    config: &SaleConfig,
+    deal_id: &str,
+    elapsed: Duration,
+    outcomes: &Outcomes,
+    timeline: &[Slot],
+    inventory: &Value,
+    db: Option<&DbCheck>,
+) -> Value {
+    let requests: u64 = outcomes.values().map(Histogram::len).sum();
+    let created = outcomes.get("201").map_or(0, Histogram::len);
+    let (ok, reasons) = verdict(config.stock, created, inventory, db);
+    let latency: BTreeMap<&String, Value> = outcomes
+        .iter()
+        .map(|(outcome, h)| {
+            let q = |p: f64| h.value_at_quantile(p);
+            (outcome, json!({"count": h.len(), "p50_us": q(0.5), "p90_us": q(0.9), "p99_us": q(0.99), "max_us": h.max()}))
+        })
+        .collect();
+    let sold_out_after = timeline.iter().position(|slot| slot.available == 0);
+    json!({
+        "deal_id": deal_id,
+        "stock": config.stock, "buckets": config.buckets, "users": config.users,
+        "attempts_per_user": config.attempts, "concurrency": config.concurrency, "rate": config.rate,
+        "elapsed_seconds": elapsed.as_secs_f64(),
+        "requests": requests,
+        "requests_per_second": requests as f64 / elapsed.as_secs_f64().max(1e-9),
+        "sold_out_after_seconds": sold_out_after,
+        "latency_by_outcome": latency,
+        "timeline": timeline.iter().map(|s| json!({"responses": s.responses, "created": s.created, "p50_us": s.p50_us, "p99_us": s.p99_us, "available": s.available})).collect::<Vec<_>>(),
+        "inventory": inventory,
+        "database": db.map(|d| json!({"holding_orders": d.holding_orders, "holding_units": d.holding_units, "acknowledged": d.acknowledged, "acknowledged_found": d.acknowledged_found})),
+        "verdict": {"ok": ok, "created": created, "reasons": reasons},
+    })
+}
+
+/// The timeline back out of a report.
+pub fn timeline_from_report(report: &Value) -> Vec<Slot> {
+    let number = |slot: &Value, field: &str| slot[field].as_i64().unwrap_or(0);
+    report["timeline"]
+        .as_array()
+        .map(|slots| {
+            slots
+                .iter()
+                .map(|slot| Slot {
+                    responses: number(slot, "responses") as u64,
+                    created: number(slot, "created") as u64,
+                    p50_us: number(slot, "p50_us") as u64,
+                    p99_us: number(slot, "p99_us") as u64,
+                    available: slot["available"].as_i64().unwrap_or(-1),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A few lines for people.
+pub fn summary(report: &Value) -> String {
+    let mut lines = vec![format!(
+        "{} requests in {:.2} s = {:.0} req/s (stock {}, {} buckets, {} users, concurrency {}, rate {})",
+        report["requests"],
+        report["elapsed_seconds"].as_f64().unwrap_or(0.0),
+        report["requests_per_second"].as_f64().unwrap_or(0.0),
+        report["stock"],
+        report["buckets"],
+        report["users"],
+        report["concurrency"],
+        report["rate"],
+    )];
+    if let Some(outcomes) = report["latency_by_outcome"].as_object() {
+        for (outcome, l) in outcomes {
+            lines.push(format!(
+                "  {outcome:>5}: {:>7} responses, p50 {} us, p90 {} us, p99 {} us, max {} us",
+                l["count"], l["p50_us"], l["p90_us"], l["p99_us"], l["max_us"]
+            ));
+        }
+    }
+    lines.push(format!(
+        "sold out after: {} s",
+        report["sold_out_after_seconds"]
+    ));
+    lines.push(format!(
+        "inventory: available {} reserved {} sold {} invariant_holds {}",
+        report["inventory"]["available"],
+        report["inventory"]["reserved"],
+        report["inventory"]["sold"],
+        report["inventory"]["invariant_holds"]
+    ));
+    lines.push(format!("verdict: {}", report["verdict"]));
+    lines.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inventory(available: i64, reserved: i64, sold: i64, total: i64, holds: bool) -> Value {
+        json!({"available": available, "reserved": reserved, "sold": sold, "stock_total": total, "invariant_holds": holds})
+    }
+
+    #[test]
+    fn a_clean_sale_passes() {
+        let (ok, reasons) = verdict(10, 10, &inventory(0, 10, 0, 10, true), None);
+        assert!(ok, "{reasons:?}");
+    }
+
+    #[test]
+    fn oversell_broken_invariant_and_lost_orders_fail() {
+        assert!(
+            !verdict(10, 11, &inventory(0, 11, 0, 11, true), None).0,
+            "oversell"
+        );
+        assert!(
+            !verdict(10, 9, &inventory(1, 9, 0, 11, true), None).0,
+            "sum off"
+        );
+        assert!(
+            !verdict(10, 10, &inventory(0, 10, 0, 10, false), None).0,
+            "gateway says broken"
+        );
+        assert!(
+            !verdict(10, 9, &inventory(0, 10, 0, 10, true), None).0,
+            "acknowledged != held"
+        );
+        let lost = DbCheck {
+            holding_orders: 9,
+            holding_units: 9,
+            acknowledged_found: 9,
+            acknowledged: 10,
+        };
+        assert!(
+            !verdict(10, 10, &inventory(0, 10, 0, 10, true), Some(&lost)).0,
+            "lost order"
+        );
+        assert!(!verdict(10, 10, &json!({}), None).0, "unreadable");
+    }
+
+    #[test]
+    fn only_loopback_targets() {
+        assert!(ensure_loopback("http://127.0.0.1:8080").is_ok());
+        assert!(ensure_loopback("http://[::1]:8080").is_ok());
+        assert!(ensure_loopback("http://localhost:1").is_ok());
+        assert!(ensure_loopback("http://10.0.0.1:8080").is_err());
+        assert!(ensure_loopback("http://example.com").is_err());
+    }
+}
