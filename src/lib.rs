@@ -19,6 +19,9 @@
 //! - [`store`]: pools and migrations; [`redis_link`]: the optional Redis connection.
 //! - [`app`]: builds everything from [`config::Settings`].
 //! - [`ops`]: operator tools: pause/resume, bucket rebalance, the invariant audit, the CLI.
+//! - [`payments`]: payment attempts at a provider, signed webhooks, the outbox, late
+//!   payments, refunds and the reconciler; [`psp_sim`]: a provider simulator to run
+//!   against (`flashgate psp-sim`), spoken to only over HTTP.
 //!
 //! PostgreSQL is the source of truth. Redis only shares the sold-out flag between
 //! instances; without it flashgate is slower, never wrong.
