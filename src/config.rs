@@ -48,6 +48,7 @@ pub struct Settings {
     pub telemetry: TelemetrySettings,
     pub ops: OpsSettings,
     pub payments: PaymentSettings,
+    pub waiting_room: WaitingRoomSettings,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -120,6 +121,9 @@ pub struct OrderSettings {
     pub quantity_max: u32,
     pub idempotency_key_bytes_max: usize,
     pub retries_max: u32,
+    pub grouping: bool,
+    pub group_window_us: u64,
+    pub group_size_max: usize,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -197,6 +201,43 @@ pub struct OpsSettings {
     pub overdue_after_seconds: u64,
 }
 
+/// The queue in front of deals that have a waiting room (the per-deal rates are on the deal).
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WaitingRoomSettings {
+    /// HMAC-SHA256 key of the passes (FLASHGATE__WAITING_ROOM__PASS_SECRET); every instance
+    /// must share it, since a pass minted by one is checked by another.
+    pub pass_secret: String,
+    /// How often the instance holding the lease moves each line.
+    pub advance_interval_ms: u64,
+    /// The advancing instance's Redis lease; if it dies, another takes over within this.
+    pub lease_ttl_ms: u64,
+    /// A waiting ticket not polled for this long is skipped when its turn comes.
+    pub abandon_after_seconds: u64,
+    /// Outstanding passes are capped at this multiple of the units available or reserved.
+    pub stock_multiple: f64,
+    /// How often the advancer re-reads each deal's stock from PostgreSQL.
+    pub stock_refresh_ms: u64,
+    /// Admission saved up while the line was empty or capped, in milliseconds of rate.
+    pub burst_ms: u64,
+    /// Most tickets one step of one line looks at (admitted or skipped).
+    pub step_tickets_max: u32,
+    /// Longest `refresh_after_seconds` a poller is told; keep it well below the abandon grace.
+    pub refresh_after_seconds_max: u64,
+    /// Most tickets shuffled in one line when a random-order sale opens.
+    pub shuffle_tickets_max: u32,
+}
+
+impl std::fmt::Debug for WaitingRoomSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WaitingRoomSettings")
+            .field("pass_secret", &"<redacted>")
+            .field("advance_interval_ms", &self.advance_interval_ms)
+            .field("lease_ttl_ms", &self.lease_ttl_ms)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Settings {
     /// Defaults, then `config_file` if given, then the environment; validated.
     pub fn load(config_file: Option<&Path>) -> Result<Self, ConfigError> {
@@ -235,7 +276,48 @@ impl Settings {
         self.validate_stores()?;
         self.validate_admission()?;
         self.validate_payments()?;
+        self.validate_waiting_room()?;
         self.validate_tasks()
+    }
+
+    fn validate_waiting_room(&self) -> Result<(), ConfigError> {
+        let w = &self.waiting_room;
+        check(
+            w.pass_secret.len() >= 16,
+            "waiting_room.pass_secret must be at least 16 bytes",
+        )?;
+        check(
+            (1..=1000).contains(&w.advance_interval_ms),
+            "waiting_room.advance_interval_ms must be 1..=1000",
+        )?;
+        check(
+            w.lease_ttl_ms >= 3 * w.advance_interval_ms && w.lease_ttl_ms <= 60_000,
+            "waiting_room.lease_ttl_ms must be 3 × advance_interval_ms..=60000",
+        )?;
+        check(
+            w.abandon_after_seconds >= 2 * w.refresh_after_seconds_max.max(1),
+            "waiting_room.abandon_after_seconds must be at least twice refresh_after_seconds_max",
+        )?;
+        check(
+            w.stock_multiple.is_finite() && w.stock_multiple >= 1.0,
+            "waiting_room.stock_multiple must be at least 1",
+        )?;
+        check(
+            (1..=10_000).contains(&w.stock_refresh_ms),
+            "waiting_room.stock_refresh_ms must be 1..=10000",
+        )?;
+        check(
+            w.burst_ms >= w.advance_interval_ms,
+            "waiting_room.burst_ms must be at least advance_interval_ms",
+        )?;
+        check(
+            (1..=100_000).contains(&w.step_tickets_max),
+            "waiting_room.step_tickets_max must be 1..=100000",
+        )?;
+        check(
+            (1..=1_000_000).contains(&w.shuffle_tickets_max),
+            "waiting_room.shuffle_tickets_max must be 1..=1000000",
+        )
     }
 
     fn validate_server(&self) -> Result<(), ConfigError> {
@@ -337,6 +419,14 @@ impl Settings {
             "orders.quantity_max must be 1..=1000000",
         )?;
         check(
+            (1..=1024).contains(&o.group_size_max),
+            "orders.group_size_max must be 1..=1024",
+        )?;
+        check(
+            (1..=100_000).contains(&o.group_window_us),
+            "orders.group_window_us must be 1..=100000",
+        )?;
+        check(
             (1..=255).contains(&o.idempotency_key_bytes_max),
             "orders.idempotency_key_bytes_max must be 1..=255",
         )?;
@@ -429,6 +519,7 @@ impl Settings {
         let defaults = Self::defaults();
         self.auth.jwt_secret == defaults.auth.jwt_secret
             || self.auth.admin_token == defaults.auth.admin_token
+            || self.waiting_room.pass_secret == defaults.waiting_room.pass_secret
     }
 }
 

@@ -21,6 +21,8 @@ pub const DB_POOL_TIMEOUTS: &str = "flashgate_db_pool_timeouts_total";
 pub const SOLD_OUT_DEALS: &str = "flashgate_sold_out_deals";
 pub const CONNECTIONS_REFUSED: &str = "flashgate_connections_refused_total";
 pub const SWEEPER_RUNS: &str = "flashgate_sweeper_runs_total";
+pub const RESERVATION_GROUPS: &str = "flashgate_reservation_groups_total";
+pub const GROUPED_ORDERS: &str = "flashgate_grouped_orders_total";
 pub const WEBHOOK_EVENTS: &str = "flashgate_webhook_events_total";
 pub const WEBHOOK_LAG: &str = "flashgate_webhook_lag_seconds";
 pub const PROVIDER_CALL_DURATION: &str = "flashgate_provider_call_duration_seconds";
@@ -34,6 +36,13 @@ pub const RECONCILER_FINDINGS: &str = "flashgate_reconciler_findings_total";
 pub const INVARIANT_VIOLATIONS: &str = "flashgate_invariant_violations";
 pub const OVERDUE_RESERVATIONS: &str = "flashgate_overdue_reservations";
 pub const AUDIT_RUNS: &str = "flashgate_audit_runs_total";
+pub const WAITING_ROOM_QUEUE_LENGTH: &str = "flashgate_waiting_room_queue_length";
+pub const WAITING_ROOM_ADMITTED: &str = "flashgate_waiting_room_admitted_total";
+pub const WAITING_ROOM_ADMISSION_RATE: &str = "flashgate_waiting_room_admission_rate";
+pub const WAITING_ROOM_PASSES_ACTIVE: &str = "flashgate_waiting_room_passes_active";
+pub const WAITING_ROOM_ABANDONED: &str = "flashgate_waiting_room_abandoned_total";
+pub const WAITING_ROOM_ESTIMATED_WAIT: &str = "flashgate_waiting_room_estimated_wait_seconds";
+pub const WAITING_ROOM_PASS_REJECTIONS: &str = "flashgate_waiting_room_pass_rejections_total";
 
 /// Latency buckets in seconds: fine below 10 ms where the hot path lives, coarse above.
 const LATENCY_BUCKETS_SECONDS: [f64; 16] = [
@@ -86,6 +95,48 @@ fn export_zeroes() {
     ] {
         metrics::counter!(name).increment(0);
     }
+    export_payment_zeroes();
+}
+
+/// Payment counters that only move when something goes wrong exist from the start, at
+/// zero, for every label value they can take: the payment alerts use `increase()` and
+/// `rate()` on them. The values are spelled as where they are recorded (`payments::webhook`,
+/// `payments::settle`, `payments::workers`, `payments::http_provider`).
+fn export_payment_zeroes() {
+    use crate::payments::provider::ProviderError;
+    for result in [
+        "bad_signature",
+        "stale",
+        "malformed",
+        "mismatch",
+        "unknown_provider",
+        "error",
+    ] {
+        metrics::counter!(WEBHOOK_EVENTS, "result" => result).increment(0);
+    }
+    metrics::counter!(PAYMENT_OUTCOMES, "outcome" => "mismatch").increment(0);
+    for kind in [
+        "paid_at_provider_pending_locally",
+        "amount_mismatch",
+        "paid_locally_not_at_provider",
+        "paid_locally_unknown_at_provider",
+        "unrefunded_extra_payment",
+        "refund_stuck",
+    ] {
+        metrics::counter!(RECONCILER_FINDINGS, "kind" => kind).increment(0);
+    }
+    let errors = [
+        ProviderError::Timeout,
+        ProviderError::Unavailable(String::new()),
+        ProviderError::Conflict(String::new()),
+        ProviderError::NotFound,
+        ProviderError::Rejected(String::new()),
+    ];
+    for op in ["create", "get", "capture", "void", "refund"] {
+        for error in &errors {
+            metrics::counter!(PROVIDER_ERRORS, "op" => op, "kind" => error.label()).increment(0);
+        }
+    }
 }
 
 fn describe() {
@@ -131,6 +182,11 @@ fn describe() {
         "TCP connections closed at once over the limit."
     );
     describe_counter!(SWEEPER_RUNS, "Expiry sweeper passes, by outcome.");
+    describe_counter!(RESERVATION_GROUPS, "Group reservation transactions run.");
+    describe_counter!(
+        GROUPED_ORDERS,
+        "Orders reserved through a group transaction (any outcome)."
+    );
     describe_counter!(WEBHOOK_EVENTS, "Provider webhooks received, by result.");
     describe_histogram!(
         WEBHOOK_LAG,
@@ -176,6 +232,40 @@ fn describe() {
         "Pending orders past expires_at by more than ops.overdue_after_seconds."
     );
     describe_counter!(AUDIT_RUNS, "Invariant audits run, by outcome.");
+    describe_waiting_room();
+}
+
+fn describe_waiting_room() {
+    use metrics::{describe_counter, describe_gauge};
+    describe_gauge!(
+        WAITING_ROOM_QUEUE_LENGTH,
+        "Tickets waiting in a deal's line (reported by the advancing instance)."
+    );
+    describe_counter!(
+        WAITING_ROOM_ADMITTED,
+        "Tickets admitted from a deal's line, passes handed out."
+    );
+    describe_gauge!(
+        WAITING_ROOM_ADMISSION_RATE,
+        "Tickets admitted per second over the last second, by deal."
+    );
+    describe_gauge!(
+        WAITING_ROOM_PASSES_ACTIVE,
+        "Passes outstanding (admitted, not yet used or expired), by deal."
+    );
+    describe_counter!(
+        WAITING_ROOM_ABANDONED,
+        "Tickets skipped because their holder stopped polling, by deal."
+    );
+    describe_gauge!(
+        WAITING_ROOM_ESTIMATED_WAIT,
+        metrics::Unit::Seconds,
+        "Wait of the last ticket in a deal's line at its admission rate."
+    );
+    describe_counter!(
+        WAITING_ROOM_PASS_REJECTIONS,
+        "Orders refused for a missing or invalid Flashgate-Pass, by reason."
+    );
 }
 
 /// Logs go to stderr; `RUST_LOG` overrides the configured filter.

@@ -11,6 +11,7 @@ mod ops;
 mod payments;
 pub mod problem;
 mod public;
+mod queue;
 mod router;
 mod server;
 
@@ -21,6 +22,7 @@ use http::HeaderName;
 
 use crate::admission::Admission;
 use crate::config::Settings;
+use crate::orders::group::{GroupSettings, Grouper};
 use crate::payments::Payments;
 use crate::redis_link::RedisHandle;
 use crate::store::Pools;
@@ -35,6 +37,8 @@ pub struct State {
     pub admission: Admission,
     /// The payment provider and its settings; `None` when payments are disabled.
     pub payments: Option<Payments>,
+    /// Places admitted orders, alone or grouped with concurrent ones.
+    pub orders: Grouper,
     pub client_ip_header: HeaderName,
     /// False once shutdown has begun, so load balancers stop sending traffic.
     pub ready: AtomicBool,
@@ -48,6 +52,15 @@ impl State {
         admission: Admission,
         payments: Option<Payments>,
     ) -> Arc<Self> {
+        let o = &settings.orders;
+        let group = GroupSettings {
+            enabled: o.grouping,
+            window: std::time::Duration::from_micros(o.group_window_us),
+            size_max: o.group_size_max,
+            retries_max: o.retries_max,
+        };
+        let provider = payments.as_ref().map(|p| p.provider.name().to_owned());
+        let orders = Grouper::new(group, pools.request.clone(), provider);
         let client_ip_header = HeaderName::from_bytes(settings.server.client_ip_header.as_bytes())
             .expect("validated: client_ip_header is a header name");
         Arc::new(Self {
@@ -56,6 +69,7 @@ impl State {
             redis,
             admission,
             payments,
+            orders,
             client_ip_header,
             ready: AtomicBool::new(true),
         })

@@ -175,15 +175,20 @@ pub async fn place_order(
             pool,
             deal_id.as_str(),
             header(&request, AUTHORIZATION),
+            header(&request, super::queue::PASS_HEADER),
             quantity,
         )
         .await?;
-    let provider = state.payments.as_ref().map(|p| p.provider.name());
-    match orders::place(pool, &admitted, &key, orders_settings.retries_max, provider).await {
+    let pass = admitted.pass.clone();
+    match state.orders.place(admitted, key).await {
         Ok(placed) => {
             if placed.emptied_a_bucket {
                 let sold_out = state.admission.sold_out();
                 sold_out.check_soon(&state.pools.background, &placed.order.deal_id);
+            }
+            if let Some(pass) = pass.as_ref().filter(|_| !placed.replayed) {
+                let room = state.admission.waiting_room();
+                room.release(&placed.order.deal_id, &pass.pass_id).await;
             }
             let attempt = match &state.payments {
                 Some(payments) => {
@@ -245,7 +250,9 @@ pub async fn cancel_order(
     let order = orders::cancel(&state.pools.request, &user, order_id).await?;
     state.admission.sold_out().clear(&order.deal_id).await;
     if let Some(payments) = &state.payments
-        && let Err(error) = payments.close_open_attempts(&state.pools.request, order.id).await
+        && let Err(error) = payments
+            .close_open_attempts(&state.pools.request, order.id)
+            .await
     {
         // The reconciler and the late-payment path still cover a session left open.
         tracing::warn!(%error, order = %order.id, "checkout session of a cancelled order not closed");

@@ -208,7 +208,7 @@ async fn take_spread(
 }
 
 /// Splits `quantity` over `buckets` (id, available), fullest first; `None` if they cannot cover it.
-fn allocate(buckets: &[(i32, i64)], quantity: i32) -> Option<Vec<Line>> {
+pub(crate) fn allocate(buckets: &[(i32, i64)], quantity: i32) -> Option<Vec<Line>> {
     let mut by_size: Vec<(i32, i64)> = buckets.to_vec();
     by_size.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let mut wanted = i64::from(quantity);

@@ -5,6 +5,7 @@
 //! takes the units from the buckets and records which buckets they came from. Nothing in
 //! that transaction waits on a user or a payment provider.
 
+pub mod group;
 pub mod settlement;
 pub mod sweeper;
 
@@ -85,7 +86,7 @@ impl From<sqlx::Error> for OrderError {
     }
 }
 
-const ORDER_COLUMNS: &str =
+pub(crate) const ORDER_COLUMNS: &str =
     "id, user_id, deal_id, status, quantity, amount_minor, currency, expires_at, created_at";
 
 /// What the request asked for; a key replayed with a different fingerprint is a conflict.
@@ -131,7 +132,7 @@ enum Run {
     Again(Plan),
 }
 
-fn record(outcome: Result<Placed, OrderError>) -> Result<Placed, OrderError> {
+pub(crate) fn record(outcome: Result<Placed, OrderError>) -> Result<Placed, OrderError> {
     let label = match &outcome {
         Ok(placed) if placed.replayed => "replayed",
         Ok(_) => "reserved",
@@ -185,7 +186,7 @@ async fn try_place(
     let mut tx = pool.begin().await?;
     let Some(order) = insert_order(&mut tx, admitted, key, &request).await? else {
         tx.rollback().await?;
-        return Ok(replay(pool, &admitted.user, key, &request).await?);
+        return Ok(replay(pool, admitted.user.as_str(), key.as_str(), &request).await?);
     };
     count_against_limit(&mut tx, admitted).await?;
     let reserved =
@@ -332,18 +333,18 @@ pub(crate) async fn insert_lines(
 
 /// The key was used before: the same request replays its order, another is a conflict.
 /// No row at all means the insert was refused by the sale window.
-async fn replay(
+pub(crate) async fn replay(
     pool: &PgPool,
-    user: &UserId,
-    key: &IdempotencyKey,
+    user_id: &str,
+    key: &str,
     request: &[u8],
 ) -> Result<Placed, OrderError> {
     let sql = format!(
         "SELECT {ORDER_COLUMNS}, request_fingerprint FROM orders WHERE user_id = $1 AND idempotency_key = $2"
     );
     let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(user.as_str())
-        .bind(key.as_str())
+        .bind(user_id)
+        .bind(key)
         .fetch_optional(pool)
         .await?;
     let Some(row) = row else {
