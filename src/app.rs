@@ -145,6 +145,11 @@ fn spawn_background(tasks: &TaskTracker, state: &Arc<State>, shutdown: &Cancella
     ));
     tasks.spawn(sample_metrics(state.clone(), shutdown.clone()));
     tasks.spawn(forget_idle_limits(state.clone(), shutdown.clone()));
+    tasks.spawn(crate::waiting_room::advancer::run(
+        state.admission.waiting_room().clone(),
+        state.pools.background.clone(),
+        shutdown.clone(),
+    ));
     spawn_ops(tasks, state, shutdown);
     spawn_payments(tasks, state, shutdown);
 }

@@ -19,6 +19,8 @@
 //! - [`store`]: pools and migrations; [`redis_link`]: the optional Redis connection.
 //! - [`app`]: builds everything from [`config::Settings`].
 //! - [`ops`]: operator tools: pause/resume, bucket rebalance, the invariant audit, the CLI.
+//! - [`waiting_room`]: the per-deal line in Redis, signed passes checked by admission, and
+//!   the advancer that admits buyers at a controlled rate.
 //! - [`payments`]: payment attempts at a provider, signed webhooks, the outbox, late
 //!   payments, refunds and the reconciler; [`psp_sim`]: a provider simulator to run
 //!   against (`flashgate psp-sim`), spoken to only over HTTP.
@@ -41,6 +43,7 @@ pub mod redis_link;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;
+pub mod waiting_room;
 
 /// Minting and verifying user tokens.
 pub use admission::token as auth;

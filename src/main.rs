@@ -153,7 +153,8 @@ async fn serve(mut settings: Settings, demo: bool) -> Result<(), String> {
     }
     if settings.uses_default_secrets() && !demo {
         tracing::warn!(
-            "FLASHGATE_JWT_SECRET or FLASHGATE_ADMIN_TOKEN is left at its development default"
+            "FLASHGATE_JWT_SECRET, FLASHGATE_ADMIN_TOKEN or FLASHGATE__WAITING_ROOM__PASS_SECRET \
+             is left at its development default"
         );
     }
     let secret = settings.auth.jwt_secret.clone();
@@ -200,6 +201,7 @@ async fn create_demo_deal(app: &Application) -> Result<(), String> {
         starts_at: None,
         ends_at: None,
         payment_terms: Default::default(),
+        waiting_room: Default::default(),
     };
     match deals::create(&app.admin_pool(), &demo).await {
         Ok(_) | Err(DealError::AlreadyExists(_)) => Ok(()),

@@ -3,7 +3,8 @@
 //! The checks run cheapest first and none of them makes a PostgreSQL round trip on the
 //! rejection path: client address → per-IP limit → sold-out mirror (whose only exception,
 //! a user retrying an order of that deal, is known from memory) → token → per-user
-//! limit → per-deal limit → deal settings (cached) → sale window → per-user quantity.
+//! limit → per-deal limit → deal settings (cached) → sale window → waiting-room pass (an
+//! HMAC checked in memory) → per-user quantity.
 //! What passes is an `Admitted` order request, the only way into the order path.
 
 pub mod client_ip;
@@ -23,6 +24,7 @@ use crate::domain::{Quantity, UserId};
 use crate::redis_link::RedisHandle;
 use crate::store::StoreError;
 use crate::telemetry;
+use crate::waiting_room::{PassError, VerifiedPass, WaitingRoom};
 
 use client_ip::ClientIp;
 use limits::{Limited, RateLimits};
@@ -47,6 +49,9 @@ pub enum Rejection {
     SalePaused,
     #[error("at most {limit} units per user")]
     PerUserLimit { limit: i32 },
+    /// The deal has a waiting room and the request carries no valid pass for it.
+    #[error(transparent)]
+    WaitingRoomRequired(PassError),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -62,6 +67,7 @@ impl Rejection {
             Rejection::SaleNotOpen(_) => "sale_not_open",
             Rejection::SalePaused => "sale_paused",
             Rejection::PerUserLimit { .. } => "per_user_limit",
+            Rejection::WaitingRoomRequired(_) => "waiting_room_required",
             Rejection::Store(_) => "overloaded",
         }
     }
@@ -73,6 +79,8 @@ pub struct Admitted {
     pub user: UserId,
     pub deal: Arc<Deal>,
     pub quantity: Quantity,
+    /// The waiting-room pass the order came with, if the deal has a waiting room.
+    pub pass: Option<VerifiedPass>,
 }
 
 pub struct Admission {
@@ -81,6 +89,7 @@ pub struct Admission {
     tokens: TokenVerifier,
     sold_out: SoldOut,
     deals: DealCache,
+    waiting_room: WaitingRoom,
 }
 
 impl Admission {
@@ -94,7 +103,7 @@ impl Admission {
                 settings.auth.user_id_bytes_max,
             ),
             sold_out: SoldOut::new(
-                redis,
+                redis.clone(),
                 settings.soldout.holders_max,
                 crate::config::millis(settings.soldout.holders_refresh_ms),
             ),
@@ -102,7 +111,12 @@ impl Admission {
                 crate::config::millis(settings.deals.cache_ttl_ms),
                 settings.deals.cache_entries_max,
             ),
+            waiting_room: WaitingRoom::new(&settings.waiting_room, redis),
         }
+    }
+
+    pub fn waiting_room(&self) -> &WaitingRoom {
+        &self.waiting_room
     }
 
     pub fn sold_out(&self) -> &SoldOut {
@@ -150,6 +164,7 @@ impl Admission {
         pool: &PgPool,
         deal_id: &str,
         authorization: Option<&[u8]>,
+        pass: Option<&[u8]>,
         quantity: Quantity,
     ) -> Result<Admitted, Rejection> {
         if self.sold_out.is_sold_out(deal_id) && !self.may_replay(deal_id, authorization) {
@@ -167,6 +182,16 @@ impl Admission {
         if deal.paused {
             return Err(counted(Rejection::SalePaused));
         }
+        // In memory only: the HMAC and the bindings, no Redis or PostgreSQL round trip.
+        let pass = if deal.waiting_room.enabled {
+            let verified = self
+                .waiting_room
+                .check_pass(pass, &deal.id, user.as_str())
+                .map_err(|e| counted(Rejection::WaitingRoomRequired(e)))?;
+            Some(verified)
+        } else {
+            None
+        };
         if i64::from(quantity.get()) > i64::from(deal.per_user_limit) {
             return Err(counted(Rejection::PerUserLimit {
                 limit: deal.per_user_limit,
@@ -176,6 +201,7 @@ impl Admission {
             user,
             deal,
             quantity,
+            pass,
         })
     }
 

@@ -5,11 +5,13 @@
 //! written, so a stale cache can delay a decision but never let a wrong one through.
 
 mod cache;
+mod waiting_room;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 pub use cache::DealCache;
+pub use waiting_room::WaitingRoomTerms;
 
 use crate::domain::DealId;
 use crate::store::StoreError;
@@ -34,6 +36,9 @@ pub struct Deal {
     pub late_payment_policy: String,
     /// `automatic` (charge at once) or `manual` (authorise, capture when confirmed).
     pub capture_method: String,
+    /// The queue buyers pass through before ordering, when enabled.
+    #[sqlx(flatten)]
+    pub waiting_room: WaitingRoomTerms,
 }
 
 /// Where a deal stands in time, judged by the given clock.
@@ -68,6 +73,7 @@ pub struct NewDeal {
     pub starts_at: Option<DateTime<Utc>>,
     pub ends_at: Option<DateTime<Utc>>,
     pub payment_terms: PaymentTerms,
+    pub waiting_room: WaitingRoomTerms,
 }
 
 /// How a deal takes money.
@@ -151,6 +157,9 @@ impl NewDeal {
         {
             return invalid("starts_at must be before ends_at");
         }
+        self.waiting_room
+            .validate(self.starts_at)
+            .map_err(DealError::Invalid)?;
         Ok(())
     }
 
@@ -170,7 +179,8 @@ pub fn split_evenly(units: i64, buckets: i32) -> Vec<i64> {
 
 const SELECT_DEAL: &str = "SELECT id, name, stock_total, bucket_count, unit_price_minor, currency,
         per_user_limit, reservation_ttl_seconds, starts_at, ends_at, paused,
-        late_payment_policy, capture_method
+        late_payment_policy, capture_method, wr_enabled, wr_admit_per_second, wr_max_active,
+        wr_pass_ttl_seconds, wr_queue_order, wr_prequeue_opens_at
     FROM deals WHERE id = $1";
 
 pub async fn load(pool: &PgPool, id: &str) -> Result<Option<Deal>, StoreError> {
@@ -187,8 +197,10 @@ pub async fn create(pool: &PgPool, new: &NewDeal) -> Result<Deal, DealError> {
     let inserted = sqlx::query(
         "INSERT INTO deals (id, name, stock_total, bucket_count, unit_price_minor, currency,
              per_user_limit, reservation_ttl_seconds, starts_at, ends_at,
-             late_payment_policy, capture_method)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+             late_payment_policy, capture_method, wr_enabled, wr_admit_per_second,
+             wr_max_active, wr_pass_ttl_seconds, wr_queue_order, wr_prequeue_opens_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
+                 $13, $14, $15, $16, $17, $18)
          ON CONFLICT (id) DO NOTHING",
     )
     .bind(new.id.as_str())
@@ -203,6 +215,12 @@ pub async fn create(pool: &PgPool, new: &NewDeal) -> Result<Deal, DealError> {
     .bind(new.ends_at)
     .bind(&new.payment_terms.late_payment_policy)
     .bind(&new.payment_terms.capture_method)
+    .bind(new.waiting_room.enabled)
+    .bind(new.waiting_room.admit_per_second)
+    .bind(new.waiting_room.max_active)
+    .bind(new.waiting_room.pass_ttl_seconds)
+    .bind(&new.waiting_room.queue_order)
+    .bind(new.waiting_room.prequeue_opens_at)
     .execute(&mut *tx)
     .await
     .map_err(StoreError::from)?;

@@ -62,6 +62,8 @@ struct CreateDeal {
     late_payment_policy: Option<String>,
     #[serde(default)]
     capture_method: Option<String>,
+    #[serde(default)]
+    waiting_room: Option<super::queue::WaitingRoomInput>,
 }
 
 impl CreateDeal {
@@ -90,6 +92,10 @@ impl CreateDeal {
                     capture_method: self.capture_method.unwrap_or(defaults.capture_method),
                 }
             },
+            waiting_room: self
+                .waiting_room
+                .map(super::queue::WaitingRoomInput::into_terms)
+                .unwrap_or_default(),
         })
     }
 }
@@ -108,6 +114,7 @@ pub(super) struct AdminDealView<'a> {
     starts_at: Option<DateTime<Utc>>,
     ends_at: Option<DateTime<Utc>>,
     paused: bool,
+    waiting_room: &'a deals::WaitingRoomTerms,
 }
 
 impl<'a> AdminDealView<'a> {
@@ -125,6 +132,7 @@ impl<'a> AdminDealView<'a> {
             starts_at: deal.starts_at,
             ends_at: deal.ends_at,
             paused: deal.paused,
+            waiting_room: &deal.waiting_room,
         }
     }
 }

@@ -39,6 +39,7 @@ pub enum Kind {
     RateLimited,
     IdempotencyConflict,
     Overloaded,
+    WaitingRoomRequired,
 }
 
 impl Kind {
@@ -54,6 +55,7 @@ impl Kind {
             Kind::RateLimited => ("rate-limited", "Too many requests"),
             Kind::IdempotencyConflict => ("idempotency-conflict", "Idempotency key reused"),
             Kind::Overloaded => ("overloaded", "Overloaded"),
+            Kind::WaitingRoomRequired => ("waiting-room-required", "Waiting room pass required"),
         }
     }
 }
@@ -234,6 +236,11 @@ impl From<Rejection> for Problem {
             Rejection::SaleNotOpen(_) => sale_not_open("the sale has ended"),
             Rejection::SalePaused => sale_not_open("the sale is paused"),
             Rejection::PerUserLimit { limit } => per_user_limit(limit),
+            Rejection::WaitingRoomRequired(error) => Problem::new(
+                Kind::WaitingRoomRequired,
+                StatusCode::FORBIDDEN,
+                error.to_string(),
+            ),
             Rejection::Store(error) => error.into(),
         }
     }

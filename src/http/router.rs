@@ -11,7 +11,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 
 use super::problem::Problem;
-use super::{State, admin, ops, payments, public};
+use super::{State, admin, ops, payments, public, queue};
 use crate::telemetry;
 
 /// A matched route. Ids are raw path segments, parsed by the handlers.
@@ -22,6 +22,9 @@ pub enum Route<'a> {
     Metrics,
     GetDeal(&'a str),
     PlaceOrder(&'a str),
+    JoinQueue(&'a str),
+    QueueStatus(&'a str),
+    PollTicket(&'a str, &'a str),
     GetOrder(&'a str),
     CancelOrder(&'a str),
     StartPayment(&'a str),
@@ -55,6 +58,15 @@ impl<'a> Route<'a> {
             ["v1", "deals", id, "orders"] => {
                 ("/v1/deals/{id}/orders", "POST", Route::PlaceOrder(id))
             }
+            ["v1", "deals", id, "queue"] if post => return Route::JoinQueue(id),
+            ["v1", "deals", id, "queue"] => {
+                ("/v1/deals/{id}/queue", "GET, POST", Route::QueueStatus(id))
+            }
+            ["v1", "deals", id, "queue", ticket] => (
+                "/v1/deals/{id}/queue/{ticket}",
+                "GET",
+                Route::PollTicket(id, ticket),
+            ),
             ["v1", "orders", id] => ("/v1/orders/{id}", "GET", Route::GetOrder(id)),
             ["v1", "orders", id, "cancel"] => {
                 ("/v1/orders/{id}/cancel", "POST", Route::CancelOrder(id))
@@ -84,7 +96,7 @@ impl<'a> Route<'a> {
             ["admin", "audit"] => ("/admin/audit", "GET", Route::Audit),
             _ => return Route::Unknown,
         };
-        let allowed = if allow == "GET" { get } else { post };
+        let allowed = if allow.starts_with("GET") { get } else { post };
         if allowed {
             route
         } else {
@@ -100,6 +112,8 @@ impl<'a> Route<'a> {
             Route::Metrics => "/metrics",
             Route::GetDeal(_) => "/v1/deals/{id}",
             Route::PlaceOrder(_) => "/v1/deals/{id}/orders",
+            Route::JoinQueue(_) | Route::QueueStatus(_) => "/v1/deals/{id}/queue",
+            Route::PollTicket(..) => "/v1/deals/{id}/queue/{ticket}",
             Route::GetOrder(_) => "/v1/orders/{id}",
             Route::CancelOrder(_) => "/v1/orders/{id}/cancel",
             Route::StartPayment(_) => "/v1/orders/{id}/payments",
@@ -155,6 +169,9 @@ async fn dispatch(
         Route::Metrics => Ok(admin::metrics(state)),
         Route::GetDeal(id) => public::get_deal(state, peer, &request, id).await,
         Route::PlaceOrder(id) => public::place_order(state, peer, request, id).await,
+        Route::JoinQueue(id) => queue::join(state, peer, &request, id).await,
+        Route::QueueStatus(id) => queue::line(state, peer, &request, id).await,
+        Route::PollTicket(id, ticket) => queue::poll(state, peer, &request, id, ticket).await,
         Route::GetOrder(id) => public::get_order(state, peer, &request, id).await,
         Route::CancelOrder(id) => public::cancel_order(state, peer, &request, id).await,
         Route::StartPayment(id) => payments::start_payment(state, peer, request, id).await,
@@ -190,6 +207,25 @@ mod tests {
             Route::of(&Method::POST, "/admin/deals/d1/stock"),
             Route::AdjustStock("d1")
         );
+        assert_eq!(
+            Route::of(&Method::POST, "/v1/deals/d1/queue"),
+            Route::JoinQueue("d1")
+        );
+        assert_eq!(
+            Route::of(&Method::GET, "/v1/deals/d1/queue"),
+            Route::QueueStatus("d1")
+        );
+        assert_eq!(
+            Route::of(&Method::GET, "/v1/deals/d1/queue/t1"),
+            Route::PollTicket("d1", "t1")
+        );
+        assert!(matches!(
+            Route::of(&Method::DELETE, "/v1/deals/d1/queue"),
+            Route::WrongMethod {
+                allow: "GET, POST",
+                ..
+            }
+        ));
         assert_eq!(Route::of(&Method::GET, "/v1/deals/d1/x"), Route::Unknown);
         assert_eq!(Route::of(&Method::GET, "/"), Route::Unknown);
         assert!(matches!(

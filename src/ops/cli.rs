@@ -111,6 +111,7 @@ async fn run_deals(pool: &PgPool, command: DealsCommand) -> Result<(), String> {
                 starts_at,
                 ends_at,
                 payment_terms: Default::default(),
+                waiting_room: Default::default(),
             };
             let deal = deals::create(pool, &new).await.map_err(|e| e.to_string())?;
             print(&deal_json(&deal))

@@ -126,7 +126,11 @@ impl Payments {
     /// The order was cancelled: close its open checkout sessions at the provider (through
     /// the outbox), so the payer cannot pay for units that went back on sale. A payment
     /// that slips through anyway is a late payment and is settled as one.
-    pub async fn close_open_attempts(&self, pool: &PgPool, order_id: Uuid) -> Result<(), StoreError> {
+    pub async fn close_open_attempts(
+        &self,
+        pool: &PgPool,
+        order_id: Uuid,
+    ) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO outbox (kind, dedupe_key, payload)
              SELECT 'void', 'void:' || a.id,

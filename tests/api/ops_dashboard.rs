@@ -1,12 +1,15 @@
 //! The Grafana dashboard and the alert rules only query metrics the gateway exports: every
-//! metric name in every expression must appear on `/metrics` after a small sale.
+//! metric name in every expression must appear on `/metrics` after a small sale, paid
+//! through the real payment-provider simulator.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, eventually, new_deal, spawn_app_with};
+use crate::helpers::{
+    PayApp, SETTLE, eventually, intent_id, metric_value, new_deal, spawn_pay_app_with,
+};
 
 const DASHBOARD: &str = include_str!("../../config/grafana/flashgate.json");
 const ALERTS: &str = include_str!("../../config/prometheus/alerts.yml");
@@ -175,38 +178,109 @@ fn exported_names(exposition: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// A small sale: orders, a sell-out, a rejection, a cancel, then the background gauges.
-async fn small_sale(app: &TestApp) -> String {
+/// Series the payment part of the sale must have moved, as `(metric, label)`: proof that
+/// each payment path really ran, not only that its metric was registered.
+const PAYMENT_SERIES: [(&str, &str); 11] = [
+    ("flashgate_webhook_events_total", "result=\"accepted\""),
+    ("flashgate_webhook_events_total", "result=\"duplicate\""),
+    ("flashgate_webhook_lag_seconds_count", ""),
+    ("flashgate_payment_outcomes_total", "outcome=\"paid\""),
+    ("flashgate_payment_outcomes_total", "outcome=\"released\""),
+    ("flashgate_late_payments_total", "resolution=\"refunded\""),
+    ("flashgate_outbox_processed_total", "kind=\"refund\",result=\"done\""),
+    ("flashgate_outbox_processed_total", "kind=\"order_paid\",result=\"done\""),
+    (
+        "flashgate_reconciler_findings_total",
+        "kind=\"paid_at_provider_pending_locally\"",
+    ),
+    ("flashgate_provider_call_duration_seconds_count", "op=\"create\""),
+    ("flashgate_provider_call_duration_seconds_count", "op=\"refund\""),
+];
+
+/// A small sale: orders, a sell-out, a rejection, a cancel; then payments through the
+/// simulator: one paid at the checkout (its webhook delivered twice), one declined, one
+/// that arrives after its order expired and is refunded, and one whose webhook is lost and
+/// which the reconciler settles; then the background gauges.
+async fn small_sale(app: &PayApp) -> String {
     let deal = app.given_deal(&new_deal("dashboard", 3, 2)).await;
     app.place_order("not a token", &deal, "k", 1)
         .await
         .expect_problem(401, "unauthorized");
     let token = app.token("a");
     let first = app.place_order(&token, &deal, "k", 1).await.expect(201);
-    for user in ["b", "c"] {
-        app.order(user, &deal, 1).await.expect(201);
-    }
+    let paid = app.order("b", &deal, 1).await.expect(201);
+    let declined = app.order("c", &deal, 1).await.expect(201);
     app.order("d", &deal, 1)
         .await
         .expect_problem(409, "sold-out");
     let id = first["order_id"].as_str().unwrap();
     app.cancel_order(&token, id).await.expect(200);
     app.get_deal(&deal).await.expect(200);
+
+    // b pays at the hosted checkout; the simulator delivers the webhook twice.
+    app.sim.faults(json!({"webhook_duplicates": 1})).await;
+    assert_eq!(app.sim.pay(&intent_id(&paid)).await.0, 200);
+    let paid_id = paid["order_id"].as_str().unwrap();
+    app.wait_for_order(&app.token("b"), paid_id, &["PAID"], SETTLE)
+        .await;
+    app.sim.reset_faults().await;
+
+    // c declines: the order is cancelled and its unit released.
+    assert_eq!(app.sim.decline(&intent_id(&declined)).await.0, 200);
+    let declined_id = declined["order_id"].as_str().unwrap();
+    app.wait_for_order(&app.token("c"), declined_id, &["CANCELLED"], SETTLE)
+        .await;
+
+    // e's webhook is lost: the reconciler finds the payment at the provider and settles it.
+    let lost = app.order("e", &deal, 1).await.expect(201);
+    app.sim.faults(json!({"webhook_drop": true})).await;
+    assert_eq!(app.sim.pay(&intent_id(&lost)).await.0, 200);
+    let lost_id = lost["order_id"].as_str().unwrap();
+    app.wait_for_order(&app.token("e"), lost_id, &["PAID"], SETTLE)
+        .await;
+    app.sim.reset_faults().await;
+
+    // f pays after the order expired, on a deal that refunds late money.
+    let mut late_deal = new_deal("dashboard-late", 2, 1);
+    late_deal["reservation_ttl_seconds"] = json!(1);
+    late_deal["late_payment_policy"] = json!("refund");
+    let late_deal = app.given_deal(&late_deal).await;
+    let late = app.order("f", &late_deal, 1).await.expect(201);
+    let late_id = late["order_id"].as_str().unwrap();
+    let f = app.token("f");
+    app.wait_for_order(&f, late_id, &["EXPIRED"], SETTLE).await;
+    app.sim.force_succeed(&intent_id(&late)).await;
+    app.wait_for_order(&f, late_id, &["REFUNDED"], SETTLE).await;
+
     let wanted = [
         "flashgate_inventory_units",
         "flashgate_invariant_violations",
         "flashgate_redis_up",
+        "flashgate_refunds_pending",
+        "flashgate_outbox_backlog",
     ];
     let exposition = eventually(Duration::from_secs(10), || async {
         let text = app.metrics().await;
         let names = exported_names(&text);
-        wanted.iter().all(|w| names.contains(*w)).then_some(text)
+        let gauges = wanted.iter().all(|w| names.contains(*w));
+        let moved = PAYMENT_SERIES
+            .iter()
+            .all(|(name, label)| metric_value(&text, name, label) > 0.0);
+        (gauges && moved).then_some(text)
     })
     .await;
-    exposition.expect("the background gauges appear within 10 s")
+    let Some(exposition) = exposition else {
+        let text = app.metrics().await;
+        let stuck: Vec<_> = PAYMENT_SERIES
+            .iter()
+            .filter(|(name, label)| metric_value(&text, name, label) <= 0.0)
+            .collect();
+        panic!("within 10 s the background gauges {wanted:?} did not all appear or these payment series did not move: {stuck:?}\n{text}");
+    };
+    exposition
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread")]
 async fn every_dashboard_and_alert_metric_is_exported() {
     // Arrange
     let dashboard: Value = serde_json::from_str(DASHBOARD).expect("the dashboard is JSON");
@@ -219,9 +293,11 @@ async fn every_dashboard_and_alert_metric_is_exported() {
         expressions.len()
     );
     assert!(alerts.len() >= 6, "only {} alert rules", alerts.len());
-    let app = spawn_app_with(|s| {
+    let app = spawn_pay_app_with(|s| {
         s.deals.metrics_interval_ms = 200;
         s.ops.audit_interval_ms = 1000;
+        s.payments.reconcile_interval_ms = 200;
+        s.payments.reconcile_after_seconds = 1;
     })
     .await;
 

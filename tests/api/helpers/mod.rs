@@ -4,6 +4,7 @@
 mod api;
 mod db;
 mod process;
+mod psp;
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -19,6 +20,7 @@ use uuid::Uuid;
 pub use api::*;
 pub use db::*;
 pub use process::*;
+pub use psp::*;
 
 /// How long a test waits for something the gateway promises "within about a second".
 pub const EVENTUALLY: Duration = Duration::from_secs(3);

@@ -1,0 +1,83 @@
+//! A deal's waiting-room settings: whether buyers must queue for a pass before ordering,
+//! and how fast and how fairly the line moves. The line itself lives in Redis.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+/// Bounds on what a waiting room may be configured with.
+pub const ADMIT_PER_SECOND_MAX: i32 = 100_000;
+pub const MAX_ACTIVE_MAX: i32 = 10_000_000;
+pub const PASS_TTL_SECONDS_MAX: i32 = 86_400;
+
+/// How a deal's line behaves; stored in the `wr_*` columns of `deals`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct WaitingRoomTerms {
+    /// When true, orders need a pass (`Flashgate-Pass`) earned by queueing.
+    #[sqlx(rename = "wr_enabled")]
+    pub enabled: bool,
+    /// Tickets admitted per second, at most.
+    #[sqlx(rename = "wr_admit_per_second")]
+    pub admit_per_second: i32,
+    /// Passes that may be in use at once; admission pauses while this many are outstanding.
+    #[sqlx(rename = "wr_max_active")]
+    pub max_active: i32,
+    /// How long a pass may be used to order, and how long its slot stays taken if unused.
+    #[sqlx(rename = "wr_pass_ttl_seconds")]
+    pub pass_ttl_seconds: i32,
+    /// `fifo`, or `random`: tickets taken before the sale opens are shuffled at opening with
+    /// a seed whose SHA-256 is published beforehand.
+    #[sqlx(rename = "wr_queue_order")]
+    pub queue_order: String,
+    /// When tickets may first be taken; without it, from `starts_at`.
+    #[sqlx(rename = "wr_prequeue_opens_at")]
+    pub prequeue_opens_at: Option<DateTime<Utc>>,
+}
+
+impl Default for WaitingRoomTerms {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            admit_per_second: 100,
+            max_active: 1000,
+            pass_ttl_seconds: 120,
+            queue_order: "fifo".into(),
+            prequeue_opens_at: None,
+        }
+    }
+}
+
+impl WaitingRoomTerms {
+    pub fn is_random(&self) -> bool {
+        self.queue_order == "random"
+    }
+
+    /// Checks the bounds; the message names the offending field.
+    pub fn validate(&self, starts_at: Option<DateTime<Utc>>) -> Result<(), String> {
+        if !(1..=ADMIT_PER_SECOND_MAX).contains(&self.admit_per_second) {
+            return Err("waiting_room.admit_per_second must be 1-100000".into());
+        }
+        if !(1..=MAX_ACTIVE_MAX).contains(&self.max_active) {
+            return Err("waiting_room.max_active must be 1-10000000".into());
+        }
+        if !(1..=PASS_TTL_SECONDS_MAX).contains(&self.pass_ttl_seconds) {
+            return Err("waiting_room.pass_ttl_seconds must be 1-86400".into());
+        }
+        if !matches!(self.queue_order.as_str(), "fifo" | "random") {
+            return Err("waiting_room.queue_order must be fifo or random".into());
+        }
+        if let (Some(opens), Some(starts)) = (self.prequeue_opens_at, starts_at)
+            && opens > starts
+        {
+            return Err("waiting_room.prequeue_opens_at must not be after starts_at".into());
+        }
+        Ok(())
+    }
+
+    /// Whether tickets may be taken at `now` (the sale's end is checked by the caller).
+    pub fn queue_open(&self, starts_at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> bool {
+        match self.prequeue_opens_at.or(starts_at) {
+            Some(opens) => now >= opens,
+            None => true,
+        }
+    }
+}

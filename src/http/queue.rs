@@ -1,0 +1,262 @@
+//! Waiting-room endpoints: take a ticket, poll it, and the public state of a line.
+//!
+//! Polls are answered from Redis and the in-memory deal cache, never from PostgreSQL. The
+//! public line status is the same for everyone, so a CDN may cache it for a second; ticket
+//! answers are personal (`private, no-store`, `Vary: Authorization`).
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use http::header::{AUTHORIZATION, HeaderValue, VARY};
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use serde::{Deserialize, Serialize};
+
+use super::State;
+use super::body::{self, Caching};
+use super::problem::Problem;
+use super::public::{check_ip, deal_state};
+use crate::deals::{Deal, WaitingRoomTerms, Window};
+use crate::domain::{DealId, UserId};
+use crate::waiting_room::{QueueError, TicketState, TicketStatus};
+
+type Reply = Result<Response<Full<Bytes>>, Problem>;
+
+/// The request header that carries a pass on `POST /v1/deals/{id}/orders`.
+pub const PASS_HEADER: &str = "flashgate-pass";
+
+/// Longest ticket id accepted in a path; real ones are 32 hex digits.
+const TICKET_BYTES_MAX: usize = 64;
+
+/// The `waiting_room` object of `POST /admin/deals`; missing fields take the defaults.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct WaitingRoomInput {
+    #[serde(default)]
+    enabled: Option<bool>,
+    #[serde(default)]
+    admit_per_second: Option<i32>,
+    #[serde(default)]
+    max_active: Option<i32>,
+    #[serde(default)]
+    pass_ttl_seconds: Option<i32>,
+    #[serde(default)]
+    queue_order: Option<String>,
+    #[serde(default)]
+    prequeue_opens_at: Option<DateTime<Utc>>,
+}
+
+impl WaitingRoomInput {
+    /// Terms to validate with the rest of the deal; an object without `enabled` enables.
+    pub(super) fn into_terms(self) -> WaitingRoomTerms {
+        let defaults = WaitingRoomTerms::default();
+        WaitingRoomTerms {
+            enabled: self.enabled.unwrap_or(true),
+            admit_per_second: self.admit_per_second.unwrap_or(defaults.admit_per_second),
+            max_active: self.max_active.unwrap_or(defaults.max_active),
+            pass_ttl_seconds: self.pass_ttl_seconds.unwrap_or(defaults.pass_ttl_seconds),
+            queue_order: self.queue_order.unwrap_or(defaults.queue_order),
+            prequeue_opens_at: self.prequeue_opens_at,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct TicketView<'a> {
+    ticket: &'a str,
+    position: u64,
+    admitted_through: u64,
+    ahead: u64,
+    estimated_wait_seconds: u64,
+    state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pass: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pass_expires_at: Option<DateTime<Utc>>,
+    refresh_after_seconds: u64,
+}
+
+#[derive(Serialize)]
+struct LineView {
+    admitted_through: u64,
+    waiting: u64,
+    admit_per_second: i32,
+    max_active: i32,
+    state: &'static str,
+    queue_order: String,
+    /// Random order: SHA-256 of the shuffle seed, published before the sale opens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seed_sha256: Option<String>,
+    /// Random order: the seed itself, published once the pre-queue was shuffled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seed: Option<String>,
+    /// Random order: how many tickets (issue numbers 1..=n) the shuffle reordered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prequeue_size: Option<u64>,
+}
+
+impl From<QueueError> for Problem {
+    fn from(error: QueueError) -> Self {
+        tracing::debug!(%error, "waiting room unavailable");
+        Problem::overloaded("the waiting room is unavailable right now; retry shortly")
+    }
+}
+
+/// The deal, which must exist and have a waiting room.
+async fn deal_with_room(state: &State, raw_id: &str) -> Result<std::sync::Arc<Deal>, Problem> {
+    let id = DealId::parse(raw_id).map_err(|_| Problem::not_found("no such deal"))?;
+    let deal = state
+        .admission
+        .deal(&state.pools.request, id.as_str())
+        .await?;
+    if !deal.waiting_room.enabled {
+        return Err(Problem::not_found("this deal has no waiting room"));
+    }
+    Ok(deal)
+}
+
+fn user<B>(state: &State, peer: SocketAddr, request: &Request<B>) -> Result<UserId, Problem> {
+    check_ip(state, peer, request)?;
+    let authorization = request.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
+    Ok(state.admission.authenticate(authorization)?)
+}
+
+/// `POST /v1/deals/{id}/queue`: the user's one ticket, issued on the first call.
+pub async fn join(
+    state: &State,
+    peer: SocketAddr,
+    request: &Request<Incoming>,
+    raw_id: &str,
+) -> Reply {
+    let user = user(state, peer, request)?;
+    let deal = deal_with_room(state, raw_id).await?;
+    let now = Utc::now();
+    if deal.window(now) == Window::Ended {
+        return Err(sale_not_open("the sale has ended"));
+    }
+    if !deal.waiting_room.queue_open(deal.starts_at, now) {
+        return Err(sale_not_open("the waiting room is not open yet"));
+    }
+    let room = state.admission.waiting_room();
+    let status = room.join(&deal, user.as_str()).await?;
+    Ok(ticket_reply(
+        state,
+        &deal,
+        &user,
+        &status,
+        StatusCode::CREATED,
+    ))
+}
+
+/// `GET /v1/deals/{id}/queue/{ticket}`: the user's ticket; anyone else's is 404.
+pub async fn poll(
+    state: &State,
+    peer: SocketAddr,
+    request: &Request<Incoming>,
+    raw_id: &str,
+    ticket: &str,
+) -> Reply {
+    let user = user(state, peer, request)?;
+    let deal = deal_with_room(state, raw_id).await?;
+    if ticket.is_empty()
+        || ticket.len() > TICKET_BYTES_MAX
+        || !ticket.bytes().all(|b| b.is_ascii_alphanumeric())
+    {
+        return Err(Problem::not_found("no such ticket"));
+    }
+    let room = state.admission.waiting_room();
+    let status = room
+        .poll(&deal.id, user.as_str(), ticket)
+        .await?
+        .ok_or_else(|| Problem::not_found("no such ticket"))?;
+    Ok(ticket_reply(state, &deal, &user, &status, StatusCode::OK))
+}
+
+/// `GET /v1/deals/{id}/queue`: the public line, cacheable for about a second.
+pub async fn line(
+    state: &State,
+    peer: SocketAddr,
+    request: &Request<Incoming>,
+    raw_id: &str,
+) -> Reply {
+    check_ip(state, peer, request)?;
+    let deal = deal_with_room(state, raw_id).await?;
+    let line = state.admission.waiting_room().line(&deal.id).await?;
+    let sold_out = line.sold_out || state.admission.sold_out().is_sold_out(&deal.id);
+    let view = LineView {
+        admitted_through: line.admitted_through,
+        waiting: line.waiting,
+        admit_per_second: deal.waiting_room.admit_per_second,
+        max_active: deal.waiting_room.max_active,
+        state: deal_state(&deal, sold_out),
+        queue_order: deal.waiting_room.queue_order.clone(),
+        seed_sha256: line.seed_sha256,
+        seed: line.seed,
+        prequeue_size: line.prequeue_size.filter(|_| deal.waiting_room.is_random()),
+    };
+    let max_age = state.settings.server.public_cache_max_age_seconds;
+    Ok(body::respond(
+        StatusCode::OK,
+        &view,
+        Caching::Public(max_age),
+    ))
+}
+
+fn sale_not_open(detail: &str) -> Problem {
+    Problem::new(
+        super::problem::Kind::SaleNotOpen,
+        StatusCode::CONFLICT,
+        detail,
+    )
+}
+
+/// A personal ticket answer, with a freshly signed pass when admitted.
+fn ticket_reply(
+    state: &State,
+    deal: &Deal,
+    user: &UserId,
+    status: &TicketStatus,
+    code: StatusCode,
+) -> Response<Full<Bytes>> {
+    let terms = &deal.waiting_room;
+    let mut ticket_state = status.state;
+    // The sold-out mirror knows before the advancer's next step.
+    if ticket_state == TicketState::Waiting && state.admission.sold_out().is_sold_out(&deal.id) {
+        ticket_state = TicketState::SoldOut;
+    }
+    let rate = u64::try_from(terms.admit_per_second).unwrap_or(1).max(1);
+    let wait = if ticket_state == TicketState::Waiting {
+        (status.ahead + 1).div_ceil(rate)
+    } else {
+        0
+    };
+    let refresh_max = state.settings.waiting_room.refresh_after_seconds_max.max(1);
+    let refresh = (wait / 4).clamp(1, refresh_max);
+    let room = state.admission.waiting_room();
+    let admitted = ticket_state == TicketState::Admitted;
+    let expires_s = status.pass_expires_ms.div_euclid(1000);
+    let pass = admitted.then(|| {
+        room.passes()
+            .mint(&deal.id, user.as_str(), expires_s, &status.ticket)
+    });
+    let view = TicketView {
+        ticket: &status.ticket,
+        position: status.position,
+        admitted_through: status.admitted_through,
+        ahead: status.ahead,
+        estimated_wait_seconds: wait,
+        state: ticket_state.as_str(),
+        pass,
+        pass_expires_at: admitted
+            .then(|| DateTime::from_timestamp(expires_s, 0))
+            .flatten(),
+        refresh_after_seconds: refresh,
+    };
+    let mut response = body::respond(code, &view, Caching::Private);
+    response
+        .headers_mut()
+        .insert(VARY, HeaderValue::from_static("authorization"));
+    response
+}

@@ -1,0 +1,312 @@
+//! The advancer: one instance at a time moves every waiting-room line.
+//!
+//! Every instance runs this task; the one holding the Redis lease (`SET NX PX`, renewed
+//! every step, fenced: each script checks the token first) advances. If it dies, the lease
+//! runs out after `waiting_room.lease_ttl_ms` and the next instance to try takes over; the
+//! admission budget lives in Redis, so the rate carries on where it stopped. Each step, for
+//! each deal with a waiting room: pass expiry frees slots, the deal is marked sold out (from
+//! the shared sold-out flag, or the stock read from PostgreSQL at most every
+//! `stock_refresh_ms`) or resumed, and up to `admit_per_second × elapsed` tickets are taken
+//! from the front, skipping abandoned ones, while outstanding passes stay within
+//! `max_active` and `stock_multiple × (available + reserved)` units.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use super::{QueueError, WaitingRoom, shuffle};
+use crate::config::millis;
+use crate::deals::WaitingRoomTerms;
+use crate::store::StoreError;
+use crate::telemetry;
+
+/// The lease key, under `redis.key_prefix`.
+pub const LEASE_KEY: &str = "wr:lease";
+
+/// Most deals with a waiting room advanced at once.
+const LINES_MAX: i64 = 1000;
+
+/// Tickets moved per script while shuffling, so no single script runs long.
+const SHUFFLE_CHUNK: u64 = 2000;
+
+/// A deal with a waiting room, and its stock as last read.
+#[derive(Debug, Clone, sqlx::FromRow)]
+struct Line {
+    id: String,
+    starts_at: Option<DateTime<Utc>>,
+    ends_at: Option<DateTime<Utc>>,
+    paused: bool,
+    #[sqlx(flatten)]
+    terms: WaitingRoomTerms,
+    available: i64,
+    reserved: i64,
+}
+
+impl Line {
+    fn is_open(&self, now: DateTime<Utc>) -> bool {
+        self.starts_at.is_none_or(|s| now >= s) && self.ends_at.is_none_or(|e| now < e)
+    }
+}
+
+/// Outcome of one step of one line.
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    admitted: i64,
+    skipped: i64,
+    active: i64,
+    waiting: i64,
+}
+
+/// Admissions counted over about a second, for the rate gauge.
+struct RateWindow {
+    started: Instant,
+    admitted: i64,
+}
+
+struct Advancer {
+    room: WaitingRoom,
+    pool: PgPool,
+    token: String,
+    holding: bool,
+    lines: Vec<Line>,
+    read_at: Option<Instant>,
+    rates: HashMap<String, RateWindow>,
+}
+
+/// Runs until `shutdown`, then gives the lease up so another instance takes over at once.
+pub async fn run(room: WaitingRoom, pool: PgPool, shutdown: CancellationToken) {
+    let interval = millis(room.settings.advance_interval_ms);
+    let mut advancer = Advancer {
+        room,
+        pool,
+        token: hex::encode(rand::random::<[u8; 16]>()),
+        holding: false,
+        lines: Vec::new(),
+        read_at: None,
+        rates: HashMap::new(),
+    };
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            _ = ticker.tick() => {}
+        }
+        advancer.tick().await;
+    }
+    advancer.resign().await;
+}
+
+impl Advancer {
+    async fn tick(&mut self) {
+        let was_holding = self.holding;
+        self.holding = self.hold_lease().await;
+        if self.holding != was_holding {
+            tracing::info!(
+                holding = self.holding,
+                "waiting-room advancer lease changed"
+            );
+        }
+        if !self.holding {
+            return;
+        }
+        let refresh = millis(self.room.settings.stock_refresh_ms);
+        if self.read_at.is_none_or(|at| at.elapsed() >= refresh) {
+            match read_lines(&self.pool).await {
+                Ok(lines) => self.lines = lines,
+                Err(error) => tracing::debug!(%error, "waiting-room lines not re-read"),
+            }
+            self.read_at = Some(Instant::now());
+        }
+        let lines = std::mem::take(&mut self.lines);
+        for line in &lines {
+            match self.advance(line).await {
+                Ok(Some(step)) => self.record(line, step),
+                Ok(None) => break,
+                Err(error) => tracing::debug!(%error, deal = line.id, "line not advanced"),
+            }
+        }
+        self.lines = lines;
+    }
+
+    /// Takes the lease if it is free, renews it if ours; false otherwise.
+    async fn hold_lease(&self) -> bool {
+        let ttl = self.room.settings.lease_ttl_ms.to_string();
+        if self.holding {
+            let renewed = self
+                .room
+                .eval::<i64>(&self.room.scripts.renew, "", &[&self.token, &ttl])
+                .await;
+            return renewed.is_ok_and(|r| r == 1);
+        }
+        let set = redis::cmd("SET")
+            .arg(self.room.redis.key(LEASE_KEY))
+            .arg(&self.token)
+            .arg("NX")
+            .arg("PX")
+            .arg(&ttl)
+            .clone();
+        matches!(
+            self.room.redis.run::<Option<String>>(&set).await,
+            Ok(Some(_))
+        )
+    }
+
+    async fn resign(&self) {
+        if self.holding {
+            let _ = self
+                .room
+                .eval::<i64>(&self.room.scripts.resign, "", &[&self.token])
+                .await;
+        }
+    }
+
+    /// One step of one line; `None` when the lease turned out to be lost.
+    async fn advance(&self, line: &Line) -> Result<Option<Step>, QueueError> {
+        let now = Utc::now();
+        let open = line.is_open(now);
+        let mut may_admit = open && !line.paused;
+        if open && line.terms.is_random() && !self.shuffle(&line.id).await? {
+            may_admit = false;
+        }
+        let s = &self.room.settings;
+        let terms = &line.terms;
+        let units = (line.available + line.reserved) as f64;
+        let stock_cap = (s.stock_multiple * units).ceil() as i64;
+        let args = [
+            self.token.clone(),
+            line.id.clone(),
+            terms.admit_per_second.to_string(),
+            terms.max_active.to_string(),
+            stock_cap.to_string(),
+            (i64::from(terms.pass_ttl_seconds) * 1000).to_string(),
+            (s.abandon_after_seconds * 1000).to_string(),
+            u8::from(line.available == 0).to_string(),
+            s.step_tickets_max.to_string(),
+            s.burst_ms.to_string(),
+            u8::from(may_admit).to_string(),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let reply: Vec<i64> = self
+            .room
+            .eval(&self.room.scripts.advance, &line.id, &args)
+            .await?;
+        let [admitted, skipped, active, waiting] = reply[..] else {
+            return Err(QueueError::Unexpected(format!("advance {reply:?}")));
+        };
+        if admitted < 0 {
+            return Ok(None);
+        }
+        if admitted > 0 && active > i64::from(terms.max_active) {
+            tracing::error!(
+                deal = line.id,
+                active,
+                "waiting room admitted past max_active"
+            );
+        }
+        Ok(Some(Step {
+            admitted,
+            skipped,
+            active,
+            waiting,
+        }))
+    }
+
+    /// Shuffles a random-order line's pre-queue once; true when it is done.
+    async fn shuffle(&self, deal_id: &str) -> Result<bool, QueueError> {
+        let room = &self.room;
+        let seed = shuffle::new_seed();
+        let hash = shuffle::commitment(&seed);
+        let max = room.settings.shuffle_tickets_max.to_string();
+        let args = [self.token.as_str(), &seed, &hash, &max];
+        let (size, seed, shuffled): (i64, String, i64) =
+            room.eval(&room.scripts.freeze, deal_id, &args).await?;
+        if size < 0 {
+            return Ok(false);
+        }
+        if shuffled == 1 {
+            return Ok(true);
+        }
+        let size = size as u64;
+        let positions = shuffle::positions(&seed, size);
+        let mut start = 0;
+        while start < size {
+            let stop = (start + SHUFFLE_CHUNK).min(size) - 1;
+            let range = [self.token.clone(), start.to_string(), stop.to_string()];
+            let range: Vec<&str> = range.iter().map(String::as_str).collect();
+            let tickets: Option<Vec<String>> =
+                room.eval(&room.scripts.issued, deal_id, &range).await?;
+            let Some(tickets) = tickets else {
+                return Ok(false);
+            };
+            let mut args = vec![self.token.clone()];
+            for (k, ticket) in tickets.into_iter().enumerate() {
+                args.push(positions[start as usize + k].to_string());
+                args.push(ticket);
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            if room
+                .eval::<i64>(&room.scripts.place, deal_id, &args)
+                .await?
+                < 0
+            {
+                return Ok(false);
+            }
+            start = stop + 1;
+        }
+        let done: i64 = room
+            .eval(&room.scripts.shuffled, deal_id, &[&self.token])
+            .await?;
+        if done == 0 {
+            tracing::info!(deal_id, size, "pre-queue shuffled; seed published");
+        }
+        Ok(done == 0)
+    }
+
+    fn record(&mut self, line: &Line, step: Step) {
+        let deal = line.id.clone();
+        let rate = f64::from(line.terms.admit_per_second);
+        metrics::gauge!(telemetry::WAITING_ROOM_QUEUE_LENGTH, "deal" => deal.clone())
+            .set(step.waiting as f64);
+        metrics::gauge!(telemetry::WAITING_ROOM_PASSES_ACTIVE, "deal" => deal.clone())
+            .set(step.active as f64);
+        metrics::gauge!(telemetry::WAITING_ROOM_ESTIMATED_WAIT, "deal" => deal.clone())
+            .set(step.waiting as f64 / rate);
+        metrics::counter!(telemetry::WAITING_ROOM_ADMITTED, "deal" => deal.clone())
+            .increment(step.admitted as u64);
+        metrics::counter!(telemetry::WAITING_ROOM_ABANDONED, "deal" => deal.clone())
+            .increment(step.skipped as u64);
+        let window = self.rates.entry(deal.clone()).or_insert(RateWindow {
+            started: Instant::now(),
+            admitted: 0,
+        });
+        window.admitted += step.admitted;
+        let elapsed = window.started.elapsed();
+        if elapsed >= Duration::from_secs(1) {
+            metrics::gauge!(telemetry::WAITING_ROOM_ADMISSION_RATE, "deal" => deal)
+                .set(window.admitted as f64 / elapsed.as_secs_f64());
+            window.started = Instant::now();
+            window.admitted = 0;
+        }
+    }
+}
+
+/// Deals with a waiting room still on sale, with their stock.
+async fn read_lines(pool: &PgPool) -> Result<Vec<Line>, StoreError> {
+    let lines = sqlx::query_as::<_, Line>(
+        "SELECT d.id, d.starts_at, d.ends_at, d.paused, d.wr_enabled, d.wr_admit_per_second,
+                d.wr_max_active, d.wr_pass_ttl_seconds, d.wr_queue_order, d.wr_prequeue_opens_at,
+                COALESCE(sum(b.available), 0)::bigint AS available,
+                COALESCE(sum(b.reserved), 0)::bigint AS reserved
+           FROM deals d LEFT JOIN inventory_buckets b ON b.deal_id = d.id
+          WHERE d.wr_enabled AND (d.ends_at IS NULL OR d.ends_at > now())
+          GROUP BY d.id ORDER BY d.id LIMIT $1",
+    )
+    .bind(LINES_MAX)
+    .fetch_all(pool)
+    .await?;
+    Ok(lines)
+}

@@ -1,0 +1,265 @@
+//! The waiting room: a fair line in front of a deal, admitting buyers at a controlled rate.
+//!
+//! A buyer takes a ticket (one per user per deal) and polls it; an advancer moves the line
+//! at the deal's `admit_per_second`, never letting more than `max_active` passes (or a
+//! multiple of the stock left) be outstanding, and a buyer at the front gets a signed pass
+//! to order with. All state lives in Redis under `redis.key_prefix`, each change one Lua
+//! script (`scripts`), so every instance serves one shared line; polls never touch
+//! PostgreSQL. Passes are checked in memory (`pass`). One instance at a time advances the
+//! lines, holding a Redis lease (`advancer`); random-order lines are shuffled verifiably
+//! when the sale opens (`shuffle`).
+//!
+//! Without Redis, tickets cannot be taken or polled (503) and the line stands still; orders
+//! on deals with a waiting room still need a valid pass, so nobody skips the line.
+
+pub mod advancer;
+pub mod pass;
+mod scripts;
+pub mod shuffle;
+
+use std::sync::Arc;
+
+use redis::Value;
+
+use crate::config::WaitingRoomSettings;
+use crate::deals::Deal;
+use crate::redis_link::{RedisError, RedisHandle};
+use crate::telemetry;
+
+pub use pass::{PassError, Passes, VerifiedPass};
+use scripts::Scripts;
+
+/// Where a ticket stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TicketState {
+    /// In line.
+    Waiting,
+    /// At the front: the poll answer carries a pass.
+    Admitted,
+    /// The deal sold out while the ticket waited; it keeps its place in case stock returns.
+    SoldOut,
+    /// The pass ran out unused, or the ticket was skipped after its holder stopped polling.
+    Expired,
+}
+
+impl TicketState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TicketState::Waiting => "waiting",
+            TicketState::Admitted => "admitted",
+            TicketState::SoldOut => "sold_out",
+            TicketState::Expired => "expired",
+        }
+    }
+
+    fn parse(text: &str) -> Self {
+        match text {
+            "admitted" => TicketState::Admitted,
+            "sold_out" => TicketState::SoldOut,
+            "expired" => TicketState::Expired,
+            _ => TicketState::Waiting,
+        }
+    }
+}
+
+/// One ticket as a poll sees it.
+#[derive(Debug, Clone)]
+pub struct TicketStatus {
+    pub ticket: String,
+    /// 1-based place in the line; dense across instances.
+    pub position: u64,
+    /// The highest position the advancer has passed (admitted or skipped).
+    pub admitted_through: u64,
+    /// Tickets still waiting in front of this one.
+    pub ahead: u64,
+    pub state: TicketState,
+    /// When the pass expires (unix milliseconds); 0 unless admitted.
+    pub pass_expires_ms: i64,
+    /// Redis's clock when the status was read (unix milliseconds).
+    pub now_ms: i64,
+}
+
+/// A line as the public sees it.
+#[derive(Debug, Clone, Default)]
+pub struct LineStatus {
+    pub admitted_through: u64,
+    pub waiting: u64,
+    pub sold_out: bool,
+    pub seed_sha256: Option<String>,
+    /// Published once the pre-queue was shuffled.
+    pub seed: Option<String>,
+    pub prequeue_size: Option<u64>,
+    pub passes_active: u64,
+    pub admitted_total: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("the waiting room is unavailable: {0}")]
+    Unavailable(#[from] RedisError),
+    #[error("unexpected answer from redis: {0}")]
+    Unexpected(String),
+}
+
+/// The Redis keys of one deal's line, in the order the scripts expect.
+struct Keys([String; 13]);
+
+impl Keys {
+    fn of(redis: &RedisHandle, deal_id: &str) -> Self {
+        let deal = |name: &str| redis.key(&format!("wr:{deal_id}:{name}"));
+        Keys([
+            deal("meta"),
+            deal("users"),
+            deal("t_user"),
+            deal("t_pos"),
+            deal("t_issue"),
+            deal("t_seen"),
+            deal("t_adm"),
+            deal("t_skip"),
+            deal("line"),
+            deal("active"),
+            redis.key(advancer::LEASE_KEY),
+            redis.key(crate::admission::soldout::SET_KEY),
+            deal("issued"),
+        ])
+    }
+}
+
+/// Queue operations shared by every handler of one instance; cheap to clone.
+#[derive(Clone)]
+pub struct WaitingRoom {
+    redis: RedisHandle,
+    passes: Passes,
+    scripts: Arc<Scripts>,
+    settings: Arc<WaitingRoomSettings>,
+}
+
+impl WaitingRoom {
+    pub fn new(settings: &WaitingRoomSettings, redis: RedisHandle) -> Self {
+        Self {
+            redis,
+            passes: Passes::new(&settings.pass_secret),
+            scripts: Arc::new(Scripts::new()),
+            settings: Arc::new(settings.clone()),
+        }
+    }
+
+    pub fn passes(&self) -> &Passes {
+        &self.passes
+    }
+
+    pub fn settings(&self) -> &WaitingRoomSettings {
+        &self.settings
+    }
+
+    /// Runs `script` on the deal's keys with `args`.
+    async fn eval<T: redis::FromRedisValue>(
+        &self,
+        script: &str,
+        deal_id: &str,
+        args: &[&str],
+    ) -> Result<T, RedisError> {
+        let keys = Keys::of(&self.redis, deal_id);
+        let cmd = redis::cmd("EVAL")
+            .arg(script)
+            .arg(keys.0.len())
+            .arg(&keys.0[..])
+            .arg(args)
+            .clone();
+        self.redis.run(&cmd).await
+    }
+
+    /// The user's ticket for the deal, issued on the first call; the same afterwards.
+    pub async fn join(&self, deal: &Deal, user: &str) -> Result<TicketStatus, QueueError> {
+        // 128 random bits: a ticket cannot be guessed, and only its holder can poll it.
+        let ticket = hex::encode(rand::random::<[u8; 16]>());
+        let (seed, hash) = if deal.waiting_room.is_random() {
+            let seed = shuffle::new_seed();
+            let hash = shuffle::commitment(&seed);
+            (seed, hash)
+        } else {
+            (String::new(), String::new())
+        };
+        let args = [user, ticket.as_str(), seed.as_str(), hash.as_str()];
+        let reply: Value = self.eval(&self.scripts.join, &deal.id, &args).await?;
+        parse_status(reply)?.ok_or_else(|| QueueError::Unexpected("no ticket".into()))
+    }
+
+    /// The ticket's status if it is `user`'s; records the poll so the ticket is not abandoned.
+    pub async fn poll(
+        &self,
+        deal_id: &str,
+        user: &str,
+        ticket: &str,
+    ) -> Result<Option<TicketStatus>, QueueError> {
+        let reply: Value = self
+            .eval(&self.scripts.poll, deal_id, &[ticket, user])
+            .await?;
+        parse_status(reply)
+    }
+
+    /// The public view of the line.
+    pub async fn line(&self, deal_id: &str) -> Result<LineStatus, QueueError> {
+        let m: Vec<String> = self.eval(&self.scripts.public, deal_id, &[]).await?;
+        let [through, waiting, state, hash, seed, size, active, total] = m.as_slice() else {
+            return Err(QueueError::Unexpected(format!("line status {m:?}")));
+        };
+        let some = |s: &String| (!s.is_empty()).then(|| s.clone());
+        Ok(LineStatus {
+            admitted_through: through.parse().unwrap_or(0),
+            waiting: waiting.parse().unwrap_or(0),
+            sold_out: state == "sold_out",
+            seed_sha256: some(hash),
+            seed: some(seed),
+            prequeue_size: size.parse().ok(),
+            passes_active: active.parse().unwrap_or(0),
+            admitted_total: total.parse().unwrap_or(0),
+        })
+    }
+
+    /// A pass placed an order: free its slot now rather than at its expiry. Best effort.
+    pub async fn release(&self, deal_id: &str, pass_id: &str) {
+        let freed = self
+            .eval::<i64>(&self.scripts.release, deal_id, &[pass_id])
+            .await;
+        if let Err(error) = freed {
+            tracing::debug!(%error, deal_id, "pass slot not freed; it frees at its expiry");
+        }
+    }
+
+    /// Verifies a pass for an order, counting refusals by reason.
+    pub fn check_pass(
+        &self,
+        pass: Option<&[u8]>,
+        deal_id: &str,
+        user: &str,
+    ) -> Result<VerifiedPass, PassError> {
+        let now = chrono::Utc::now().timestamp();
+        self.passes
+            .verify(pass, deal_id, user, now)
+            .inspect_err(|error| {
+                metrics::counter!(telemetry::WAITING_ROOM_PASS_REJECTIONS, "reason" => error.reason())
+                    .increment(1);
+            })
+    }
+}
+
+/// Reads the `status` tuple of the scripts (nil: no such ticket).
+fn parse_status(reply: Value) -> Result<Option<TicketStatus>, QueueError> {
+    if matches!(reply, Value::Nil) {
+        return Ok(None);
+    }
+    type Row = (String, u64, u64, u64, String, i64, i64, u64);
+    let (ticket, position, admitted_through, ahead, state, pass_expires_ms, now_ms, _waiting): Row =
+        redis::FromRedisValue::from_redis_value(reply)
+            .map_err(|e| QueueError::Unexpected(e.to_string()))?;
+    Ok(Some(TicketStatus {
+        ticket,
+        position,
+        admitted_through,
+        ahead,
+        state: TicketState::parse(&state),
+        pass_expires_ms,
+        now_ms,
+    }))
+}

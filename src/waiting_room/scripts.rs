@@ -1,0 +1,248 @@
+//! The Lua scripts that change a line. Each step is one script, so it is atomic in Redis and
+//! every instance sees one line. All take the same KEYS, in the order of `Keys::all`:
+//!
+//! 1 `meta` hash: `seq` (tickets issued), `admitted_through`, `admitted_total`,
+//!   `abandoned_total`, `state` (`sold_out` while sold out), `sold_out_at`, `budget`,
+//!   `budget_at`, and for random order `seed`, `seed_sha256`, `prequeue_size`, `shuffled`;
+//! 2 `users` hash user → ticket; 3 `t_user` ticket → user; 4 `t_pos` ticket → position;
+//! 5 `t_issue` ticket → issue number; 6 `t_seen` ticket → last poll (ms);
+//! 7 `t_adm` ticket → pass expiry (ms), once admitted; 8 `t_skip` ticket → skipped at (ms);
+//! 9 `line` sorted set of waiting tickets by position; 10 `active` sorted set of passes by
+//! expiry (ms); 11 the advancer lease; 12 the shared sold-out set; 13 `issued` list of
+//! tickets in issue order.
+//!
+//! Times come from Redis (`TIME`), so instances with skewed clocks still agree.
+
+/// Shared helpers, prepended to every script.
+const PRELUDE: &str = r#"
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function status(t, now)
+  local pos = tonumber(redis.call('HGET', KEYS[4], t))
+  local through = tonumber(redis.call('HGET', KEYS[1], 'admitted_through') or '0')
+  local state, exp = 'waiting', 0
+  local adm = redis.call('HGET', KEYS[7], t)
+  if adm then
+    exp = tonumber(adm)
+    if exp > now then state = 'admitted' else state = 'expired' end
+  elseif redis.call('HEXISTS', KEYS[8], t) == 1 then
+    state = 'expired'
+  elseif redis.call('HGET', KEYS[1], 'state') == 'sold_out' then
+    state = 'sold_out'
+  end
+  local ahead = 0
+  if state == 'waiting' or state == 'sold_out' then
+    ahead = redis.call('ZCOUNT', KEYS[9], '-inf', '(' .. pos)
+  end
+  return {t, pos, through, ahead, state, exp, now, redis.call('ZCARD', KEYS[9])}
+end
+local function ensure_seed(seed, hash)
+  if seed ~= '' and redis.call('HEXISTS', KEYS[1], 'seed') == 0 then
+    redis.call('HSET', KEYS[1], 'seed', seed, 'seed_sha256', hash)
+  end
+end
+local function holds_lease(token)
+  return redis.call('GET', KEYS[11]) == token
+end
+"#;
+
+/// ARGV: user, a fresh ticket id, seed, seed hash (both empty for fifo).
+/// Returns the status of the user's one ticket, issuing it on first call.
+const JOIN: &str = r#"
+local now = now_ms()
+local t = redis.call('HGET', KEYS[2], ARGV[1])
+if not t then
+  t = ARGV[2]
+  local n = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+  redis.call('HSET', KEYS[2], ARGV[1], t)
+  redis.call('HSET', KEYS[3], t, ARGV[1])
+  redis.call('HSET', KEYS[4], t, n)
+  redis.call('HSET', KEYS[5], t, n)
+  redis.call('ZADD', KEYS[9], n, t)
+  redis.call('RPUSH', KEYS[13], t)
+  ensure_seed(ARGV[3], ARGV[4])
+end
+redis.call('HSET', KEYS[6], t, now)
+return status(t, now)
+"#;
+
+/// ARGV: ticket, user. Nil when the ticket is unknown or someone else's; otherwise records
+/// the poll (for abandonment) and returns the ticket's status.
+const POLL: &str = r#"
+if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then return false end
+local now = now_ms()
+redis.call('HSET', KEYS[6], ARGV[1], now)
+return status(ARGV[1], now)
+"#;
+
+/// No ARGV. The line as the public sees it.
+const PUBLIC: &str = r#"
+local now = now_ms()
+redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', now)
+local m = redis.call('HMGET', KEYS[1], 'admitted_through', 'state', 'seed_sha256', 'seed',
+  'shuffled', 'prequeue_size', 'admitted_total')
+return {m[1] or '0', tostring(redis.call('ZCARD', KEYS[9])), m[2] or '', m[3] or '',
+  (m[5] == '1' and m[4]) or '', m[6] or '', tostring(redis.call('ZCARD', KEYS[10])),
+  m[7] or '0'}
+"#;
+
+/// ARGV: pass id. Frees the pass's active slot (it placed an order).
+const RELEASE: &str = r#"
+return redis.call('ZREM', KEYS[10], ARGV[1])
+"#;
+
+/// ARGV: lease token, deal id, admit_per_second, max_active, stock cap (-1: none),
+/// pass ttl ms, abandon grace ms, sold out by stock (0/1), tickets max, burst ms,
+/// may admit (0/1). Returns {admitted, skipped, passes active, waiting}, or {-1} without
+/// the lease.
+const ADVANCE: &str = r#"
+if not holds_lease(ARGV[1]) then return {-1, 0, 0, 0} end
+local now = now_ms()
+redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', now)
+local active = redis.call('ZCARD', KEYS[10])
+local waiting = redis.call('ZCARD', KEYS[9])
+if ARGV[8] == '1' or redis.call('SISMEMBER', KEYS[12], ARGV[2]) == 1 then
+  if redis.call('HGET', KEYS[1], 'state') ~= 'sold_out' then
+    redis.call('HSET', KEYS[1], 'state', 'sold_out', 'sold_out_at', now)
+  end
+  redis.call('HSET', KEYS[1], 'budget', 0, 'budget_at', now)
+  return {0, 0, active, waiting}
+end
+if redis.call('HGET', KEYS[1], 'state') == 'sold_out' then
+  redis.call('HSET', KEYS[1], 'state', 'open', 'resumed_at', now)
+end
+if ARGV[11] ~= '1' then
+  redis.call('HSET', KEYS[1], 'budget', 0, 'budget_at', now)
+  return {0, 0, active, waiting}
+end
+local rate = tonumber(ARGV[3])
+local cap = rate * tonumber(ARGV[10]) / 1000
+if cap < 1 then cap = 1 end
+local budget = tonumber(redis.call('HGET', KEYS[1], 'budget') or '0')
+local at = tonumber(redis.call('HGET', KEYS[1], 'budget_at') or tostring(now))
+if now > at then budget = budget + (now - at) * rate / 1000 end
+if budget > cap then budget = cap end
+local slots = math.floor(budget)
+local free = tonumber(ARGV[4]) - active
+if free < slots then slots = free end
+local stock_cap = tonumber(ARGV[5])
+if stock_cap >= 0 and stock_cap - active < slots then slots = stock_cap - active end
+local ttl, grace, seen_max = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[9])
+local admitted, skipped, seen, through = 0, 0, 0, nil
+while admitted < slots and seen < seen_max do
+  local head = redis.call('ZRANGE', KEYS[9], 0, 0, 'WITHSCORES')
+  if #head == 0 then break end
+  local t = head[1]
+  redis.call('ZREM', KEYS[9], t)
+  through = head[2]
+  seen = seen + 1
+  local last = tonumber(redis.call('HGET', KEYS[6], t) or '0')
+  if now - last > grace then
+    redis.call('HSET', KEYS[8], t, now)
+    skipped = skipped + 1
+  else
+    redis.call('HSET', KEYS[7], t, now + ttl)
+    redis.call('ZADD', KEYS[10], now + ttl, t)
+    admitted = admitted + 1
+  end
+end
+if through then redis.call('HSET', KEYS[1], 'admitted_through', through) end
+redis.call('HSET', KEYS[1], 'budget', tostring(budget - admitted), 'budget_at', now)
+if admitted > 0 then redis.call('HINCRBY', KEYS[1], 'admitted_total', admitted) end
+if skipped > 0 then redis.call('HINCRBY', KEYS[1], 'abandoned_total', skipped) end
+return {admitted, skipped, active + admitted, waiting - seen}
+"#;
+
+/// ARGV: lease token, seed, seed hash, shuffle size max. Before a random-order line opens:
+/// fixes the pre-queue (`prequeue_size`, once) and the seed. Returns {prequeue size,
+/// seed, shuffled (0/1)}, or {-1} without the lease.
+const FREEZE: &str = r#"
+if not holds_lease(ARGV[1]) then return {-1, '', 0} end
+ensure_seed(ARGV[2], ARGV[3])
+local m = redis.call('HMGET', KEYS[1], 'prequeue_size', 'seq', 'seed', 'shuffled')
+local size = m[1]
+if not size then
+  size = math.min(tonumber(m[2] or '0'), tonumber(ARGV[4]))
+  redis.call('HSET', KEYS[1], 'prequeue_size', size)
+end
+return {tonumber(size), m[3], (m[4] == '1') and 1 or 0}
+"#;
+
+/// ARGV: lease token, start, stop. The tickets issued `start+1`-th to `stop+1`-th.
+const ISSUED: &str = r#"
+if not holds_lease(ARGV[1]) then return false end
+return redis.call('LRANGE', KEYS[13], ARGV[2], ARGV[3])
+"#;
+
+/// ARGV: lease token, then position, ticket pairs. Moves tickets to their shuffled places.
+const PLACE: &str = r#"
+if not holds_lease(ARGV[1]) then return -1 end
+for i = 2, #ARGV, 2 do
+  redis.call('HSET', KEYS[4], ARGV[i + 1], ARGV[i])
+  redis.call('ZADD', KEYS[9], 'XX', ARGV[i], ARGV[i + 1])
+end
+return 0
+"#;
+
+/// ARGV: lease token. Marks the shuffle done, which publishes the seed.
+const SHUFFLED: &str = r#"
+if not holds_lease(ARGV[1]) then return -1 end
+redis.call('HSET', KEYS[1], 'shuffled', '1')
+return 0
+"#;
+
+/// ARGV: lease token, ttl ms. Renews the lease if still ours.
+const RENEW: &str = r#"
+if not holds_lease(ARGV[1]) then return 0 end
+redis.call('PEXPIRE', KEYS[11], ARGV[2])
+return 1
+"#;
+
+/// ARGV: lease token. Gives the lease up on shutdown, if still ours.
+const RESIGN: &str = r#"
+if not holds_lease(ARGV[1]) then return 0 end
+redis.call('DEL', KEYS[11])
+return 1
+"#;
+
+/// The scripts, with the shared helpers in front.
+pub struct Scripts {
+    pub join: String,
+    pub poll: String,
+    pub public: String,
+    pub release: String,
+    pub advance: String,
+    pub freeze: String,
+    pub issued: String,
+    pub place: String,
+    pub shuffled: String,
+    pub renew: String,
+    pub resign: String,
+}
+
+impl Scripts {
+    pub fn new() -> Self {
+        let with = |body: &str| format!("{PRELUDE}{body}");
+        Self {
+            join: with(JOIN),
+            poll: with(POLL),
+            public: with(PUBLIC),
+            release: with(RELEASE),
+            advance: with(ADVANCE),
+            freeze: with(FREEZE),
+            issued: with(ISSUED),
+            place: with(PLACE),
+            shuffled: with(SHUFFLED),
+            renew: with(RENEW),
+            resign: with(RESIGN),
+        }
+    }
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        Self::new()
+    }
+}

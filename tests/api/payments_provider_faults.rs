@@ -1,0 +1,67 @@
+//! The provider's API misbehaving: a create call that times out is an unknown outcome,
+//! never a failure, and repeating it must not charge twice.
+
+use serde_json::json;
+
+use crate::helpers::{SETTLE, attempts_of, new_deal, spawn_pay_app_with, stock};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_timed_out_create_is_repeated_with_the_same_key_and_makes_one_payment() {
+    let app = spawn_pay_app_with(|s| {
+        s.payments.request_timeout_ms = 300;
+        s.payments.retries_max = 2;
+    })
+    .await;
+    // The default five-minute reservation: longer than the shortest provider session.
+    let deal = app.given_deal(&new_deal("slow1", 10, 2)).await;
+    let alice = app.token("alice");
+    // Every create takes effect at the provider but answers after the gateway gave up.
+    app.sim.faults(json!({"api_delay_ms": 1000})).await;
+
+    let first = app.place_order(&alice, &deal, "k-slow", 1).await;
+    let order = first.expect(201);
+    let order_id = order["order_id"].as_str().unwrap().to_owned();
+    assert_eq!(order["status"], "PENDING_PAYMENT");
+    assert!(
+        order["payment"]["checkout_url"].is_null(),
+        "no answer from the provider yet: {order}"
+    );
+    let intents = app.sim.intents().await;
+    assert_eq!(intents.len(), 1, "one intent for one attempt: {intents:#?}");
+    let attempt_id = order["payment"]["attempt_id"].as_str().unwrap();
+    assert_eq!(intents[0]["reference"], attempt_id);
+
+    // The provider recovers; the client retries the same order request a bit later.
+    app.sim.reset_faults().await;
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    let retried = app.place_order(&alice, &deal, "k-slow", 1).await;
+    assert_eq!(retried.header("idempotent-replayed"), Some("true"));
+    let retried = retried.expect(201);
+    assert_eq!(retried["order_id"], order["order_id"]);
+    assert_eq!(
+        retried["payment"]["attempt_id"],
+        order["payment"]["attempt_id"]
+    );
+    let intent_id = crate::helpers::intent_id(&retried);
+    assert_eq!(
+        intents[0]["id"], intent_id,
+        "the retry found the same payment"
+    );
+    let intents = app.sim.intents().await;
+    assert_eq!(intents.len(), 1, "no second charge: {intents:#?}");
+
+    assert_eq!(app.sim.pay(&intent_id).await.0, 200);
+    app.wait_for_order(&alice, &order_id, &["PAID"], SETTLE)
+        .await;
+    let attempts = attempts_of(&app.db, &order_id).await;
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    assert_eq!(
+        attempts[0].provider_payment_id.as_deref(),
+        Some(intent_id.as_str())
+    );
+    assert!(attempts[0].accepted);
+    assert_eq!(app.sim.intents().await.len(), 1);
+    assert_eq!(stock(&app.db, &deal).await, (9, 0, 1));
+    app.assert_invariants(&deal).await;
+    app.cleanup().await;
+}
