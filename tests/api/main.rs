@@ -31,3 +31,4 @@ mod payments_webhooks;
 mod rate_limits;
 mod redis_outage;
 mod shutdown;
+mod waiting_room;
