@@ -32,3 +32,4 @@ mod rate_limits;
 mod redis_outage;
 mod shutdown;
 mod waiting_room;
+mod waiting_room_multi;

@@ -1,0 +1,470 @@
+//! Several `flashgate serve` processes sharing one Redis line: dense positions, one place
+//! per user, the admission rate, `max_active`, advancer failover, and a 20,000-user flash
+//! sale for 500 units.
+
+use std::collections::{HashMap, HashSet};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use flashgate::config::Settings;
+use futures_like::run_all;
+use redis::aio::MultiplexedConnection;
+use serde_json::{Value, json};
+
+use crate::helpers::{
+    Api, ChildGuard, TestDb, assert_invariants, delete_redis_keys, free_port, metric_value,
+    test_log, test_settings,
+};
+use crate::multi_process::wait_until_healthy;
+use crate::waiting_room::{join, line, order_with_pass, poll, room_deal};
+
+/// Starts `flashgate serve` with fast waiting-room timers.
+fn spawn_gateway(settings: &Settings, port: u16) -> ChildGuard {
+    let output = || {
+        if test_log() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        }
+    };
+    let unlimited = "1000000";
+    let mut command = Command::new(env!("CARGO_BIN_EXE_flashgate"));
+    command
+        .arg("serve")
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("RUST_LOG", if test_log() { "info" } else { "warn" })
+        .env("DATABASE_URL", &settings.database.url)
+        .env("REDIS_URL", &settings.redis.url)
+        .env("FLASHGATE_LISTEN", format!("127.0.0.1:{port}"))
+        .env("FLASHGATE_ADMIN_TOKEN", &settings.auth.admin_token)
+        .env("FLASHGATE_JWT_SECRET", &settings.auth.jwt_secret)
+        .env("FLASHGATE__REDIS__KEY_PREFIX", &settings.redis.key_prefix)
+        .env("FLASHGATE__REDIS__COMMAND_TIMEOUT_MS", "1000")
+        .env("FLASHGATE__DATABASE__REQUEST_POOL_MAX", "8")
+        .env("FLASHGATE__DATABASE__BACKGROUND_POOL_MAX", "2")
+        .env("FLASHGATE__DATABASE__ACQUIRE_TIMEOUT_MS", "2000")
+        .env("FLASHGATE__SOLDOUT__REFRESH_INTERVAL_MS", "100")
+        .env(
+            "FLASHGATE__WAITING_ROOM__PASS_SECRET",
+            &settings.waiting_room.pass_secret,
+        )
+        .env("FLASHGATE__WAITING_ROOM__LEASE_TTL_MS", "1500")
+        .env("FLASHGATE__WAITING_ROOM__STOCK_REFRESH_MS", "200")
+        .env("FLASHGATE__WAITING_ROOM__ABANDON_AFTER_SECONDS", "600");
+    for scope in ["PER_IP", "PER_USER", "PER_DEAL"] {
+        command
+            .env(
+                format!("FLASHGATE__LIMITS__{scope}__RATE_PER_SECOND"),
+                unlimited,
+            )
+            .env(format!("FLASHGATE__LIMITS__{scope}__BURST"), unlimited);
+    }
+    let child = command
+        .stdout(output())
+        .stderr(output())
+        .spawn()
+        .expect("start flashgate serve");
+    ChildGuard { child }
+}
+
+struct Cluster {
+    database: TestDb,
+    settings: Settings,
+    gateways: Vec<ChildGuard>,
+    apis: Vec<Api>,
+}
+
+impl Cluster {
+    async fn start(count: usize) -> Cluster {
+        let database = TestDb::create().await;
+        let mut settings = test_settings(&database.url);
+        settings.waiting_room.pass_secret = format!("test-pass-secret-{}", database.name);
+        let mut gateways = Vec::new();
+        let mut apis = Vec::new();
+        for _ in 0..count {
+            let port = free_port();
+            gateways.push(spawn_gateway(&settings, port));
+            apis.push(Api::new(&format!("http://127.0.0.1:{port}"), &settings));
+        }
+        for (gateway, api) in gateways.iter_mut().zip(&apis) {
+            wait_until_healthy(gateway, api).await;
+        }
+        Cluster {
+            database,
+            settings,
+            gateways,
+            apis,
+        }
+    }
+
+    async fn redis(&self) -> MultiplexedConnection {
+        let client = redis::Client::open(self.settings.redis.url.as_str()).unwrap();
+        client.get_multiplexed_async_connection().await.unwrap()
+    }
+
+    fn key(&self, deal: &str, name: &str) -> String {
+        format!("{}wr:{deal}:{name}", self.settings.redis.key_prefix)
+    }
+
+    async fn cleanup(mut self) {
+        for gateway in &mut self.gateways {
+            gateway.kill();
+        }
+        delete_redis_keys(&self.settings.redis.url, &self.settings.redis.key_prefix).await;
+        self.database.drop_database().await;
+    }
+}
+
+/// Tiny helpers to run many requests with bounded concurrency.
+mod futures_like {
+    use std::future::Future;
+    use std::sync::Arc;
+
+    /// Runs `task(i)` for `i in 0..count`, at most `concurrency` at a time; results in order.
+    pub async fn run_all<T, F, Fut>(count: usize, concurrency: usize, task: F) -> Vec<T>
+    where
+        T: Send + 'static,
+        F: Fn(usize) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = T> + Send + 'static,
+    {
+        let task = Arc::new(task);
+        let semaphore = Arc::new(tokio::sync::Semaphore::new(concurrency));
+        let mut handles = Vec::with_capacity(count);
+        for i in 0..count {
+            let permit = semaphore.clone().acquire_owned().await.unwrap();
+            let task = task.clone();
+            handles.push(tokio::spawn(async move {
+                let value = task(i).await;
+                drop(permit);
+                value
+            }));
+        }
+        let mut values = Vec::with_capacity(count);
+        for handle in handles {
+            values.push(handle.await.expect("task"));
+        }
+        values
+    }
+}
+
+/// Unexpired, unused-or-used passes: `t_adm` entries whose expiry is still ahead.
+async fn passes_outstanding(redis: &mut MultiplexedConnection, key: &str) -> usize {
+    let adm: HashMap<String, i64> = redis::cmd("HGETALL")
+        .arg(key)
+        .query_async(redis)
+        .await
+        .unwrap();
+    let (now_s, now_us): (i64, i64) = redis::cmd("TIME").query_async(redis).await.unwrap();
+    let now_ms = now_s * 1000 + now_us / 1000;
+    adm.values().filter(|expiry| **expiry > now_ms).count()
+}
+
+/// The gateway whose advancer admitted tickets of `deal`, if exactly one did.
+async fn advancing(apis: &[Api], deal: &str) -> Option<usize> {
+    let mut holders = Vec::new();
+    for (i, api) in apis.iter().enumerate() {
+        let text = api.metrics().await;
+        let label = format!("deal=\"{deal}\"");
+        if metric_value(&text, "flashgate_waiting_room_admitted_total", &label) > 0.0 {
+            holders.push(i);
+        }
+    }
+    (holders.len() == 1).then(|| holders[0])
+}
+
+async fn admitted_through(api: &Api, deal: &str) -> u64 {
+    line(api, deal).await["admitted_through"].as_u64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_processes_share_one_fair_line() {
+    // Arrange: three gateways; line A moves at 200/s, line B holds at most 40 passes.
+    let mut cluster = Cluster::start(3).await;
+    let apis = cluster.apis.clone();
+    let room_a = json!({"admit_per_second": 200, "max_active": 100000, "pass_ttl_seconds": 600});
+    let room_b = json!({"admit_per_second": 500, "max_active": 40, "pass_ttl_seconds": 2});
+    let a = apis[0]
+        .given_deal(&room_deal("linea", 100000, room_a, json!({})))
+        .await;
+    let b = apis[0]
+        .given_deal(&room_deal("lineb", 100000, room_b, json!({})))
+        .await;
+    const USERS: usize = 4000;
+
+    // Act 1: every user joins line A twice, through two different processes.
+    let (apis_c, a_c) = (apis.clone(), a.clone());
+    let replies = run_all(USERS, 96, move |i| {
+        let (apis, deal) = (apis_c.clone(), a_c.clone());
+        async move {
+            let user = format!("user-{i}");
+            let first = join(&apis[i % 3], &user, &deal).await.expect(201);
+            let second = join(&apis[(i + 1) % 3], &user, &deal).await.expect(201);
+            (first, second)
+        }
+    })
+    .await;
+    let (apis_c, b_c) = (apis.clone(), b.clone());
+    run_all(400, 32, move |i| {
+        let (apis, deal) = (apis_c.clone(), b_c.clone());
+        async move {
+            join(&apis[i % 3], &format!("b-{i}"), &deal)
+                .await
+                .expect(201)
+        }
+    })
+    .await;
+
+    // Assert 1: one place per user; positions unique and dense across processes.
+    let mut positions = HashSet::new();
+    for (first, second) in &replies {
+        assert_eq!(first["ticket"], second["ticket"], "one ticket per user");
+        assert_eq!(first["position"], second["position"], "one place per user");
+        assert!(positions.insert(first["position"].as_u64().unwrap()));
+    }
+    assert_eq!(positions, (1..=USERS as u64).collect::<HashSet<u64>>());
+
+    // Act 2: watch both lines for five seconds.
+    let mut redis = cluster.redis().await;
+    let b_adm = cluster.key(&b, "t_adm");
+    let started = Instant::now();
+    let through_start = admitted_through(&apis[0], &a).await;
+    let mut outstanding_max = 0;
+    while started.elapsed() < Duration::from_secs(5) {
+        outstanding_max = outstanding_max.max(passes_outstanding(&mut redis, &b_adm).await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let through_end = admitted_through(&apis[1], &a).await;
+    let seconds = started.elapsed().as_secs_f64();
+
+    // Assert 2: the rate is within 10% of admit_per_second; B never exceeds max_active but
+    // keeps admitting as passes expire.
+    let rate = (through_end - through_start) as f64 / seconds;
+    assert!(
+        (180.0..=220.0).contains(&rate),
+        "admission rate {rate:.1}/s"
+    );
+    assert!(through_end < USERS as u64, "the line was still moving");
+    assert!(
+        outstanding_max <= 40,
+        "{outstanding_max} passes outstanding"
+    );
+    let b_admitted: u64 = redis::cmd("HLEN")
+        .arg(&b_adm)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(
+        b_admitted > 80,
+        "B admitted {b_admitted}: expired passes freed slots"
+    );
+
+    // Act 3: kill the advancing process.
+    let holder = advancing(&apis, &a).await.expect("one process advances");
+    cluster.gateways[holder].kill();
+    let survivor = &apis[(holder + 1) % 3];
+    let killed_at = Instant::now();
+    let through_killed = admitted_through(survivor, &a).await;
+    let resumed = loop {
+        let through = admitted_through(survivor, &a).await;
+        if through > through_killed + 20 {
+            break killed_at.elapsed();
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(10),
+            "the line stalled after the advancer died"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+
+    // Assert 3: another process took over within a few seconds, at the same rate.
+    assert!(resumed < Duration::from_secs(4), "stalled for {resumed:?}");
+    let t0 = Instant::now();
+    let from = admitted_through(survivor, &a).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rate = (admitted_through(survivor, &a).await - from) as f64 / t0.elapsed().as_secs_f64();
+    assert!(
+        (170.0..=230.0).contains(&rate),
+        "rate after takeover {rate:.1}/s"
+    );
+    eprintln!(
+        "shared line: {b_admitted} admitted on B with at most {outstanding_max} outstanding; \
+         takeover after {resumed:?}, then {rate:.1}/s"
+    );
+    cluster.cleanup().await;
+}
+
+/// What happened to one queued user in the flash sale.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Outcome {
+    Ordered,
+    AdmittedTooLate,
+    ToldSoldOut,
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn flash_sale_of_500_units_to_20000_queued_users() {
+    // Arrange: two gateways, 500 units, one per user.
+    let cluster = Cluster::start(2).await;
+    let apis = cluster.apis.clone();
+    let room = json!({"admit_per_second": 2000, "max_active": 300, "pass_ttl_seconds": 60});
+    let deal = apis[0]
+        .given_deal(&room_deal("flash", 500, room, json!({})))
+        .await;
+    const USERS: usize = 20_000;
+
+    // Act 1: 20,000 users queue.
+    let (apis_c, deal_c) = (apis.clone(), deal.clone());
+    let tickets = run_all(USERS, 128, move |i| {
+        let (apis, deal) = (apis_c.clone(), deal_c.clone());
+        async move {
+            let body = join(&apis[i % 2], &format!("fan-{i}"), &deal)
+                .await
+                .expect(201);
+            let position = body["position"].as_u64().unwrap();
+            (position, body["ticket"].as_str().unwrap().to_owned())
+        }
+    })
+    .await;
+
+    // Act 2: 1,000 of them try to order without a pass.
+    let (apis_c, deal_c) = (apis.clone(), deal.clone());
+    let without = run_all(1000, 64, move |i| {
+        let (apis, deal) = (apis_c.clone(), deal_c.clone());
+        async move {
+            let user = format!("fan-{}", i * 17 % USERS);
+            order_with_pass(&apis[i % 2], &user, &deal, None)
+                .await
+                .status
+        }
+    })
+    .await;
+
+    // Act 3: every user polls in line order; admitted users order with their pass.
+    let mut by_position: Vec<(u64, usize, String)> = tickets
+        .iter()
+        .enumerate()
+        .map(|(i, (position, ticket))| (*position, i, ticket.clone()))
+        .collect();
+    by_position.sort_unstable();
+    let by_position = Arc::new(by_position);
+    let next = Arc::new(AtomicUsize::new(0));
+    let (apis_c, deal_c) = (apis.clone(), deal.clone());
+    let outcomes = run_all(96, 96, move |worker| {
+        let (apis, deal) = (apis_c.clone(), deal_c.clone());
+        let (next, by_position) = (next.clone(), by_position.clone());
+        async move {
+            let api = &apis[worker % 2];
+            let mut outcomes = Vec::new();
+            loop {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                let Some((_, i, ticket)) = by_position.get(k) else {
+                    return outcomes;
+                };
+                let user = format!("fan-{i}");
+                outcomes.push((user.clone(), serve_fan(api, &user, &deal, ticket).await));
+            }
+        }
+    })
+    .await;
+    let outcomes: HashMap<String, Outcome> = outcomes.into_iter().flatten().collect();
+
+    // Assert: no order without a pass; 500 orders, all by admitted users; no admission after
+    // the sell-out; everyone else was told sold_out.
+    assert!(
+        without.iter().all(|status| *status == 403),
+        "orders without a pass"
+    );
+    let db = cluster.database.connect(2).await;
+    let ordered: Vec<(String, i32)> =
+        sqlx::query_as("SELECT user_id, quantity FROM orders WHERE deal_id = $1")
+            .bind(&deal)
+            .fetch_all(&db)
+            .await
+            .unwrap();
+    assert_eq!(ordered.len(), 500, "orders");
+    assert_eq!(ordered.iter().map(|(_, q)| i64::from(*q)).sum::<i64>(), 500);
+    let mut redis = cluster.redis().await;
+    let users_key = cluster.key(&deal, "users");
+    let adm: HashMap<String, i64> = redis::cmd("HGETALL")
+        .arg(cluster.key(&deal, "t_adm"))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    for (user, _) in &ordered {
+        let ticket: String = redis::cmd("HGET")
+            .arg(&users_key)
+            .arg(user)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert!(
+            adm.contains_key(&ticket),
+            "{user} ordered without being admitted"
+        );
+        assert_eq!(outcomes.get(user), Some(&Outcome::Ordered));
+    }
+    let sold_out_at: i64 = redis::cmd("HGET")
+        .arg(cluster.key(&deal, "meta"))
+        .arg("sold_out_at")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let ttl_ms = 60_000;
+    let last_admitted = adm.values().map(|expiry| expiry - ttl_ms).max().unwrap();
+    assert!(last_admitted <= sold_out_at, "admitted after the sell-out");
+    let last_order_ms: f64 = sqlx::query_scalar(
+        "SELECT (extract(epoch FROM max(created_at)) * 1000)::float8 FROM orders WHERE deal_id = $1",
+    )
+    .bind(&deal)
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    let lag = sold_out_at as f64 - last_order_ms;
+    assert!(
+        lag < 1500.0,
+        "the line learnt of the sell-out {lag} ms late"
+    );
+    let told = outcomes
+        .values()
+        .filter(|o| **o == Outcome::ToldSoldOut)
+        .count();
+    assert_eq!(outcomes.len(), USERS);
+    assert!(told >= USERS - adm.len(), "{told} told sold_out");
+    assert_invariants(&apis[0], &db, &deal).await;
+    eprintln!(
+        "flash sale: {} admitted, {} ordered, {told} told sold_out, sell-out seen {lag:.0} ms after the last order",
+        adm.len(),
+        ordered.len()
+    );
+    db.close().await;
+    cluster.cleanup().await;
+}
+
+/// Polls one user's ticket until it is decided; orders when admitted.
+async fn serve_fan(api: &Api, user: &str, deal: &str, ticket: &str) -> Outcome {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let body: Value = poll(api, user, deal, ticket).await.expect(200);
+        match body["state"].as_str().unwrap_or_default() {
+            "admitted" => {
+                let reply = order_with_pass(api, user, deal, body["pass"].as_str()).await;
+                return match reply.status {
+                    201 => Outcome::Ordered,
+                    409 => {
+                        reply.expect_problem(409, "sold-out");
+                        Outcome::AdmittedTooLate
+                    }
+                    status => panic!("order with a pass: {status} {}", reply.text),
+                };
+            }
+            "sold_out" => return Outcome::ToldSoldOut,
+            "waiting" => {}
+            other => panic!("{user}: unexpected state {other}: {body}"),
+        }
+        assert!(Instant::now() < deadline, "{user} waited too long: {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
