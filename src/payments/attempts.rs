@@ -21,13 +21,14 @@ pub struct Attempt {
     pub provider_expires_at: Option<DateTime<Utc>>,
     pub accepted: bool,
     pub checks: i32,
+    pub created_at: DateTime<Utc>,
 }
 
 pub const PENDING: &str = "PENDING";
 pub const SUCCEEDED: &str = "SUCCEEDED";
 
 const COLUMNS: &str = "id, order_id, provider, provider_payment_id, status, amount_minor, currency,
-    capture_method, checkout_url, provider_expires_at, accepted, checks";
+    capture_method, checkout_url, provider_expires_at, accepted, checks, created_at";
 
 /// Records the attempt created together with an order, in the order's transaction.
 pub async fn insert_initial(

@@ -66,13 +66,16 @@ impl Payments {
         }
     }
 
-    /// The create call for `attempt`, keyed by its id.
+    /// The create call for `attempt`, keyed by its id. The body depends only on the attempt
+    /// and the order's expiry, never on the time of the call: a create repeated after a
+    /// timeout must send the same request, or the provider refuses it as a conflicting
+    /// reuse of the key and the payment it may already have made is never learnt.
     pub async fn create_at_provider(
         &self,
         attempt: &Attempt,
         order_expires_at: DateTime<Utc>,
     ) -> Result<ProviderPayment, ProviderError> {
-        let remaining = (order_expires_at - Utc::now()).num_seconds().max(0);
+        let remaining = (order_expires_at - attempt.created_at).num_seconds().max(0);
         let seconds = u32::try_from(remaining)
             .unwrap_or(u32::MAX)
             .max(self.settings.session_seconds_min);

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -148,7 +148,17 @@ impl Payments {
     ) -> Result<Option<Applied>, OutboxError> {
         let payment = match &attempt.provider_payment_id {
             Some(id) => self.provider.get_payment(id).await?,
-            None => self.create_at_provider(attempt, Utc::now()).await?,
+            None => {
+                // The same request as the order's earlier tries, so the provider answers
+                // with the payment they may have created (a different body is refused).
+                let order_expires_at: DateTime<Utc> =
+                    sqlx::query_scalar("SELECT expires_at FROM orders WHERE id = $1")
+                        .bind(attempt.order_id)
+                        .fetch_one(pool)
+                        .await
+                        .map_err(StoreError::from)?;
+                self.create_at_provider(attempt, order_expires_at).await?
+            }
         };
         let payment = match payment.status {
             ProviderStatus::RequiresPayment => {
@@ -306,7 +316,8 @@ fn text(payload: &Value, field: &str) -> Result<String, OutboxError> {
 
 const ATTEMPT_COLUMNS: &str =
     "a.id, a.order_id, a.provider, a.provider_payment_id, a.status, a.amount_minor,
-    a.currency, a.capture_method, a.checkout_url, a.provider_expires_at, a.accepted, a.checks";
+    a.currency, a.capture_method, a.checkout_url, a.provider_expires_at, a.accepted, a.checks,
+    a.created_at";
 
 async fn overdue_attempts(pool: &PgPool, batch_max: u32) -> Result<Vec<Attempt>, StoreError> {
     let sql = format!(

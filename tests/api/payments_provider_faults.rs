@@ -65,3 +65,54 @@ async fn a_timed_out_create_is_repeated_with_the_same_key_and_makes_one_payment(
     app.assert_invariants(&deal).await;
     app.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_order_whose_create_was_lost_waits_for_the_provider_then_expires_with_its_session_closed()
+ {
+    let app = spawn_pay_app_with(|s| {
+        s.payments.request_timeout_ms = 300;
+        s.payments.retries_max = 1;
+    })
+    .await;
+    let mut deal = new_deal("slow2", 5, 2);
+    deal["reservation_ttl_seconds"] = json!(1);
+    let deal = app.given_deal(&deal).await;
+    let alice = app.token("alice");
+    app.sim.faults(json!({"api_delay_ms": 1000})).await;
+
+    let order = app
+        .place_order(&alice, &deal, "k-lost", 1)
+        .await
+        .expect(201);
+    let order_id = order["order_id"].as_str().unwrap().to_owned();
+    assert!(order["payment"]["checkout_url"].is_null(), "{order}");
+
+    // Past its expiry, but the provider cannot say whether it was paid: the order waits.
+    tokio::time::sleep(std::time::Duration::from_millis(2_000)).await;
+    let waiting = app.get_order(&alice, &order_id).await.expect(200);
+    assert_eq!(waiting["status"], "PENDING_PAYMENT", "{waiting}");
+    assert_eq!(stock(&app.db, &deal).await, (4, 1, 0));
+
+    // The provider answers again: the gateway finds the payment its lost create made,
+    // closes it, and only then lets the reservation go.
+    app.sim.reset_faults().await;
+    app.wait_for_order(&alice, &order_id, &["EXPIRED"], SETTLE)
+        .await;
+    let intents = app.sim.intents().await;
+    assert_eq!(intents.len(), 1, "no second payment: {intents:#?}");
+    assert_eq!(intents[0]["status"], "canceled", "{intents:#?}");
+    assert_eq!(
+        intents[0]["reference"], order["payment"]["attempt_id"],
+        "{intents:#?}"
+    );
+    let attempts = attempts_of(&app.db, &order_id).await;
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].status, "EXPIRED");
+    assert_eq!(
+        attempts[0].provider_payment_id.as_deref(),
+        intents[0]["id"].as_str()
+    );
+    assert_eq!(stock(&app.db, &deal).await, (5, 0, 0), "units released");
+    app.assert_invariants(&deal).await;
+    app.cleanup().await;
+}
