@@ -13,9 +13,9 @@ use crate::helpers::{
 const USERS: usize = 150;
 const UNITS: i64 = 60;
 /// Buyers at once.
-const CONCURRENCY: usize = 16;
+const CONCURRENCY: usize = 40;
 /// How long a buyer keeps trying to get a unit while others give theirs back.
-const SHOPPING: Duration = Duration::from_secs(8);
+const SHOPPING: Duration = Duration::from_secs(4);
 
 /// What a buyer does with the order once placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
