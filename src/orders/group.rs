@@ -21,7 +21,7 @@ use sqlx::{PgConnection, PgPool};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use super::{ORDER_COLUMNS, Order, OrderError, Placed, fingerprint, insert_lines, replay};
+use super::{ORDER_COLUMNS, Order, OrderError, Placed, fingerprint, replay};
 use crate::admission::Admitted;
 use crate::deals::Deal;
 use crate::domain::IdempotencyKey;
@@ -389,25 +389,60 @@ async fn apply(
         .collect();
     let mut per_bucket: BTreeMap<i32, i64> = BTreeMap::new();
     let mut per_user: BTreeMap<&str, i32> = BTreeMap::new();
+    let mut lines = LineRows::default();
     for &i in &winners {
         let order = &inserted[&i];
-        let Decision::Reserve(lines) = &decisions[&i] else {
+        let Decision::Reserve(taken) = &decisions[&i] else {
             continue;
         };
-        for line in lines {
+        assert_eq!(
+            taken.iter().map(|l| l.quantity).sum::<i32>(),
+            order.quantity
+        );
+        for line in taken {
             *per_bucket.entry(line.bucket).or_default() += i64::from(line.quantity);
+            lines.push(order.id, line);
         }
         *per_user.entry(order.user_id.as_str()).or_default() += order.quantity;
-        insert_lines(tx, order.id, &order.deal_id, order.quantity, lines).await?;
     }
+    lines.insert(tx, &deal.id).await?;
     update_buckets(tx, &deal.id, &per_bucket).await?;
     update_users(tx, deal, &per_user).await?;
     if let Some(provider) = payment_provider {
-        for &i in &winners {
-            attempts::insert_initial(tx, inserted[&i].id, provider, &deal.capture_method).await?;
-        }
+        let orders: Vec<Uuid> = winners.iter().map(|i| inserted[i].id).collect();
+        attempts::insert_initial_many(tx, &orders, provider, &deal.capture_method).await?;
     }
     Ok(())
+}
+
+/// Every reservation line of a group, written with one statement.
+#[derive(Default)]
+struct LineRows {
+    orders: Vec<Uuid>,
+    buckets: Vec<i32>,
+    units: Vec<i32>,
+}
+
+impl LineRows {
+    fn push(&mut self, order_id: Uuid, line: &Line) {
+        self.orders.push(order_id);
+        self.buckets.push(line.bucket);
+        self.units.push(line.quantity);
+    }
+
+    async fn insert(&self, tx: &mut PgConnection, deal_id: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO reservation_lines (order_id, deal_id, bucket, quantity)
+             SELECT o, $1, b, q FROM unnest($2::uuid[], $3::int[], $4::int[]) AS t(o, b, q)",
+        )
+        .bind(deal_id)
+        .bind(&self.orders)
+        .bind(&self.buckets)
+        .bind(&self.units)
+        .execute(tx)
+        .await?;
+        Ok(())
+    }
 }
 
 async fn update_buckets(

@@ -50,6 +50,28 @@ pub async fn insert_initial(
     Ok(())
 }
 
+/// The initial attempts of several orders placed together, in one statement.
+pub async fn insert_initial_many(
+    tx: &mut PgConnection,
+    order_ids: &[Uuid],
+    provider: &str,
+    capture_method: &str,
+) -> Result<(), StoreError> {
+    let ids: Vec<Uuid> = order_ids.iter().map(|_| Uuid::now_v7()).collect();
+    sqlx::query(
+        "INSERT INTO payment_attempts (id, order_id, provider, status, amount_minor, currency, capture_method)
+         SELECT t.id, o.id, $3, 'PENDING', o.amount_minor, o.currency, $4
+           FROM unnest($1::uuid[], $2::uuid[]) AS t(id, order_id) JOIN orders o ON o.id = t.order_id",
+    )
+    .bind(&ids)
+    .bind(order_ids)
+    .bind(provider)
+    .bind(capture_method)
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
 /// Starts another attempt for a pending order under the client's key; `None` when the
 /// order is not pending. A key used before returns that attempt.
 pub async fn insert_keyed(
