@@ -187,14 +187,26 @@ const PAYMENT_SERIES: [(&str, &str); 11] = [
     ("flashgate_payment_outcomes_total", "outcome=\"paid\""),
     ("flashgate_payment_outcomes_total", "outcome=\"released\""),
     ("flashgate_late_payments_total", "resolution=\"refunded\""),
-    ("flashgate_outbox_processed_total", "kind=\"refund\",result=\"done\""),
-    ("flashgate_outbox_processed_total", "kind=\"order_paid\",result=\"done\""),
+    (
+        "flashgate_outbox_processed_total",
+        "kind=\"refund\",result=\"done\"",
+    ),
+    (
+        "flashgate_outbox_processed_total",
+        "kind=\"order_paid\",result=\"done\"",
+    ),
     (
         "flashgate_reconciler_findings_total",
         "kind=\"paid_at_provider_pending_locally\"",
     ),
-    ("flashgate_provider_call_duration_seconds_count", "op=\"create\""),
-    ("flashgate_provider_call_duration_seconds_count", "op=\"refund\""),
+    (
+        "flashgate_provider_call_duration_seconds_count",
+        "op=\"create\"",
+    ),
+    (
+        "flashgate_provider_call_duration_seconds_count",
+        "op=\"refund\"",
+    ),
 ];
 
 /// A small sale: orders, a sell-out, a rejection, a cancel; then payments through the
@@ -275,7 +287,9 @@ async fn small_sale(app: &PayApp) -> String {
             .iter()
             .filter(|(name, label)| metric_value(&text, name, label) <= 0.0)
             .collect();
-        panic!("within 10 s the background gauges {wanted:?} did not all appear or these payment series did not move: {stuck:?}\n{text}");
+        panic!(
+            "within 10 s the background gauges {wanted:?} did not all appear or these payment series did not move: {stuck:?}\n{text}"
+        );
     };
     exposition
 }
