@@ -226,6 +226,8 @@ pub struct WaitingRoomSettings {
     pub refresh_after_seconds_max: u64,
     /// Most tickets shuffled in one line when a random-order sale opens.
     pub shuffle_tickets_max: u32,
+    /// A line's Redis keys expire this long after its last ticket was taken.
+    pub keys_ttl_seconds: u64,
 }
 
 impl std::fmt::Debug for WaitingRoomSettings {
@@ -317,6 +319,10 @@ impl Settings {
         check(
             (1..=1_000_000).contains(&w.shuffle_tickets_max),
             "waiting_room.shuffle_tickets_max must be 1..=1000000",
+        )?;
+        check(
+            w.keys_ttl_seconds >= 3600,
+            "waiting_room.keys_ttl_seconds must be at least 3600",
         )
     }
 

@@ -81,3 +81,54 @@ impl WaitingRoomTerms {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_bounds_are_checked() {
+        let starts = Some(Utc::now());
+        assert_eq!(WaitingRoomTerms::default().validate(starts), Ok(()));
+        let bad = [
+            WaitingRoomTerms {
+                admit_per_second: 0,
+                ..Default::default()
+            },
+            WaitingRoomTerms {
+                max_active: 0,
+                ..Default::default()
+            },
+            WaitingRoomTerms {
+                pass_ttl_seconds: PASS_TTL_SECONDS_MAX + 1,
+                ..Default::default()
+            },
+            WaitingRoomTerms {
+                queue_order: "lifo".into(),
+                ..Default::default()
+            },
+            WaitingRoomTerms {
+                prequeue_opens_at: starts.map(|s| s + chrono::Duration::seconds(1)),
+                ..Default::default()
+            },
+        ];
+        for terms in bad {
+            assert!(terms.validate(starts).is_err(), "{terms:?}");
+        }
+    }
+
+    #[test]
+    fn the_queue_opens_at_the_prequeue_or_the_start() {
+        let now = Utc::now();
+        let later = Some(now + chrono::Duration::seconds(60));
+        let earlier = Some(now - chrono::Duration::seconds(60));
+        let terms = WaitingRoomTerms::default();
+        assert!(terms.queue_open(None, now));
+        assert!(!terms.queue_open(later, now));
+        let prequeue = WaitingRoomTerms {
+            prequeue_opens_at: earlier,
+            ..Default::default()
+        };
+        assert!(prequeue.queue_open(later, now));
+    }
+}

@@ -132,27 +132,15 @@ impl Advancer {
         self.lines = lines;
     }
 
-    /// Takes the lease if it is free, renews it if ours; false otherwise.
+    /// Renews the lease if it is ours, takes it if it is free; false otherwise. A renewal
+    /// that failed (a Redis timeout) is retried on the next tick with the same token.
     async fn hold_lease(&self) -> bool {
         let ttl = self.room.settings.lease_ttl_ms.to_string();
-        if self.holding {
-            let renewed = self
-                .room
-                .eval::<i64>(&self.room.scripts.renew, "", &[&self.token, &ttl])
-                .await;
-            return renewed.is_ok_and(|r| r == 1);
-        }
-        let set = redis::cmd("SET")
-            .arg(self.room.redis.key(LEASE_KEY))
-            .arg(&self.token)
-            .arg("NX")
-            .arg("PX")
-            .arg(&ttl)
-            .clone();
-        matches!(
-            self.room.redis.run::<Option<String>>(&set).await,
-            Ok(Some(_))
-        )
+        let held = self
+            .room
+            .eval::<i64>(&self.room.scripts.renew, "", &[&self.token, &ttl])
+            .await;
+        held.is_ok_and(|r| r == 1)
     }
 
     async fn resign(&self) {
@@ -188,6 +176,7 @@ impl Advancer {
             s.step_tickets_max.to_string(),
             s.burst_ms.to_string(),
             u8::from(may_admit).to_string(),
+            (s.keys_ttl_seconds * 1000).to_string(),
         ];
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let reply: Vec<i64> = self

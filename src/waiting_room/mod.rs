@@ -180,7 +180,8 @@ impl WaitingRoom {
         } else {
             (String::new(), String::new())
         };
-        let args = [user, ticket.as_str(), seed.as_str(), hash.as_str()];
+        let keys_ttl = (self.settings.keys_ttl_seconds * 1000).to_string();
+        let args = [user, &ticket, &seed, &hash, &keys_ttl];
         let reply: Value = self.eval(&self.scripts.join, &deal.id, &args).await?;
         parse_status(reply)?.ok_or_else(|| QueueError::Unexpected("no ticket".into()))
     }

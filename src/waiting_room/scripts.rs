@@ -48,10 +48,13 @@ local function holds_lease(token)
 end
 "#;
 
-/// ARGV: user, a fresh ticket id, seed, seed hash (both empty for fifo).
-/// Returns the status of the user's one ticket, issuing it on first call.
+/// ARGV: user, a fresh ticket id, seed, seed hash (both empty for fifo), keys ttl ms.
+/// Returns the status of the user's one ticket, issuing it on first call. Every join
+/// pushes the expiry of the line's keys out, so a finished line leaves Redis on its own.
 const JOIN: &str = r#"
 local now = now_ms()
+for i = 1, 10 do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
+redis.call('PEXPIRE', KEYS[13], ARGV[5])
 local t = redis.call('HGET', KEYS[2], ARGV[1])
 if not t then
   t = ARGV[2]
@@ -95,7 +98,7 @@ return redis.call('ZREM', KEYS[10], ARGV[1])
 
 /// ARGV: lease token, deal id, admit_per_second, max_active, stock cap (-1: none),
 /// pass ttl ms, abandon grace ms, sold out by stock (0/1), tickets max, burst ms,
-/// may admit (0/1). Returns {admitted, skipped, passes active, waiting}, or {-1} without
+/// may admit (0/1), keys ttl ms. Returns {admitted, skipped, passes active, waiting}, or {-1} without
 /// the lease.
 const ADVANCE: &str = r#"
 if not holds_lease(ARGV[1]) then return {-1, 0, 0, 0} end
@@ -152,6 +155,9 @@ if through then redis.call('HSET', KEYS[1], 'admitted_through', through) end
 redis.call('HSET', KEYS[1], 'budget', tostring(budget - admitted), 'budget_at', now)
 if admitted > 0 then redis.call('HINCRBY', KEYS[1], 'admitted_total', admitted) end
 if skipped > 0 then redis.call('HINCRBY', KEYS[1], 'abandoned_total', skipped) end
+if admitted + skipped > 0 then
+  for _, i in ipairs({1, 7, 8, 10}) do redis.call('PEXPIRE', KEYS[i], ARGV[12]) end
+end
 return {admitted, skipped, active + admitted, waiting - seen}
 "#;
 
@@ -193,11 +199,14 @@ redis.call('HSET', KEYS[1], 'shuffled', '1')
 return 0
 "#;
 
-/// ARGV: lease token, ttl ms. Renews the lease if still ours.
+/// ARGV: lease token, ttl ms. Renews the lease if ours, takes it if free; 1 when held.
 const RENEW: &str = r#"
-if not holds_lease(ARGV[1]) then return 0 end
-redis.call('PEXPIRE', KEYS[11], ARGV[2])
-return 1
+if holds_lease(ARGV[1]) then
+  redis.call('PEXPIRE', KEYS[11], ARGV[2])
+  return 1
+end
+if redis.call('SET', KEYS[11], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
 "#;
 
 /// ARGV: lease token. Gives the lease up on shutdown, if still ours.

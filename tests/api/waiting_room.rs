@@ -106,6 +106,14 @@ async fn tickets_polls_and_passes_follow_the_contract() {
     let deal = app
         .given_deal(&room_deal("wr1", 10, room.clone(), json!({})))
         .await;
+    let invalid = json!({"queue_order": "lifo"});
+    app.create_deal(&room_deal("wrbad", 10, invalid, json!({})))
+        .await
+        .expect_problem(400, "invalid-request");
+    let unknown = json!({"enabled": true, "colour": "red"});
+    app.create_deal(&room_deal("wrbad", 10, unknown, json!({})))
+        .await
+        .expect_problem(400, "invalid-request");
     let other = app.given_deal(&room_deal("wr2", 10, room, json!({}))).await;
 
     // Act: alice joins twice, bob once.
@@ -203,6 +211,20 @@ async fn tickets_polls_and_passes_follow_the_contract() {
         "pass rejections are counted"
     );
     assert_eq!(crate::helpers::order_count(&app.db).await, 1);
+    let mut redis = redis::Client::open(app.settings.redis.url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let prefix = &app.settings.redis.key_prefix;
+    for name in ["meta", "users", "t_adm", "active"] {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(format!("{prefix}wr:{deal}:{name}"))
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert!(ttl > 0, "{name} expires on its own (pttl {ttl})");
+    }
     app.cleanup().await;
 }
 
