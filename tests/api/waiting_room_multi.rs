@@ -1,6 +1,6 @@
 //! Several `flashgate serve` processes sharing one Redis line: dense positions, one place
-//! per user, the admission rate, `max_active`, advancer failover, and a 20,000-user flash
-//! sale for 500 units.
+//! per user, the admission rate, `max_active`, advancer failover, the verifiable random
+//! order, and a 20,000-user flash sale for 500 units.
 
 use std::collections::{HashMap, HashSet};
 use std::process::{Command, Stdio};
@@ -193,6 +193,34 @@ async fn three_processes_share_one_fair_line() {
         .given_deal(&room_deal("lineb", 100000, room_b, json!({})))
         .await;
     const USERS: usize = 4000;
+    // Line C: random order, pre-queue open now, sale opening in a few seconds.
+    let starts = chrono::Utc::now() + chrono::Duration::seconds(4);
+    let room_c = json!({"admit_per_second": 1000, "max_active": 1000, "pass_ttl_seconds": 60,
+                        "queue_order": "random", "prequeue_opens_at": chrono::Utc::now()});
+    let c = apis[0]
+        .given_deal(&room_deal(
+            "linec",
+            1000,
+            room_c,
+            json!({"starts_at": starts}),
+        ))
+        .await;
+    let (apis_c, c_c) = (apis.clone(), c.clone());
+    let prequeue = run_all(150, 32, move |i| {
+        let (apis, deal) = (apis_c.clone(), c_c.clone());
+        async move {
+            let body = join(&apis[i % 3], &format!("c-{i}"), &deal)
+                .await
+                .expect(201);
+            let issue = body["position"].as_u64().unwrap();
+            (i, body["ticket"].as_str().unwrap().to_owned(), issue)
+        }
+    })
+    .await;
+    let commitment = line(&apis[1], &c).await["seed_sha256"]
+        .as_str()
+        .expect("seed hash published before opening")
+        .to_owned();
 
     // Act 1: every user joins line A twice, through two different processes.
     let (apis_c, a_c) = (apis.clone(), a.clone());
@@ -293,6 +321,27 @@ async fn three_processes_share_one_fair_line() {
         "shared line: {b_admitted} admitted on B with at most {outstanding_max} outstanding; \
          takeover after {resumed:?}, then {rate:.1}/s"
     );
+
+    // Line C was shuffled by whichever process advanced, reproducibly from the seed.
+    let published = line(survivor, &c).await;
+    let seed = published["seed"]
+        .as_str()
+        .expect("seed published after opening");
+    assert_eq!(
+        flashgate::waiting_room::shuffle::commitment(seed),
+        commitment
+    );
+    assert_eq!(published["prequeue_size"], 150);
+    let expected = flashgate::waiting_room::shuffle::positions(seed, 150);
+    let mut seen = HashSet::new();
+    for (i, ticket, issue) in &prequeue {
+        let body = poll(survivor, &format!("c-{i}"), &c, ticket)
+            .await
+            .expect(200);
+        let position = body["position"].as_u64().unwrap();
+        assert_eq!(position, expected[*issue as usize - 1], "c-{i}");
+        assert!(seen.insert(position));
+    }
     cluster.cleanup().await;
 }
 
@@ -356,7 +405,8 @@ async fn flash_sale_of_500_units_to_20000_queued_users() {
         let (apis, deal) = (apis_c.clone(), deal_c.clone());
         let (next, by_position) = (next.clone(), by_position.clone());
         async move {
-            let api = &apis[worker % 2];
+            // Polls on one process, orders on the other: any instance checks any pass.
+            let (api, other) = (&apis[worker % 2], &apis[(worker + 1) % 2]);
             let mut outcomes = Vec::new();
             loop {
                 let k = next.fetch_add(1, Ordering::Relaxed);
@@ -364,7 +414,10 @@ async fn flash_sale_of_500_units_to_20000_queued_users() {
                     return outcomes;
                 };
                 let user = format!("fan-{i}");
-                outcomes.push((user.clone(), serve_fan(api, &user, &deal, ticket).await));
+                outcomes.push((
+                    user.clone(),
+                    serve_fan(api, other, &user, &deal, ticket).await,
+                ));
             }
         }
     })
@@ -444,13 +497,13 @@ async fn flash_sale_of_500_units_to_20000_queued_users() {
 }
 
 /// Polls one user's ticket until it is decided; orders when admitted.
-async fn serve_fan(api: &Api, user: &str, deal: &str, ticket: &str) -> Outcome {
+async fn serve_fan(api: &Api, other: &Api, user: &str, deal: &str, ticket: &str) -> Outcome {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let body: Value = poll(api, user, deal, ticket).await.expect(200);
         match body["state"].as_str().unwrap_or_default() {
             "admitted" => {
-                let reply = order_with_pass(api, user, deal, body["pass"].as_str()).await;
+                let reply = order_with_pass(other, user, deal, body["pass"].as_str()).await;
                 return match reply.status {
                     201 => Outcome::Ordered,
                     409 => {
