@@ -25,8 +25,9 @@
 //!   payments, refunds and the reconciler; [`psp_sim`]: a provider simulator to run
 //!   against (`flashgate psp-sim`), spoken to only over HTTP.
 //!
-//! PostgreSQL is the source of truth. Redis only shares the sold-out flag between
-//! instances; without it flashgate is slower, never wrong.
+//! PostgreSQL is the source of truth. Redis shares the sold-out flag between instances
+//! (without it flashgate is slower, never wrong) and holds the waiting-room lines (without
+//! it those lines stand still, and nobody orders a waiting-room deal without a pass).
 
 pub mod admission;
 pub mod app;
