@@ -93,6 +93,14 @@ target/release/flashgate-loadtest sale --base-url "http://127.0.0.1:$GW_PORT" \
 C=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(round(r["verdict"]["created"]/r["elapsed_seconds"],1))' "$WORK/sale.json")
 C_P99=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(round(r["latency_by_outcome"]["201"]["p99_us"]/1000,1))' "$WORK/sale.json")
 
+# --- a whole sale to sell-out, charted -----------------------------------------------
+log "a sale to sell-out: 20000 units, 40000 users, $CLIENTS in flight (chart: docs/sale.svg)"
+target/release/flashgate-loadtest sale --base-url "http://127.0.0.1:$GW_PORT" \
+    --stock 20000 --buckets 32 --users 40000 --per-user-limit 1 --concurrency "$CLIENTS" \
+    --duration-max-seconds 60 --database-url "$GW_URL" \
+    --out "$WORK/sellout.json" --chart docs/sale.svg >"$WORK/sellout.txt"
+SELLOUT=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); v=r["verdict"]; print("%d orders for 20000 units, sold out after %s s, %.0f requests/s, verdict ok=%s" % (v["created"], r["sold_out_after_seconds"], r["requests_per_second"], v["ok"]))' "$WORK/sellout.json")
+
 # --- (d): flashgate rejecting a sold-out deal ---------------------------------------
 curl -sf -X POST "http://127.0.0.1:$GW_PORT/admin/deals" -H 'Authorization: Bearer flashgate-dev-admin-token' \
     -d '{"id":"sold-out","name":"Sold out","stock":0,"buckets":1,"unit_price_minor":100,"currency":"EUR","per_user_limit":1,"reservation_ttl_seconds":60}' >/dev/null
@@ -132,6 +140,9 @@ gateway and PostgreSQL share the machine. $CLIENTS clients or connections, ${SEC
 | (c) | flashgate end to end (HTTP, JWT, limits, reservation, order; durable) | $C purchases/s (p99 ${C_P99} ms) |
 | (d) | flashgate rejecting a sold-out deal (wrk) | $D requests/s |
 | (e) | bare hyper server, tiny JSON (wrk) | $E requests/s |
+
+A whole sale (20,000 units, 40,000 users, one attempt each): $SELLOUT. Throughput,
+p50/p99 latency and remaining stock over time: [sale.svg](sale.svg).
 
 | ratio | value |
 |---|---|

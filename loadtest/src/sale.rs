@@ -59,6 +59,10 @@ pub struct SaleConfig {
     /// Retries of one attempt after 429 or 503.
     #[arg(long, default_value_t = 5)]
     pub retries_max: u32,
+    /// With payments enabled: the share of orders paid at the provider's hosted checkout
+    /// (the rest abandon theirs and let the reservation expire).
+    #[arg(long, default_value_t = 0.0)]
+    pub pay_fraction: f64,
     /// PostgreSQL of the gateway, to check the orders behind the answers.
     #[arg(long)]
     pub database_url: Option<String>,
@@ -144,7 +148,7 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
         started,
         stock_samples.clone(),
     ));
-    drive(&client, config, &deal_id, started, recorder.clone()).await;
+    let paid = drive(&client, config, &deal_id, started, recorder.clone()).await;
     sampler.abort();
     let elapsed = started.elapsed();
     let inventory = get_inventory(&client, config, &deal_id).await?;
@@ -192,13 +196,14 @@ async fn create_deal(
 }
 
 /// Runs every purchase, closed or open loop, until done or out of time.
+/// Returns how many orders were paid at the provider's checkout.
 async fn drive(
     client: &reqwest::Client,
     config: &SaleConfig,
     deal_id: &str,
     started: Instant,
     recorder: Arc<Mutex<Recorder>>,
-) {
+) -> u64 {
     let tokens: Arc<Vec<String>> = Arc::new(
         (0..config.users)
             .map(|u| flashgate::auth::mint_token(&config.jwt_secret, &format!("lt-user-{u}"), 3600))
@@ -208,6 +213,7 @@ async fn drive(
     let total = config.users * config.attempts;
     let permits = Arc::new(Semaphore::new(config.concurrency.max(1)));
     let url = Arc::new(format!("{}/v1/deals/{deal_id}/orders", config.base_url));
+    let paid = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut tasks = tokio::task::JoinSet::new();
     for job in 0..total {
         let scheduled = if config.rate > 0 {
@@ -232,13 +238,21 @@ async fn drive(
             recorder.clone(),
             config.retries_max,
         );
+        let (paid, pay_fraction) = (paid.clone(), config.pay_fraction);
         let scheduled = if config.rate > 0 {
             scheduled
         } else {
             Instant::now()
         };
         tasks.spawn(async move {
-            let (outcome, order_id) = buy(&client, &url, &tokens[user], &key, retries).await;
+            let (outcome, created) = buy(&client, &url, &tokens[user], &key, retries).await;
+            if let Some(checkout_url) = created.as_ref().and_then(|c| c.checkout_url.as_deref())
+                && rand_fraction() < pay_fraction
+                && pay(&client, checkout_url).await
+            {
+                paid.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            let order_id = created.map(|c| c.order_id);
             let micros = u64::try_from(scheduled.elapsed().as_micros()).unwrap_or(u64::MAX);
             let second =
                 usize::try_from(scheduled.duration_since(started).as_secs()).unwrap_or(usize::MAX);
@@ -249,16 +263,39 @@ async fn drive(
         });
     }
     while tasks.join_next().await.is_some() {}
+    paid.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// One purchase with its retries: the outcome and, for a 201, the order id.
+/// A uniform number in [0, 1) without a generator crate: the low bits of a fresh v7 uuid's
+/// random part are good enough to choose who pays.
+fn rand_fraction() -> f64 {
+    let bits = uuid::Uuid::now_v7().as_u128() as u64;
+    (bits >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// What a 201 told the buyer.
+struct Created {
+    order_id: String,
+    checkout_url: Option<String>,
+}
+
+/// Pays at the provider's hosted checkout, as the payer's browser would; only on loopback.
+async fn pay(client: &reqwest::Client, checkout_url: &str) -> bool {
+    if ensure_loopback(checkout_url).is_err() {
+        return false;
+    }
+    let paid = client.post(format!("{checkout_url}/pay")).send().await;
+    paid.is_ok_and(|response| response.status().is_success())
+}
+
+/// One purchase with its retries: the outcome and, for a 201, the order.
 async fn buy(
     client: &reqwest::Client,
     url: &str,
     token: &str,
     key: &str,
     retries_max: u32,
-) -> (String, Option<String>) {
+) -> (String, Option<Created>) {
     let mut retries = 0;
     loop {
         let response = client
@@ -277,13 +314,16 @@ async fn buy(
             tokio::time::sleep(Duration::from_millis(20 * u64::from(retries))).await;
             continue;
         }
-        let order_id = if status == 201 {
+        let created = if status == 201 {
             let body: Value = response.json().await.unwrap_or_default();
-            body["order_id"].as_str().map(str::to_owned)
+            body["order_id"].as_str().map(|id| Created {
+                order_id: id.to_owned(),
+                checkout_url: body["payment"]["checkout_url"].as_str().map(str::to_owned),
+            })
         } else {
             None
         };
-        return (status.to_string(), order_id);
+        return (status.to_string(), created);
     }
 }
 

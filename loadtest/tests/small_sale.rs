@@ -72,6 +72,7 @@ async fn a_small_sale_passes_the_load_testers_checks() {
         duration_max_seconds: 30,
         retries_max: 5,
         database_url: Some(url),
+        pay_fraction: 0.0,
     };
     let report = sale::run(&config).await.expect("the sale runs");
 

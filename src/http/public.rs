@@ -153,6 +153,9 @@ pub async fn place_order(
     raw_id: &str,
 ) -> Reply {
     check_ip(state, peer, &request)?;
+    let deal_id = parse_deal_id(raw_id)?;
+    let authorization = header(&request, AUTHORIZATION);
+    state.admission.check_sold_out(deal_id.as_str(), authorization)?;
     let (parts, incoming) = request.into_parts();
     let bytes = body::read(
         incoming,
@@ -161,7 +164,6 @@ pub async fn place_order(
     )
     .await?;
     let request = Request::from_parts(parts, ());
-    let deal_id = parse_deal_id(raw_id)?;
     let orders_settings = &state.settings.orders;
     let key = header(&request, "idempotency-key")
         .ok_or_else(|| Problem::invalid("the Idempotency-Key header is required"))?;

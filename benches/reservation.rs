@@ -1,0 +1,163 @@
+//! The reservation SQL against the real PostgreSQL: one order per transaction at 1, 8 and
+//! 32 buckets, and a group of 32 orders in one transaction (time per order).
+//!
+//! Needs PostgreSQL (`DATABASE_URL`, default the local `test` database); creates and drops
+//! its own database. Run with `cargo bench --bench reservation`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use flashgate::admission::Admitted;
+use flashgate::config::Settings;
+use flashgate::deals::{self, NewDeal};
+use flashgate::domain::{DealId, IdempotencyKey, Quantity, UserId};
+use flashgate::orders::{self, fingerprint, group};
+use sqlx::PgPool;
+use tokio::runtime::Runtime;
+
+const STOCK: i64 = 100_000_000;
+const GROUP_SIZE: usize = 32;
+
+struct Bench {
+    runtime: Runtime,
+    pool: PgPool,
+    admin_url: String,
+    database: String,
+}
+
+fn setup() -> Bench {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let admin_url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let database = format!("fg_bench_{}", uuid::Uuid::now_v7().simple());
+    let pool = runtime.block_on(async {
+        let admin = PgPool::connect(&admin_url)
+            .await
+            .expect("PostgreSQL is reachable");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
+            .execute(&admin)
+            .await
+            .unwrap();
+        let mut settings = Settings::defaults();
+        settings.database.url = format!("{}/{database}", admin_url.rsplit_once('/').unwrap().0);
+        flashgate::store::migrate(&settings.database).await.unwrap();
+        PgPool::connect(&settings.database.url).await.unwrap()
+    });
+    Bench {
+        runtime,
+        pool,
+        admin_url,
+        database,
+    }
+}
+
+fn deal(bench: &Bench, id: &str, buckets: i32) -> Arc<deals::Deal> {
+    let new = NewDeal {
+        id: DealId::parse(id).unwrap(),
+        name: id.into(),
+        stock: STOCK,
+        buckets,
+        unit_price_minor: 100,
+        currency: "EUR".into(),
+        per_user_limit: 1,
+        reservation_ttl_seconds: 3600,
+        starts_at: None,
+        ends_at: None,
+        payment_terms: Default::default(),
+        waiting_room: Default::default(),
+    };
+    Arc::new(
+        bench
+            .runtime
+            .block_on(deals::create(&bench.pool, &new))
+            .unwrap(),
+    )
+}
+
+fn single(c: &mut Criterion, bench: &Bench) {
+    let counter = AtomicU64::new(0);
+    for buckets in [1, 8, 32] {
+        let deal = deal(bench, &format!("single-{buckets}"), buckets);
+        c.bench_function(
+            &format!("reservation/one_order_per_tx/{buckets}_buckets"),
+            |b| {
+                b.iter(|| {
+                    let n = counter.fetch_add(1, Ordering::Relaxed);
+                    let admitted = Admitted {
+                        user: UserId::parse(&format!("u{n}"), 128).unwrap(),
+                        deal: deal.clone(),
+                        quantity: Quantity::new(1, 100).unwrap(),
+                        pass: None,
+                    };
+                    let key = IdempotencyKey::parse(b"k", 255).unwrap();
+                    bench
+                        .runtime
+                        .block_on(orders::place(&bench.pool, &admitted, &key, 3, None))
+                        .unwrap()
+                })
+            },
+        );
+    }
+}
+
+fn grouped(c: &mut Criterion, bench: &Bench) {
+    let counter = AtomicU64::new(0);
+    let deal = deal(bench, "grouped-32", 32);
+    c.bench_function(
+        &format!("reservation/group_of_{GROUP_SIZE}_per_tx/32_buckets (time per order)"),
+        |b| {
+            b.iter_custom(|iterations| {
+                let groups = iterations.div_ceil(GROUP_SIZE as u64);
+                let started = Instant::now();
+                for _ in 0..groups {
+                    let requests: Vec<group::Request> = (0..GROUP_SIZE)
+                        .map(|_| {
+                            let n = counter.fetch_add(1, Ordering::Relaxed);
+                            group::Request {
+                                user_id: format!("g{n}"),
+                                key: "k".into(),
+                                quantity: 1,
+                                fingerprint: fingerprint(&deal.id, 1),
+                            }
+                        })
+                        .collect();
+                    bench
+                        .runtime
+                        .block_on(group::place_group(&bench.pool, &deal, &requests, None))
+                        .unwrap();
+                }
+                started
+                    .elapsed()
+                    .div_f64((groups * GROUP_SIZE as u64) as f64 / iterations as f64)
+            })
+        },
+    );
+}
+
+fn reservation(c: &mut Criterion) {
+    let bench = setup();
+    single(c, &bench);
+    grouped(c, &bench);
+    bench.runtime.block_on(async {
+        bench.pool.close().await;
+        let admin = PgPool::connect(&bench.admin_url).await.unwrap();
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE {} WITH (FORCE)",
+            bench.database
+        )))
+        .execute(&admin)
+        .await;
+    });
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(5));
+    targets = reservation
+}
+criterion_main!(benches);
