@@ -162,7 +162,7 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
     };
     let samples = stock_samples.lock().map(|s| s.clone()).unwrap_or_default();
     let timeline = timeline(&recorder, &samples);
-    Ok(report(
+    let mut report = report(
         config,
         &deal_id,
         elapsed,
@@ -170,7 +170,9 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
         &timeline,
         &inventory,
         db.as_ref(),
-    ))
+    );
+    report["paid_at_checkout"] = json!(paid);
+    Ok(report)
 }
 
 async fn create_deal(
