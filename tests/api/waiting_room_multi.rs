@@ -14,11 +14,60 @@ use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    Api, ChildGuard, TestDb, assert_invariants, delete_redis_keys, free_port, metric_value,
-    test_log, test_settings,
+    Api, ChildGuard, Reply, TestDb, assert_invariants, delete_redis_keys, free_port, metric_value,
+    test_log, test_settings, unique_suffix,
 };
 use crate::multi_process::wait_until_healthy;
-use crate::waiting_room::{join, line, order_with_pass, poll, room_deal};
+use crate::waiting_room::{line, room_deal};
+
+/// Sends the request `make` builds, again after a transport error (under full CPU a pooled
+/// keep-alive connection can be closed by the server just as it is reused). Every request
+/// sent this way is safe to repeat: joining and polling are idempotent, orders carry one
+/// `Idempotency-Key` across attempts.
+async fn resend(make: impl Fn() -> reqwest::RequestBuilder) -> Reply {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match make().send().await {
+            Ok(response) => return Reply::from(response).await,
+            Err(error) if attempt < 5 => {
+                eprintln!("retrying after a transport error: {error}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(error) => panic!("request reaches the server: {error}"),
+        }
+    }
+}
+
+async fn join(api: &Api, user: &str, deal: &str) -> Reply {
+    let url = api.url(&format!("/v1/deals/{deal}/queue"));
+    let token = api.token(user);
+    resend(|| api.client.post(&url).bearer_auth(&token)).await
+}
+
+async fn poll(api: &Api, user: &str, deal: &str, ticket: &str) -> Reply {
+    let url = api.url(&format!("/v1/deals/{deal}/queue/{ticket}"));
+    let token = api.token(user);
+    resend(|| api.client.get(&url).bearer_auth(&token)).await
+}
+
+async fn order_with_pass(api: &Api, user: &str, deal: &str, pass: Option<&str>) -> Reply {
+    let url = api.url(&format!("/v1/deals/{deal}/orders"));
+    let (token, key) = (api.token(user), unique_suffix());
+    resend(|| {
+        let request = api
+            .client
+            .post(&url)
+            .bearer_auth(&token)
+            .header("Idempotency-Key", &key)
+            .json(&json!({ "quantity": 1 }));
+        match pass {
+            Some(pass) => request.header("Flashgate-Pass", pass),
+            None => request,
+        }
+    })
+    .await
+}
 
 /// Starts `flashgate serve` with fast waiting-room timers.
 fn spawn_gateway(settings: &Settings, port: u16) -> ChildGuard {
@@ -175,6 +224,14 @@ async fn advancing(apis: &[Api], deal: &str) -> Option<usize> {
     (holders.len() == 1).then(|| holders[0])
 }
 
+/// Pauses or resumes a deal (a paused deal's line stands still).
+async fn set_paused(api: &Api, deal: &str, paused: bool) {
+    let action = if paused { "pause" } else { "resume" };
+    let url = api.url(&format!("/admin/deals/{deal}/{action}"));
+    let reply = resend(|| api.client.post(&url).bearer_auth(&api.admin_token)).await;
+    assert_eq!(reply.status, 200, "{action}: {}", reply.text);
+}
+
 async fn admitted_through(api: &Api, deal: &str) -> u64 {
     line(api, deal).await["admitted_through"].as_u64().unwrap()
 }
@@ -193,8 +250,11 @@ async fn three_processes_share_one_fair_line() {
         .given_deal(&room_deal("lineb", 100000, room_b, json!({})))
         .await;
     const USERS: usize = 4000;
+    // Line A stands still while everyone joins, so the measurements below never run dry
+    // however slowly the joins go.
+    set_paused(&apis[0], &a, true).await;
     // Line C: random order, pre-queue open now, sale opening in a few seconds.
-    let starts = chrono::Utc::now() + chrono::Duration::seconds(4);
+    let starts = chrono::Utc::now() + chrono::Duration::seconds(8);
     let room_c = json!({"admit_per_second": 1000, "max_active": 1000, "pass_ttl_seconds": 60,
                         "queue_order": "random", "prequeue_opens_at": chrono::Utc::now()});
     let c = apis[0]
@@ -254,7 +314,16 @@ async fn three_processes_share_one_fair_line() {
     }
     assert_eq!(positions, (1..=USERS as u64).collect::<HashSet<u64>>());
 
-    // Act 2: watch both lines for five seconds.
+    // Act 2: open line A, then watch both lines for five seconds.
+    set_paused(&apis[0], &a, false).await;
+    let opened = Instant::now();
+    while admitted_through(&apis[0], &a).await == 0 {
+        assert!(
+            opened.elapsed() < Duration::from_secs(5),
+            "line A never moved"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let mut redis = cluster.redis().await;
     let b_adm = cluster.key(&b, "t_adm");
     let started = Instant::now();
