@@ -59,6 +59,13 @@ pub struct SaleConfig {
     /// Retries of one attempt after 429 or 503.
     #[arg(long, default_value_t = 5)]
     pub retries_max: u32,
+    /// Put the deal behind a waiting room admitting this many users per second (0: none).
+    /// Every user then queues, polls until admitted, and orders with the signed pass.
+    #[arg(long, default_value_t = 0)]
+    pub queue_admit_per_second: i32,
+    /// Passes in use at once when queueing.
+    #[arg(long, default_value_t = 1000)]
+    pub queue_max_active: i32,
     /// With payments enabled: the share of orders paid at the provider's hosted checkout
     /// (the rest abandon theirs and let the reservation expire).
     #[arg(long, default_value_t = 0.0)]
@@ -175,6 +182,21 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
     Ok(report)
 }
 
+fn deal_body(config: &SaleConfig, deal_id: &str) -> Value {
+    let mut body = json!({
+        "id": deal_id, "name": "load test", "stock": config.stock, "buckets": config.buckets,
+        "unit_price_minor": 1000, "currency": "EUR", "per_user_limit": config.per_user_limit,
+        "reservation_ttl_seconds": 600,
+    });
+    if config.queue_admit_per_second > 0 {
+        body["waiting_room"] = json!({
+            "enabled": true, "admit_per_second": config.queue_admit_per_second,
+            "max_active": config.queue_max_active, "pass_ttl_seconds": 120, "queue_order": "fifo",
+        });
+    }
+    body
+}
+
 async fn create_deal(
     client: &reqwest::Client,
     config: &SaleConfig,
@@ -183,11 +205,7 @@ async fn create_deal(
     let response = client
         .post(format!("{}/admin/deals", config.base_url))
         .bearer_auth(&config.admin_token)
-        .json(&json!({
-            "id": deal_id, "name": "load test", "stock": config.stock, "buckets": config.buckets,
-            "unit_price_minor": 1000, "currency": "EUR", "per_user_limit": config.per_user_limit,
-            "reservation_ttl_seconds": 600,
-        }))
+        .json(&deal_body(config, deal_id))
         .send()
         .await
         .map_err(|e| e.to_string())?;
@@ -215,6 +233,8 @@ async fn drive(
     let total = config.users * config.attempts;
     let permits = Arc::new(Semaphore::new(config.concurrency.max(1)));
     let url = Arc::new(format!("{}/v1/deals/{deal_id}/orders", config.base_url));
+    let queue_url: Option<Arc<String>> = (config.queue_admit_per_second > 0)
+        .then(|| Arc::new(format!("{}/v1/deals/{deal_id}/queue", config.base_url)));
     let paid = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut tasks = tokio::task::JoinSet::new();
     for job in 0..total {
@@ -246,8 +266,33 @@ async fn drive(
         } else {
             Instant::now()
         };
+        let queue_url = queue_url.clone();
         tasks.spawn(async move {
-            let (outcome, created) = buy(&client, &url, &tokens[user], &key, retries).await;
+            let pass = match queue_url.as_deref() {
+                Some(queue_url) => match wait_for_pass(&client, queue_url, &tokens[user], deadline)
+                    .await
+                {
+                    Ok(pass) => Some(pass),
+                    Err(outcome) => {
+                        let second = usize::try_from(scheduled.duration_since(started).as_secs())
+                            .unwrap_or(usize::MAX);
+                        if let Ok(mut recorder) = recorder.lock() {
+                            recorder.record(second, &outcome, 1, None);
+                        }
+                        drop(permit);
+                        return;
+                    }
+                },
+                None => None,
+            };
+            // Behind a waiting room the order's latency starts when the pass is in hand.
+            let scheduled = if pass.is_some() {
+                Instant::now()
+            } else {
+                scheduled
+            };
+            let (outcome, created) =
+                buy(&client, &url, &tokens[user], &key, retries, pass.as_deref()).await;
             if let Some(checkout_url) = created.as_ref().and_then(|c| c.checkout_url.as_deref())
                 && rand_fraction() < pay_fraction
                 && pay(&client, checkout_url).await
@@ -275,6 +320,45 @@ fn rand_fraction() -> f64 {
     (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// Takes a place in the deal's line and polls, as the server asks, until admitted: the
+/// pass, or the outcome to record (`queue_sold_out`, `queue_expired`, `queue_error`).
+async fn wait_for_pass(
+    client: &reqwest::Client,
+    queue_url: &str,
+    token: &str,
+    deadline: Instant,
+) -> Result<String, String> {
+    let joined: Value = client
+        .post(queue_url)
+        .bearer_auth(token)
+        .send()
+        .await
+        .map_err(|_| "queue_error".to_owned())?
+        .json()
+        .await
+        .map_err(|_| "queue_error".to_owned())?;
+    let ticket = joined["ticket"].as_str().ok_or("queue_error")?.to_owned();
+    let poll_url = format!("{queue_url}/{ticket}");
+    while Instant::now() < deadline {
+        let status: Value = match client.get(&poll_url).bearer_auth(token).send().await {
+            Ok(response) => response.json().await.unwrap_or_default(),
+            Err(_) => return Err("queue_error".into()),
+        };
+        match (status["state"].as_str(), status["pass"].as_str()) {
+            (Some("admitted"), Some(pass)) => return Ok(pass.to_owned()),
+            (Some("sold_out"), _) => return Err("queue_sold_out".into()),
+            (Some("expired"), _) => return Err("queue_expired".into()),
+            _ => {}
+        }
+        let refresh = status["refresh_after_seconds"]
+            .as_f64()
+            .unwrap_or(1.0)
+            .clamp(0.2, 5.0);
+        tokio::time::sleep(Duration::from_secs_f64(refresh)).await;
+    }
+    Err("queue_timeout".into())
+}
+
 /// What a 201 told the buyer.
 struct Created {
     order_id: String,
@@ -297,16 +381,19 @@ async fn buy(
     token: &str,
     key: &str,
     retries_max: u32,
+    pass: Option<&str>,
 ) -> (String, Option<Created>) {
     let mut retries = 0;
     loop {
-        let response = client
+        let mut request = client
             .post(url)
             .bearer_auth(token)
             .header("Idempotency-Key", key)
-            .body(r#"{"quantity":1}"#)
-            .send()
-            .await;
+            .body(r#"{"quantity":1}"#);
+        if let Some(pass) = pass {
+            request = request.header("Flashgate-Pass", pass);
+        }
+        let response = request.send().await;
         let Ok(response) = response else {
             return ("error".into(), None);
         };
