@@ -36,7 +36,8 @@ enum Command {
     Migrate,
     /// Serve with a ready demo sale and print how to try it.
     Demo,
-    /// Operate deals directly in PostgreSQL: list, show, create, stock, pause, resume, rebalance.
+    /// Operate deals directly in PostgreSQL: list, show, create, stock, pause, resume, rebalance,
+    /// drain-queue.
     Deals {
         #[command(subcommand)]
         command: ops::cli::DealsCommand,

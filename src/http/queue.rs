@@ -99,6 +99,9 @@ struct LineView {
 
 impl From<QueueError> for Problem {
     fn from(error: QueueError) -> Self {
+        if let QueueError::Closed = error {
+            return sale_not_open("the waiting room is closed");
+        }
         tracing::debug!(%error, "waiting room unavailable");
         Problem::overloaded("the waiting room is unavailable right now; retry shortly")
     }

@@ -1,5 +1,5 @@
 //! `flashgate deals …` and `flashgate check`: operator commands that talk to PostgreSQL
-//! (and Redis, for the sold-out flag) directly, so they work with no gateway running and
+//! (and Redis, for the sold-out flag and the waiting-room lines) directly, so they work with no gateway running and
 //! act on every instance at once. Output is JSON, one document per command.
 
 use chrono::{DateTime, Utc};
@@ -14,6 +14,7 @@ use crate::domain::DealId;
 use crate::inventory;
 use crate::redis_link::RedisHandle;
 use crate::store::Pools;
+use crate::waiting_room::WaitingRoom;
 
 #[derive(Debug, Subcommand)]
 pub enum DealsCommand {
@@ -61,6 +62,9 @@ pub enum DealsCommand {
         #[arg(long)]
         buckets: i32,
     },
+    /// Drain the deal's waiting room: close the line for good, tell everyone still waiting
+    /// (their tickets read `expired`) and hand out no more passes. Needs Redis.
+    DrainQueue { id: String },
 }
 
 fn admin_pool(settings: &Settings) -> Result<PgPool, String> {
@@ -78,12 +82,46 @@ fn print(value: &impl Serialize) -> Result<(), String> {
 /// Runs one `flashgate deals …` command.
 pub async fn deals(settings: &Settings, command: DealsCommand) -> Result<(), String> {
     let pool = admin_pool(settings)?;
-    let outcome = run_deals(&pool, command).await;
+    let outcome = run_deals(settings, &pool, command).await;
     pool.close().await;
     outcome
 }
 
-async fn run_deals(pool: &PgPool, command: DealsCommand) -> Result<(), String> {
+fn connect_redis(settings: &Settings) -> RedisHandle {
+    RedisHandle::new(
+        &settings.redis.url,
+        &settings.redis.key_prefix,
+        millis(settings.redis.command_timeout_ms),
+    )
+}
+
+/// `flashgate deals drain-queue <id>`: through the waiting room's own scripts, so every
+/// instance serving the line sees it closed at once.
+async fn drain_queue(settings: &Settings, pool: &PgPool, id: &str) -> Result<(), String> {
+    let deal = deals::load(pool, id)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("deal {id} not found"))?;
+    if !deal.waiting_room.enabled {
+        return Err(format!("deal {id} has no waiting room"));
+    }
+    let redis = connect_redis(settings);
+    redis.connect().await;
+    let room = WaitingRoom::new(&settings.waiting_room, redis);
+    let drained = room.drain(&deal.id).await.map_err(|e| e.to_string())?;
+    print(&serde_json::json!({
+        "deal_id": deal.id,
+        "closed": true,
+        "tickets_expired": drained.tickets_expired,
+        "passes_active": drained.passes_active,
+    }))
+}
+
+async fn run_deals(
+    settings: &Settings,
+    pool: &PgPool,
+    command: DealsCommand,
+) -> Result<(), String> {
     match command {
         DealsCommand::List => print(&list(pool).await.map_err(|e| e.to_string())?),
         DealsCommand::Show { id } => show(pool, &id).await,
@@ -124,6 +162,7 @@ async fn run_deals(pool: &PgPool, command: DealsCommand) -> Result<(), String> {
         }
         DealsCommand::Pause { id } => set_paused(pool, &id, true).await,
         DealsCommand::Resume { id } => set_paused(pool, &id, false).await,
+        DealsCommand::DrainQueue { id } => drain_queue(settings, pool, &id).await,
         DealsCommand::Rebalance { id, buckets } => {
             let done = rebalance::rebalance(pool, &id, buckets)
                 .await
@@ -208,11 +247,7 @@ pub async fn list(pool: &PgPool) -> Result<Vec<DealSummary>, sqlx::Error> {
 /// `flashgate check`: prints the audit report; an error when any invariant is broken.
 pub async fn check(settings: &Settings) -> Result<(), String> {
     let pool = admin_pool(settings)?;
-    let redis = RedisHandle::new(
-        &settings.redis.url,
-        &settings.redis.key_prefix,
-        millis(settings.redis.command_timeout_ms),
-    );
+    let redis = connect_redis(settings);
     redis.connect().await;
     let report = audit::run(&pool, Some(&redis), audit::Options::from_settings(settings)).await;
     pool.close().await;

@@ -11,6 +11,9 @@
 //!
 //! Without Redis, tickets cannot be taken or polled (503) and the line stands still; orders
 //! on deals with a waiting room still need a valid pass, so nobody skips the line.
+//!
+//! An operator can drain a line (`flashgate deals drain-queue`, `WaitingRoom::drain`): it
+//! closes for good, every waiting ticket reads `expired`, and no pass is handed out again.
 
 pub mod advancer;
 pub mod pass;
@@ -38,7 +41,8 @@ pub enum TicketState {
     Admitted,
     /// The deal sold out while the ticket waited; it keeps its place in case stock returns.
     SoldOut,
-    /// The pass ran out unused, or the ticket was skipped after its holder stopped polling.
+    /// The pass ran out unused, the ticket was skipped after its holder stopped polling, or
+    /// the line was drained.
     Expired,
 }
 
@@ -99,7 +103,23 @@ pub enum QueueError {
     Unavailable(#[from] RedisError),
     #[error("unexpected answer from redis: {0}")]
     Unexpected(String),
+    /// The line was drained: it takes no new tickets.
+    #[error("the waiting room is closed")]
+    Closed,
 }
+
+/// What draining a line did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Drained {
+    /// Waiting tickets that now read `expired`.
+    pub tickets_expired: u64,
+    /// Passes handed out before the drain and not yet used or expired; they stay valid
+    /// until their expiry (pause the deal to refuse their orders too).
+    pub passes_active: u64,
+}
+
+/// Waiting tickets expired per script while draining, so no single script runs long.
+const DRAIN_CHUNK: u64 = 1000;
 
 /// The Redis keys of one deal's line, in the order the scripts expect.
 struct Keys([String; 13]);
@@ -183,7 +203,30 @@ impl WaitingRoom {
         let keys_ttl = (self.settings.keys_ttl_seconds * 1000).to_string();
         let args = [user, &ticket, &seed, &hash, &keys_ttl];
         let reply: Value = self.eval(&self.scripts.join, &deal.id, &args).await?;
-        parse_status(reply)?.ok_or_else(|| QueueError::Unexpected("no ticket".into()))
+        parse_status(reply)?.ok_or(QueueError::Closed)
+    }
+
+    /// Closes the deal's line for good: no new tickets, no more passes, and every ticket
+    /// still waiting reads `expired` at its next poll. Ticket holders keep their (expired)
+    /// ticket; the keys leave Redis after `keys_ttl_seconds` like any finished line. Safe
+    /// to run again, and while instances serve the line: each step is one script.
+    pub async fn drain(&self, deal_id: &str) -> Result<Drained, QueueError> {
+        let chunk = DRAIN_CHUNK.to_string();
+        let keys_ttl = (self.settings.keys_ttl_seconds * 1000).to_string();
+        let mut drained = Drained::default();
+        loop {
+            let reply: Vec<u64> = self
+                .eval(&self.scripts.drain, deal_id, &[&chunk, &keys_ttl])
+                .await?;
+            let [expired, waiting, active] = reply[..] else {
+                return Err(QueueError::Unexpected(format!("drain {reply:?}")));
+            };
+            drained.tickets_expired += expired;
+            drained.passes_active = active;
+            if waiting == 0 {
+                return Ok(drained);
+            }
+        }
     }
 
     /// The ticket's status if it is `user`'s; records the poll so the ticket is not abandoned.

@@ -3,7 +3,8 @@
 //!
 //! 1 `meta` hash: `seq` (tickets issued), `admitted_through`, `admitted_total`,
 //!   `abandoned_total`, `state` (`sold_out` while sold out), `sold_out_at`, `budget`,
-//!   `budget_at`, and for random order `seed`, `seed_sha256`, `prequeue_size`, `shuffled`;
+//!   `budget_at`, `closed_at` and `drained_total` once an operator drained the line, and for
+//!   random order `seed`, `seed_sha256`, `prequeue_size`, `shuffled`;
 //! 2 `users` hash user → ticket; 3 `t_user` ticket → user; 4 `t_pos` ticket → position;
 //! 5 `t_issue` ticket → issue number; 6 `t_seen` ticket → last poll (ms);
 //! 7 `t_adm` ticket → pass expiry (ms), once admitted; 8 `t_skip` ticket → skipped at (ms);
@@ -49,14 +50,16 @@ end
 "#;
 
 /// ARGV: user, a fresh ticket id, seed, seed hash (both empty for fifo), keys ttl ms.
-/// Returns the status of the user's one ticket, issuing it on first call. Every join
-/// pushes the expiry of the line's keys out, so a finished line leaves Redis on its own.
+/// Returns the status of the user's one ticket, issuing it on first call; nil when the user
+/// has none and the line was closed (`DRAIN`). Every join pushes the expiry of the line's
+/// keys out, so a finished line leaves Redis on its own.
 const JOIN: &str = r#"
 local now = now_ms()
 for i = 1, 10 do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
 redis.call('PEXPIRE', KEYS[13], ARGV[5])
 local t = redis.call('HGET', KEYS[2], ARGV[1])
 if not t then
+  if redis.call('HEXISTS', KEYS[1], 'closed_at') == 1 then return false end
   t = ARGV[2]
   local n = redis.call('HINCRBY', KEYS[1], 'seq', 1)
   redis.call('HSET', KEYS[2], ARGV[1], t)
@@ -106,6 +109,7 @@ local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', now)
 local active = redis.call('ZCARD', KEYS[10])
 local waiting = redis.call('ZCARD', KEYS[9])
+if redis.call('HEXISTS', KEYS[1], 'closed_at') == 1 then return {0, 0, active, waiting} end
 if ARGV[8] == '1' or redis.call('SISMEMBER', KEYS[12], ARGV[2]) == 1 then
   if redis.call('HGET', KEYS[1], 'state') ~= 'sold_out' then
     redis.call('HSET', KEYS[1], 'state', 'sold_out', 'sold_out_at', now)
@@ -159,6 +163,29 @@ if admitted + skipped > 0 then
   for _, i in ipairs({1, 7, 8, 10}) do redis.call('PEXPIRE', KEYS[i], ARGV[12]) end
 end
 return {admitted, skipped, active + admitted, waiting - seen}
+"#;
+
+/// ARGV: tickets max, keys ttl ms. Closes the line for good (no new tickets, no more
+/// admissions: `JOIN` and `ADVANCE` check `closed_at`) and marks up to `tickets max` waiting
+/// tickets from the front as skipped, so they read `expired`. Passes already handed out
+/// stay valid until they expire. Returns {tickets expired now, tickets still waiting,
+/// passes active}; call again until nothing is left waiting.
+const DRAIN: &str = r#"
+local now = now_ms()
+if redis.call('HEXISTS', KEYS[1], 'closed_at') == 0 then
+  redis.call('HSET', KEYS[1], 'closed_at', now)
+end
+local batch = redis.call('ZRANGE', KEYS[9], 0, tonumber(ARGV[1]) - 1)
+for _, t in ipairs(batch) do
+  redis.call('HSET', KEYS[8], t, now)
+  redis.call('ZREM', KEYS[9], t)
+end
+if #batch > 0 then redis.call('HINCRBY', KEYS[1], 'drained_total', #batch) end
+redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', now)
+for _, i in ipairs({1, 8}) do
+  if redis.call('PTTL', KEYS[i]) < 0 then redis.call('PEXPIRE', KEYS[i], ARGV[2]) end
+end
+return {#batch, redis.call('ZCARD', KEYS[9]), redis.call('ZCARD', KEYS[10])}
 "#;
 
 /// ARGV: lease token, seed, seed hash, shuffle size max. Before a random-order line opens:
@@ -229,6 +256,7 @@ pub struct Scripts {
     pub shuffled: String,
     pub renew: String,
     pub resign: String,
+    pub drain: String,
 }
 
 impl Scripts {
@@ -246,6 +274,7 @@ impl Scripts {
             shuffled: with(SHUFFLED),
             renew: with(RENEW),
             resign: with(RESIGN),
+            drain: with(DRAIN),
         }
     }
 }

@@ -21,6 +21,7 @@ mod ops_audit;
 mod ops_cli;
 mod ops_dashboard;
 mod ops_pause;
+mod ops_queue_cli;
 mod ops_rebalance;
 mod orders;
 mod payments_checkout;
