@@ -1,15 +1,16 @@
 //! The Grafana dashboard and the alert rules only query metrics the gateway exports: every
 //! metric name in every expression must appear on `/metrics` after a small sale, paid
-//! through the real payment-provider simulator.
+//! through the real payment-provider simulator, with a waiting room in front of one deal.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use crate::helpers::{
     PayApp, SETTLE, eventually, intent_id, metric_value, new_deal, spawn_pay_app_with,
 };
+use crate::waiting_room::{join, order_with_pass, poll_until, room_deal};
 
 const DASHBOARD: &str = include_str!("../../config/grafana/flashgate.json");
 const ALERTS: &str = include_str!("../../config/prometheus/alerts.yml");
@@ -209,11 +210,46 @@ const PAYMENT_SERIES: [(&str, &str); 11] = [
     ),
 ];
 
+/// Series the waiting-room part of the sale must have moved, as `(metric, label)`.
+const WAITING_ROOM_SERIES: [(&str, &str); 3] = [
+    (
+        "flashgate_waiting_room_admitted_total",
+        "deal=\"dashboard-queue\"",
+    ),
+    (
+        "flashgate_waiting_room_abandoned_total",
+        "deal=\"dashboard-queue\"",
+    ),
+    (
+        "flashgate_waiting_room_pass_rejections_total",
+        "reason=\"missing\"",
+    ),
+];
+
 /// A small sale: orders, a sell-out, a rejection, a cancel; then payments through the
 /// simulator: one paid at the checkout (its webhook delivered twice), one declined, one
 /// that arrives after its order expired and is refunded, and one whose webhook is lost and
-/// which the reconciler settles; then the background gauges.
+/// which the reconciler settles; alongside, a deal behind a waiting room (one pass at a
+/// time): a buyer admitted who orders with the pass, one refused without a pass, and one
+/// who stops polling and is skipped; then the background gauges.
 async fn small_sale(app: &PayApp) -> String {
+    // The waiting room: q is admitted, gone queues behind q and never polls again.
+    let room = json!({"admit_per_second": 100, "max_active": 1, "pass_ttl_seconds": 120});
+    let queued = app
+        .given_deal(&room_deal("dashboard-queue", 5, room, json!({})))
+        .await;
+    let q_ticket = join(app, "q", &queued).await.expect(201)["ticket"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    join(app, "gone", &queued).await.expect(201);
+    let gone_joined = Instant::now();
+    let admitted = poll_until(app, "q", &queued, &q_ticket, &["admitted"], SETTLE).await;
+    let q_pass = admitted["pass"].as_str().unwrap().to_owned();
+    order_with_pass(app, "r", &queued, None)
+        .await
+        .expect_problem(403, "waiting-room-required");
+
     let deal = app.given_deal(&new_deal("dashboard", 3, 2)).await;
     app.place_order("not a token", &deal, "k", 1)
         .await
@@ -264,12 +300,25 @@ async fn small_sale(app: &PayApp) -> String {
     app.sim.force_succeed(&intent_id(&late)).await;
     app.wait_for_order(&f, late_id, &["REFUNDED"], SETTLE).await;
 
+    // q orders with the pass once gone has been silent past the abandonment grace: the
+    // freed slot reaches gone, who is skipped.
+    let grace = Duration::from_secs(app.settings.waiting_room.abandon_after_seconds);
+    let silent = grace + Duration::from_millis(500);
+    tokio::time::sleep(silent.saturating_sub(gone_joined.elapsed())).await;
+    order_with_pass(app, "q", &queued, Some(&q_pass))
+        .await
+        .expect(201);
+
     let wanted = [
         "flashgate_inventory_units",
         "flashgate_invariant_violations",
         "flashgate_redis_up",
         "flashgate_refunds_pending",
         "flashgate_outbox_backlog",
+        "flashgate_waiting_room_queue_length",
+        "flashgate_waiting_room_passes_active",
+        "flashgate_waiting_room_estimated_wait_seconds",
+        "flashgate_waiting_room_admission_rate",
     ];
     let exposition = eventually(Duration::from_secs(10), || async {
         let text = app.metrics().await;
@@ -277,6 +326,7 @@ async fn small_sale(app: &PayApp) -> String {
         let gauges = wanted.iter().all(|w| names.contains(*w));
         let moved = PAYMENT_SERIES
             .iter()
+            .chain(&WAITING_ROOM_SERIES)
             .all(|(name, label)| metric_value(&text, name, label) > 0.0);
         (gauges && moved).then_some(text)
     })
@@ -285,10 +335,11 @@ async fn small_sale(app: &PayApp) -> String {
         let text = app.metrics().await;
         let stuck: Vec<_> = PAYMENT_SERIES
             .iter()
+            .chain(&WAITING_ROOM_SERIES)
             .filter(|(name, label)| metric_value(&text, name, label) <= 0.0)
             .collect();
         panic!(
-            "within 10 s the background gauges {wanted:?} did not all appear or these payment series did not move: {stuck:?}\n{text}"
+            "within 10 s the background gauges {wanted:?} did not all appear or these payment or waiting-room series did not move: {stuck:?}\n{text}"
         );
     };
     exposition
@@ -312,6 +363,9 @@ async fn every_dashboard_and_alert_metric_is_exported() {
         s.ops.audit_interval_ms = 1000;
         s.payments.reconcile_interval_ms = 200;
         s.payments.reconcile_after_seconds = 1;
+        s.waiting_room.stock_refresh_ms = 100;
+        s.waiting_room.abandon_after_seconds = 2;
+        s.waiting_room.refresh_after_seconds_max = 1;
     })
     .await;
 
