@@ -15,6 +15,7 @@ use flashgate::config::{LimitSettings, RateSettings};
 use flashgate::domain::{OrderEvent, OrderStatus};
 use flashgate::http::problem::Problem;
 use flashgate::redis_link::RedisHandle;
+use flashgate::waiting_room::Passes;
 
 fn client_ip(c: &mut Criterion) {
     let resolver = ClientIp::new(vec![
@@ -65,6 +66,16 @@ fn tokens(c: &mut Criterion) {
     });
 }
 
+fn passes(c: &mut Criterion) {
+    let passes = Passes::new("bench-pass-secret");
+    let expires = chrono::Utc::now().timestamp() + 600;
+    let pass = passes.mint("concert", "user-42", expires, "pass-1");
+    let now = chrono::Utc::now().timestamp();
+    c.bench_function("waiting_room/verify_pass", |b| {
+        b.iter(|| passes.verify(black_box(Some(pass.as_bytes())), "concert", "user-42", now))
+    });
+}
+
 fn sold_out_mirror(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -74,7 +85,10 @@ fn sold_out_mirror(c: &mut Criterion) {
     let redis = RedisHandle::new("redis://127.0.0.1:1", "bench:", Duration::from_millis(1));
     let sold_out = SoldOut::new(redis, 1000, Duration::from_secs(60));
     runtime.block_on(async {
-        let pool = sqlx::PgPool::connect_lazy("postgres://bench@127.0.0.1:1/bench").unwrap();
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .acquire_timeout(Duration::from_millis(1))
+            .connect_lazy("postgres://bench@127.0.0.1:1/bench")
+            .unwrap();
         for i in 0..1000 {
             sold_out.mark(&pool, &format!("deal-{i}")).await;
         }
@@ -119,6 +133,7 @@ criterion_group!(
     client_ip,
     limiters,
     tokens,
+    passes,
     sold_out_mirror,
     problem_json,
     transitions

@@ -205,7 +205,11 @@ impl Admission {
 
     /// The sold-out mirror, from memory: the HTTP layer calls it before reading the body,
     /// so the flood after a sell-out costs no more than parsing its head.
-    pub fn check_sold_out(&self, deal_id: &str, authorization: Option<&[u8]>) -> Result<(), Rejection> {
+    pub fn check_sold_out(
+        &self,
+        deal_id: &str,
+        authorization: Option<&[u8]>,
+    ) -> Result<(), Rejection> {
         if self.sold_out.is_sold_out(deal_id) && !self.may_replay(deal_id, authorization) {
             return Err(counted(Rejection::SoldOut));
         }

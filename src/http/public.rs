@@ -155,7 +155,9 @@ pub async fn place_order(
     check_ip(state, peer, &request)?;
     let deal_id = parse_deal_id(raw_id)?;
     let authorization = header(&request, AUTHORIZATION);
-    state.admission.check_sold_out(deal_id.as_str(), authorization)?;
+    state
+        .admission
+        .check_sold_out(deal_id.as_str(), authorization)?;
     let (parts, incoming) = request.into_parts();
     let bytes = body::read(
         incoming,
