@@ -326,6 +326,9 @@ impl From<WebhookRejection> for Problem {
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "the payment amount or currency does not match the order",
             ),
+            WebhookRejection::UnknownPayment => {
+                Problem::overloaded("no payment attempt matches this event yet; deliver it again")
+            }
             WebhookRejection::Store(error) => error.into(),
         }
     }

@@ -197,7 +197,12 @@ pub async fn place_order(
             let attempt = match &state.payments {
                 Some(payments) => {
                     payments
-                        .for_new_order(pool, placed.order.id, placed.order.expires_at)
+                        .for_new_order(
+                            pool,
+                            placed.order.id,
+                            placed.order.expires_at,
+                            placed.order.status() == OrderStatus::PendingPayment,
+                        )
                         .await?
                 }
                 None => None,

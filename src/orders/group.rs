@@ -167,8 +167,12 @@ async fn run_groups(
                 _ => break,
             }
         }
-        let results =
-            place_group_retrying(&pool, &group, settings.retries_max, provider.as_deref()).await;
+        // A request whose caller gave up (the HTTP timeout dropped it) reserves nothing.
+        group.retain(|job| !job.reply.is_closed());
+        if group.is_empty() {
+            continue;
+        }
+        let results = run_isolated(&pool, &group, settings.retries_max, provider.clone()).await;
         metrics::counter!(telemetry::RESERVATION_GROUPS).increment(1);
         metrics::counter!(telemetry::GROUPED_ORDERS).increment(group.len() as u64);
         for (job, result) in group.into_iter().zip(results) {
@@ -177,20 +181,42 @@ async fn run_groups(
     }
 }
 
-async fn place_group_retrying(
+/// Runs the group as its own task, so a broken invariant (a panic) fails this group with
+/// 503 instead of ending the deal's queue.
+async fn run_isolated(
     pool: &PgPool,
     group: &[Job],
     retries_max: u32,
-    provider: Option<&str>,
+    provider: Option<String>,
 ) -> Vec<Result<Placed, OrderError>> {
     let requests: Vec<Request> = group
         .iter()
         .map(|job| Request::of(&job.admitted, &job.key))
         .collect();
     let deal = group[0].admitted.deal.clone();
+    let pool = pool.clone();
+    let size = requests.len();
+    let run = tokio::spawn(async move {
+        place_group_retrying(&pool, &deal, &requests, retries_max, provider.as_deref()).await
+    });
+    run.await.unwrap_or_else(|panic| {
+        tracing::error!(%panic, "group reservation broke an invariant");
+        (0..size)
+            .map(|_| Err(OrderError::Store(StoreError::PoolExhausted)))
+            .collect()
+    })
+}
+
+async fn place_group_retrying(
+    pool: &PgPool,
+    deal: &Deal,
+    requests: &[Request],
+    retries_max: u32,
+    provider: Option<&str>,
+) -> Vec<Result<Placed, OrderError>> {
     let mut attempt = 0;
     loop {
-        match place_group(pool, &deal, &requests, provider).await {
+        match place_group(pool, deal, requests, provider).await {
             Err(StoreError::Retryable(_)) if attempt < retries_max => attempt += 1,
             Ok(results) => return results,
             Err(error) => {
@@ -309,6 +335,18 @@ async fn decide(
         .keys()
         .map(|&i| requests[i].user_id.clone())
         .collect();
+    // Every user gets a counter row first, so each one is locked here, in user order,
+    // before any bucket: a first purchase follows the same lock order as the rest.
+    sqlx::query(
+        "INSERT INTO user_deal_units (deal_id, user_id, units, limit_units)
+         SELECT $1, u, 0, $3 FROM (SELECT DISTINCT u FROM unnest($2::text[]) AS t(u) ORDER BY u) users
+         ON CONFLICT (deal_id, user_id) DO NOTHING",
+    )
+    .bind(&deal.id)
+    .bind(&users)
+    .bind(deal.per_user_limit)
+    .execute(&mut *tx)
+    .await?;
     let mut units: HashMap<String, i32> = sqlx::query_as::<_, (String, i32)>(
         "SELECT user_id, units FROM user_deal_units WHERE deal_id = $1 AND user_id = ANY($2)
           ORDER BY user_id FOR NO KEY UPDATE",
@@ -475,11 +513,10 @@ async fn update_users(
     per_user: &BTreeMap<&str, i32>,
 ) -> Result<(), StoreError> {
     let (users, units): (Vec<&str>, Vec<i32>) = per_user.iter().map(|(u, q)| (*u, *q)).unzip();
-    sqlx::query(
-        "INSERT INTO user_deal_units AS u (deal_id, user_id, units, limit_units)
-         SELECT $1, t.user_id, t.q, $4 FROM unnest($2::text[], $3::int[]) AS t(user_id, q)
-         ON CONFLICT (deal_id, user_id) DO UPDATE
-            SET units = u.units + EXCLUDED.units, limit_units = EXCLUDED.limit_units",
+    let updated = sqlx::query(
+        "UPDATE user_deal_units u SET units = u.units + t.q, limit_units = $4
+           FROM unnest($2::text[], $3::int[]) AS t(user_id, q)
+          WHERE u.deal_id = $1 AND u.user_id = t.user_id AND u.units + t.q <= $4",
     )
     .bind(&deal.id)
     .bind(&users)
@@ -487,6 +524,11 @@ async fn update_users(
     .bind(deal.per_user_limit)
     .execute(tx)
     .await?;
+    assert_eq!(
+        updated.rows_affected() as usize,
+        users.len(),
+        "the counters are locked by this transaction"
+    );
     Ok(())
 }
 
@@ -513,7 +555,8 @@ async fn answer(
             }
             Some(decision) => Err(refusal(deal, decision)),
             None => match lost_to_same_key(requests, decisions, i) {
-                Some(decision) => Err(refusal(deal, decision)),
+                Some(SameKey::LostEarlier(decision)) => Err(refusal(deal, decision)),
+                Some(SameKey::RetryAlone) => Err(OrderError::Store(StoreError::PoolExhausted)),
                 None => replay(pool, &request.user_id, &request.key, &request.fingerprint).await,
             },
         };
@@ -533,17 +576,29 @@ fn refusal(deal: &Deal, decision: &Decision) -> OrderError {
     }
 }
 
-/// A request that inserted nothing because an earlier request of the same group with the
-/// same key lost: alone, it would have lost the same way.
+/// A request that inserted nothing because an earlier request of the same group used the
+/// same key and lost. With the same body it would have lost the same way alone; with
+/// another body its own answer is unknown here, so it is asked to retry (503), when it
+/// will run alone.
+enum SameKey<'a> {
+    LostEarlier(&'a Decision),
+    RetryAlone,
+}
+
 fn lost_to_same_key<'a>(
     requests: &[Request],
     decisions: &'a BTreeMap<usize, Decision>,
     i: usize,
-) -> Option<&'a Decision> {
+) -> Option<SameKey<'a>> {
     let request = &requests[i];
     let earlier = (0..i)
         .find(|&j| requests[j].user_id == request.user_id && requests[j].key == request.key)?;
-    decisions
+    let decision = decisions
         .get(&earlier)
-        .filter(|decision| !matches!(decision, Decision::Reserve(_)))
+        .filter(|decision| !matches!(decision, Decision::Reserve(_)))?;
+    if requests[earlier].fingerprint == request.fingerprint {
+        Some(SameKey::LostEarlier(decision))
+    } else {
+        Some(SameKey::RetryAlone)
+    }
 }

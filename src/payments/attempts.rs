@@ -194,8 +194,20 @@ pub async fn lock_for_payment(
           WHERE id = $1 AND provider = $2 AND provider_payment_id IS NULL
          RETURNING {COLUMNS}"
     );
-    Ok(sqlx::query_as::<_, Attempt>(sqlx::AssertSqlSafe(sql))
+    let adopted = sqlx::query_as::<_, Attempt>(sqlx::AssertSqlSafe(sql))
         .bind(reference)
+        .bind(provider)
+        .bind(provider_payment_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+    if adopted.is_some() {
+        return Ok(adopted);
+    }
+    // Another report of the same payment adopted it first: read it as it is now.
+    let sql = format!(
+        "SELECT {COLUMNS} FROM payment_attempts WHERE provider = $1 AND provider_payment_id = $2 FOR UPDATE"
+    );
+    Ok(sqlx::query_as::<_, Attempt>(sqlx::AssertSqlSafe(sql))
         .bind(provider)
         .bind(provider_payment_id)
         .fetch_optional(&mut *tx)

@@ -119,10 +119,15 @@ impl Payments {
         pool: &PgPool,
         order_id: Uuid,
         expires_at: DateTime<Utc>,
+        pending: bool,
     ) -> Result<Option<Attempt>, StoreError> {
         let Some(attempt) = attempts::initial(pool, order_id).await? else {
             return Ok(None);
         };
+        // A replay of an order that no longer waits for payment must not open a checkout.
+        if !pending {
+            return Ok(Some(attempt));
+        }
         Ok(Some(self.open(pool, attempt, expires_at).await?))
     }
 

@@ -92,6 +92,11 @@ pub async fn complete_for_payment(
 
 /// REFUND_PENDING becomes REFUNDED once no refund of the order is pending.
 async fn finish_order(tx: &mut PgConnection, order_id: Uuid) -> Result<(), StoreError> {
+    // Locking the order first makes two refunds finishing together see each other.
+    sqlx::query("SELECT 1 FROM orders WHERE id = $1 FOR NO KEY UPDATE")
+        .bind(order_id)
+        .execute(&mut *tx)
+        .await?;
     sqlx::query(
         "UPDATE orders SET status = 'REFUNDED', updated_at = now()
           WHERE id = $1 AND status = 'REFUND_PENDING'

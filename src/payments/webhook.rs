@@ -28,6 +28,9 @@ pub enum WebhookRejection {
     UnknownProvider,
     #[error(transparent)]
     Invalid(#[from] WebhookError),
+    /// No attempt of ours has this payment (yet): not consumed, to be delivered again.
+    #[error("no payment attempt matches this event")]
+    UnknownPayment,
     /// Amount or currency differ from the order's price snapshot: refused, alerted.
     #[error("payment amount or currency does not match the order")]
     Mismatch,
@@ -52,6 +55,7 @@ impl Payments {
             Err(WebhookRejection::Invalid(WebhookError::Malformed)) => "malformed",
             Err(WebhookRejection::Mismatch) => "mismatch",
             Err(WebhookRejection::UnknownProvider) => "unknown_provider",
+            Err(WebhookRejection::UnknownPayment) => "unknown_payment",
             Err(WebhookRejection::Store(_)) => "error",
         };
         metrics::counter!(telemetry::WEBHOOK_EVENTS, "result" => result).increment(1);
@@ -80,6 +84,12 @@ impl Payments {
             return Ok(Received::Duplicate);
         }
         let applied = apply_event(&mut tx, provider, &event).await?;
+        if applied == Applied::UnknownPayment {
+            // Possibly a report racing our own record of the payment: not consumed, so
+            // the provider delivers it again.
+            tx.rollback().await.map_err(StoreError::from)?;
+            return Err(WebhookRejection::UnknownPayment);
+        }
         if applied == Applied::Mismatch {
             tx.rollback().await.map_err(StoreError::from)?;
             return Err(WebhookRejection::Mismatch);

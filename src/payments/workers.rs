@@ -79,7 +79,11 @@ impl Payments {
                     .provider
                     .refund(&payment_id()?, amount, &format!("refund-{refund_id}"))
                     .await?;
-                refunds::complete(pool, refund_id, &refund.id).await?;
+                // A refund the provider has not finished stays PENDING; its refund webhook (or the
+                // reconciler's stuck-refund finding) completes it.
+                if refund.succeeded {
+                    refunds::complete(pool, refund_id, &refund.id).await?;
+                }
                 Ok(None)
             }
             Kind::Capture => {
@@ -125,6 +129,12 @@ impl Payments {
         let mut deals = Released::new();
         for attempt in due {
             match self.resolve_overdue(pool, &attempt).await {
+                Ok(Some(Applied::Mismatch)) => {
+                    // Alerted by settle; the attempt stays open for people to look at, and
+                    // is asked about again only after the backoff.
+                    attempts::postpone(pool, attempt.id, self.settings.check_backoff_max_seconds)
+                        .await?;
+                }
                 Ok(Some(applied)) => deals.extend(released(&applied)),
                 Ok(None) => {}
                 Err(OutboxError::Provider(error)) if error.is_transient() => {
