@@ -143,13 +143,7 @@ pub(super) async fn admin_json<T: DeserializeOwned>(
     request: Request<Incoming>,
 ) -> Result<T, Problem> {
     require_admin(state, &request)?;
-    let (parts, incoming) = request.into_parts();
-    let bytes = body::read(
-        incoming,
-        &parts.headers,
-        state.settings.server.body_bytes_max,
-    )
-    .await?;
+    let (_, bytes) = body::split(request, state.settings.server.body_bytes_max).await?;
     body::json(&bytes)
 }
 

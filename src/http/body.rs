@@ -37,6 +37,16 @@ pub async fn read(
     }
 }
 
+/// The request's head and its whole body, bounded as `read` is.
+pub async fn split(
+    request: http::Request<Incoming>,
+    bytes_max: usize,
+) -> Result<(http::request::Parts, Bytes), Problem> {
+    let (parts, incoming) = request.into_parts();
+    let bytes = read(incoming, &parts.headers, bytes_max).await?;
+    Ok((parts, bytes))
+}
+
 /// Parses a JSON object body into `T`, answering 400 with serde's reason otherwise.
 /// Only objects are accepted: serde would also read a struct from an array.
 pub fn json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {

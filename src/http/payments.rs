@@ -43,13 +43,7 @@ pub async fn start_payment(
         key.as_bytes(),
         state.settings.orders.idempotency_key_bytes_max,
     )?;
-    let (parts, incoming) = request.into_parts();
-    let bytes = body::read(
-        incoming,
-        &parts.headers,
-        state.settings.server.body_bytes_max,
-    )
-    .await?;
+    let (_, bytes) = body::split(request, state.settings.server.body_bytes_max).await?;
     if !bytes.trim_ascii().is_empty() {
         body::json::<serde_json::Map<String, serde_json::Value>>(&bytes)?;
     }
@@ -88,13 +82,7 @@ pub async fn webhook(state: &State, request: Request<Incoming>, provider: &str) 
         .payments
         .as_ref()
         .ok_or_else(|| Problem::not_found("payments are not enabled"))?;
-    let (parts, incoming) = request.into_parts();
-    let raw = body::read(
-        incoming,
-        &parts.headers,
-        state.settings.server.body_bytes_max,
-    )
-    .await?;
+    let (parts, raw) = body::split(request, state.settings.server.body_bytes_max).await?;
     let signature = parts
         .headers
         .get("flashgate-signature")

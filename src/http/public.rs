@@ -158,13 +158,7 @@ pub async fn place_order(
     state
         .admission
         .check_sold_out(deal_id.as_str(), authorization)?;
-    let (parts, incoming) = request.into_parts();
-    let bytes = body::read(
-        incoming,
-        &parts.headers,
-        state.settings.server.body_bytes_max,
-    )
-    .await?;
+    let (parts, bytes) = body::split(request, state.settings.server.body_bytes_max).await?;
     let request = Request::from_parts(parts, ());
     let orders_settings = &state.settings.orders;
     let key = header(&request, "idempotency-key")

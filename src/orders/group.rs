@@ -86,30 +86,27 @@ impl Grouper {
         admitted: Admitted,
         key: IdempotencyKey,
     ) -> Result<Placed, OrderError> {
-        let provider = self.payment_provider.as_deref();
-        if !self.settings.enabled {
-            return super::place(
-                &self.pool,
-                &admitted,
-                &key,
-                self.settings.retries_max,
-                provider,
-            )
-            .await;
+        let queue = self.settings.enabled.then(|| self.queue(&admitted.deal.id));
+        let busy = queue
+            .as_ref()
+            .is_some_and(|q| q.in_flight.fetch_add(1, Ordering::AcqRel) > 0);
+        let _in_flight = queue.clone().map(InFlight);
+        match queue {
+            Some(queue) if busy => Self::join_group(&queue, admitted, key).await,
+            _ => {
+                let provider = self.payment_provider.as_deref();
+                let retries = self.settings.retries_max;
+                super::place(&self.pool, &admitted, &key, retries, provider).await
+            }
         }
-        let queue = self.queue(&admitted.deal.id);
-        let busy = queue.in_flight.fetch_add(1, Ordering::AcqRel) > 0;
-        let _in_flight = InFlight(queue.clone());
-        if !busy {
-            return super::place(
-                &self.pool,
-                &admitted,
-                &key,
-                self.settings.retries_max,
-                provider,
-            )
-            .await;
-        }
+    }
+
+    /// Hands the order to its deal's group task and waits for the answer.
+    async fn join_group(
+        queue: &DealQueue,
+        admitted: Admitted,
+        key: IdempotencyKey,
+    ) -> Result<Placed, OrderError> {
         let (reply, answer) = oneshot::channel();
         if queue
             .jobs
