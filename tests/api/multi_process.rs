@@ -14,6 +14,11 @@ use crate::helpers::{
 
 /// Starts `flashgate serve` on `port` with `settings` passed through the environment.
 pub fn spawn_gateway(settings: &Settings, port: u16) -> ChildGuard {
+    spawn_gateway_with(settings, port, &[])
+}
+
+/// As `spawn_gateway`, with `extra` environment variables on top (later ones win).
+pub fn spawn_gateway_with(settings: &Settings, port: u16, extra: &[(&str, &str)]) -> ChildGuard {
     let output = || {
         if test_log() {
             Stdio::inherit()
@@ -21,8 +26,9 @@ pub fn spawn_gateway(settings: &Settings, port: u16) -> ChildGuard {
             Stdio::null()
         }
     };
-    let unlimited = "100000";
-    let child = Command::new(env!("CARGO_BIN_EXE_flashgate"))
+    let unlimited = "1000000";
+    let mut command = Command::new(env!("CARGO_BIN_EXE_flashgate"));
+    command
         .arg("serve")
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -36,13 +42,17 @@ pub fn spawn_gateway(settings: &Settings, port: u16) -> ChildGuard {
         .env("FLASHGATE__DATABASE__REQUEST_POOL_MAX", "8")
         .env("FLASHGATE__DATABASE__BACKGROUND_POOL_MAX", "2")
         .env("FLASHGATE__DATABASE__ACQUIRE_TIMEOUT_MS", "2000")
-        .env("FLASHGATE__SOLDOUT__REFRESH_INTERVAL_MS", "100")
-        .env("FLASHGATE__LIMITS__PER_IP__RATE_PER_SECOND", unlimited)
-        .env("FLASHGATE__LIMITS__PER_IP__BURST", unlimited)
-        .env("FLASHGATE__LIMITS__PER_USER__RATE_PER_SECOND", unlimited)
-        .env("FLASHGATE__LIMITS__PER_USER__BURST", unlimited)
-        .env("FLASHGATE__LIMITS__PER_DEAL__RATE_PER_SECOND", unlimited)
-        .env("FLASHGATE__LIMITS__PER_DEAL__BURST", unlimited)
+        .env("FLASHGATE__SOLDOUT__REFRESH_INTERVAL_MS", "100");
+    for scope in ["PER_IP", "PER_USER", "PER_DEAL"] {
+        command
+            .env(
+                format!("FLASHGATE__LIMITS__{scope}__RATE_PER_SECOND"),
+                unlimited,
+            )
+            .env(format!("FLASHGATE__LIMITS__{scope}__BURST"), unlimited);
+    }
+    command.envs(extra.iter().copied());
+    let child = command
         .stdout(output())
         .stderr(output())
         .spawn()

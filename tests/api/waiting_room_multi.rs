@@ -3,7 +3,6 @@
 //! order, and a 20,000-user flash sale for 500 units.
 
 use std::collections::{HashMap, HashSet};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -15,7 +14,7 @@ use serde_json::{Value, json};
 
 use crate::helpers::{
     Api, ChildGuard, Reply, TestDb, assert_invariants, delete_redis_keys, free_port, metric_value,
-    test_log, test_settings, unique_suffix,
+    test_settings, unique_suffix,
 };
 use crate::multi_process::wait_until_healthy;
 use crate::waiting_room::{line, room_deal};
@@ -71,52 +70,17 @@ async fn order_with_pass(api: &Api, user: &str, deal: &str, pass: Option<&str>) 
 
 /// Starts `flashgate serve` with fast waiting-room timers.
 fn spawn_gateway(settings: &Settings, port: u16) -> ChildGuard {
-    let output = || {
-        if test_log() {
-            Stdio::inherit()
-        } else {
-            Stdio::null()
-        }
-    };
-    let unlimited = "1000000";
-    let mut command = Command::new(env!("CARGO_BIN_EXE_flashgate"));
-    command
-        .arg("serve")
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("RUST_LOG", if test_log() { "info" } else { "warn" })
-        .env("DATABASE_URL", &settings.database.url)
-        .env("REDIS_URL", &settings.redis.url)
-        .env("FLASHGATE_LISTEN", format!("127.0.0.1:{port}"))
-        .env("FLASHGATE_ADMIN_TOKEN", &settings.auth.admin_token)
-        .env("FLASHGATE_JWT_SECRET", &settings.auth.jwt_secret)
-        .env("FLASHGATE__REDIS__KEY_PREFIX", &settings.redis.key_prefix)
-        .env("FLASHGATE__REDIS__COMMAND_TIMEOUT_MS", "1000")
-        .env("FLASHGATE__DATABASE__REQUEST_POOL_MAX", "8")
-        .env("FLASHGATE__DATABASE__BACKGROUND_POOL_MAX", "2")
-        .env("FLASHGATE__DATABASE__ACQUIRE_TIMEOUT_MS", "2000")
-        .env("FLASHGATE__SOLDOUT__REFRESH_INTERVAL_MS", "100")
-        .env(
+    let extra = [
+        ("FLASHGATE__REDIS__COMMAND_TIMEOUT_MS", "1000"),
+        (
             "FLASHGATE__WAITING_ROOM__PASS_SECRET",
-            &settings.waiting_room.pass_secret,
-        )
-        .env("FLASHGATE__WAITING_ROOM__LEASE_TTL_MS", "1500")
-        .env("FLASHGATE__WAITING_ROOM__STOCK_REFRESH_MS", "200")
-        .env("FLASHGATE__WAITING_ROOM__ABANDON_AFTER_SECONDS", "600");
-    for scope in ["PER_IP", "PER_USER", "PER_DEAL"] {
-        command
-            .env(
-                format!("FLASHGATE__LIMITS__{scope}__RATE_PER_SECOND"),
-                unlimited,
-            )
-            .env(format!("FLASHGATE__LIMITS__{scope}__BURST"), unlimited);
-    }
-    let child = command
-        .stdout(output())
-        .stderr(output())
-        .spawn()
-        .expect("start flashgate serve");
-    ChildGuard { child }
+            settings.waiting_room.pass_secret.as_str(),
+        ),
+        ("FLASHGATE__WAITING_ROOM__LEASE_TTL_MS", "1500"),
+        ("FLASHGATE__WAITING_ROOM__STOCK_REFRESH_MS", "200"),
+        ("FLASHGATE__WAITING_ROOM__ABANDON_AFTER_SECONDS", "600"),
+    ];
+    crate::multi_process::spawn_gateway_with(settings, port, &extra)
 }
 
 struct Cluster {
