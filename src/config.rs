@@ -121,9 +121,11 @@ pub struct OrderSettings {
     pub quantity_max: u32,
     pub idempotency_key_bytes_max: usize,
     pub retries_max: u32,
-    pub grouping: bool,
-    pub group_window_us: u64,
-    pub group_size_max: usize,
+    /// Batches of one deal in flight at once on this instance, each with its own share of
+    /// the buckets.
+    pub lanes: usize,
+    /// Most orders placed in one batch (one statement, one transaction).
+    pub batch_max: usize,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -425,12 +427,13 @@ impl Settings {
             "orders.quantity_max must be 1..=1000000",
         )?;
         check(
-            (1..=1024).contains(&o.group_size_max),
-            "orders.group_size_max must be 1..=1024",
+            (1..=1024).contains(&o.batch_max),
+            "orders.batch_max must be 1..=1024",
         )?;
+        check((1..=64).contains(&o.lanes), "orders.lanes must be 1..=64")?;
         check(
-            (1..=100_000).contains(&o.group_window_us),
-            "orders.group_window_us must be 1..=100000",
+            o.lanes < self.database.request_pool_max as usize,
+            "orders.lanes must be below database.request_pool_max, so reads still get connections",
         )?;
         check(
             (1..=255).contains(&o.idempotency_key_bytes_max),

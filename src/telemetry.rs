@@ -23,6 +23,8 @@ pub const CONNECTIONS_REFUSED: &str = "flashgate_connections_refused_total";
 pub const SWEEPER_RUNS: &str = "flashgate_sweeper_runs_total";
 pub const RESERVATION_GROUPS: &str = "flashgate_reservation_groups_total";
 pub const GROUPED_ORDERS: &str = "flashgate_grouped_orders_total";
+pub const RESERVATION_BATCH_SIZE: &str = "flashgate_reservation_batch_size";
+pub const LANES_BUSY: &str = "flashgate_reservation_lanes_busy";
 pub const WEBHOOK_EVENTS: &str = "flashgate_webhook_events_total";
 pub const WEBHOOK_LAG: &str = "flashgate_webhook_lag_seconds";
 pub const PROVIDER_CALL_DURATION: &str = "flashgate_provider_call_duration_seconds";
@@ -50,6 +52,11 @@ const LATENCY_BUCKETS_SECONDS: [f64; 16] = [
     10.0,
 ];
 
+/// Orders per reservation batch: 1 at low load, up to `orders.batch_max` under a stampede.
+const BATCH_SIZE_BUCKETS: [f64; 16] = [
+    1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 256.0, 1024.0,
+];
+
 /// Webhook lag buckets in seconds: providers deliver within seconds, retries within minutes.
 const LAG_BUCKETS_SECONDS: [f64; 10] = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
 
@@ -74,6 +81,12 @@ pub fn prometheus() -> &'static PrometheusHandle {
                 b.set_buckets_for_metric(
                     Matcher::Full(WEBHOOK_LAG.to_owned()),
                     &LAG_BUCKETS_SECONDS,
+                )
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full(RESERVATION_BATCH_SIZE.to_owned()),
+                    &BATCH_SIZE_BUCKETS,
                 )
             })
             .and_then(|builder| builder.install_recorder())
@@ -182,10 +195,22 @@ fn describe() {
         "TCP connections closed at once over the limit."
     );
     describe_counter!(SWEEPER_RUNS, "Expiry sweeper passes, by outcome.");
-    describe_counter!(RESERVATION_GROUPS, "Group reservation transactions run.");
+    describe_counter!(
+        RESERVATION_GROUPS,
+        "Reservation batches run (one statement each)."
+    );
     describe_counter!(
         GROUPED_ORDERS,
-        "Orders reserved through a group transaction (any outcome)."
+        "Orders placed in a batch of more than one (any outcome)."
+    );
+    describe_histogram!(
+        RESERVATION_BATCH_SIZE,
+        metrics::Unit::Count,
+        "Orders per reservation batch."
+    );
+    describe_gauge!(
+        LANES_BUSY,
+        "Reservation batches in flight on this instance, over every deal."
     );
     describe_counter!(WEBHOOK_EVENTS, "Provider webhooks received, by result.");
     describe_histogram!(

@@ -190,11 +190,6 @@ impl Admission {
         } else {
             None
         };
-        if i64::from(quantity.get()) > i64::from(deal.per_user_limit) {
-            return Err(counted(Rejection::PerUserLimit {
-                limit: deal.per_user_limit,
-            }));
-        }
         Ok(Admitted {
             user,
             deal,

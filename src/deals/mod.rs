@@ -169,13 +169,7 @@ impl NewDeal {
     }
 }
 
-pub fn split_evenly(units: i64, buckets: i32) -> Vec<i64> {
-    assert!(buckets >= 1 && units >= 0);
-    let n = i64::from(buckets);
-    (0..n)
-        .map(|i| units / n + i64::from(i < units % n))
-        .collect()
-}
+pub use crate::inventory::split_evenly;
 
 const SELECT_DEAL: &str = "SELECT id, name, stock_total, bucket_count, unit_price_minor, currency,
         per_user_limit, reservation_ttl_seconds, starts_at, ends_at, paused,
@@ -227,15 +221,7 @@ pub async fn create(pool: &PgPool, new: &NewDeal) -> Result<Deal, DealError> {
     if inserted.rows_affected() == 0 {
         return Err(DealError::AlreadyExists(new.id.to_string()));
     }
-    sqlx::query(
-        "INSERT INTO inventory_buckets (deal_id, bucket, available)
-         SELECT $1, b - 1, units FROM unnest($2::bigint[]) WITH ORDINALITY AS t(units, b)",
-    )
-    .bind(new.id.as_str())
-    .bind(new.bucket_split())
-    .execute(&mut *tx)
-    .await
-    .map_err(StoreError::from)?;
+    crate::inventory::create_buckets(&mut tx, new.id.as_str(), &new.bucket_split()).await?;
     let deal = sqlx::query_as::<_, Deal>(SELECT_DEAL)
         .bind(new.id.as_str())
         .fetch_one(&mut *tx)

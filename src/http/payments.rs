@@ -97,7 +97,8 @@ pub async fn webhook(state: &State, request: Request<Incoming>, provider: &str) 
         _ => None,
     };
     if let Some(deal_id) = released {
-        state.admission.sold_out().clear(&deal_id).await;
+        let freed = crate::inventory::StockChange::Freed(deal_id);
+        state.stock_events.emit(freed).await;
     }
     let answer = match &received {
         Received::Accepted(applied) => {

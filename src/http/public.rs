@@ -16,7 +16,7 @@ use super::body::{self, Caching};
 use super::problem::Problem;
 use crate::deals::{Deal, Window};
 use crate::domain::{DealId, IdempotencyKey, OrderStatus, Quantity, UserId};
-use crate::orders::{self, Order, OrderError};
+use crate::orders::{self, Order};
 use crate::payments::attempts::{self, Attempt};
 use crate::payments::checkout::PaymentView;
 
@@ -178,48 +178,32 @@ pub async fn place_order(
         )
         .await?;
     let pass = admitted.pass.clone();
-    match state.orders.place(admitted, key).await {
-        Ok(placed) => {
-            if placed.emptied_a_bucket {
-                let sold_out = state.admission.sold_out();
-                sold_out.check_soon(&state.pools.background, &placed.order.deal_id);
-            }
-            if let Some(pass) = pass.as_ref().filter(|_| !placed.replayed) {
-                let room = state.admission.waiting_room();
-                room.release(&placed.order.deal_id, &pass.pass_id).await;
-            }
-            let attempt = match &state.payments {
-                Some(payments) => {
-                    payments
-                        .for_new_order(
-                            pool,
-                            placed.order.id,
-                            placed.order.expires_at,
-                            placed.order.status() == OrderStatus::PendingPayment,
-                        )
-                        .await?
-                }
-                None => None,
-            };
-            let view = OrderView::new(&placed.order, OrderStatus::PendingPayment, attempt.as_ref());
-            let mut response = body::respond(StatusCode::CREATED, &view, Caching::Private);
-            if placed.replayed {
-                response
-                    .headers_mut()
-                    .insert("idempotent-replayed", HeaderValue::from_static("true"));
-            }
-            Ok(response)
-        }
-        Err(OrderError::SoldOut { available: 0 }) => {
-            state
-                .admission
-                .sold_out()
-                .mark(pool, deal_id.as_str())
-                .await;
-            Err(OrderError::SoldOut { available: 0 }.into())
-        }
-        Err(error) => Err(error.into()),
+    let placed = state.orders.place(admitted, key).await?;
+    if let Some(pass) = pass.as_ref().filter(|_| !placed.replayed) {
+        let room = state.admission.waiting_room();
+        room.release(&placed.order.deal_id, &pass.pass_id).await;
     }
+    let attempt = match &state.payments {
+        Some(payments) => {
+            payments
+                .for_new_order(
+                    pool,
+                    placed.order.id,
+                    placed.order.expires_at,
+                    placed.order.status() == OrderStatus::PendingPayment,
+                )
+                .await?
+        }
+        None => None,
+    };
+    let view = OrderView::new(&placed.order, OrderStatus::PendingPayment, attempt.as_ref());
+    let mut response = body::respond(StatusCode::CREATED, &view, Caching::Private);
+    if placed.replayed {
+        response
+            .headers_mut()
+            .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    Ok(response)
 }
 
 pub async fn get_order(
@@ -250,8 +234,7 @@ pub async fn cancel_order(
 ) -> Reply {
     let user = authenticate(state, peer, request)?;
     let order_id = parse_order_id(raw_id)?;
-    let order = orders::cancel(&state.pools.request, &user, order_id).await?;
-    state.admission.sold_out().clear(&order.deal_id).await;
+    let order = state.orders.cancel(&user, order_id).await?;
     if let Some(payments) = &state.payments
         && let Err(error) = payments
             .close_open_attempts(&state.pools.request, order.id)

@@ -30,46 +30,29 @@ pub const SUCCEEDED: &str = "SUCCEEDED";
 const COLUMNS: &str = "id, order_id, provider, provider_payment_id, status, amount_minor, currency,
     capture_method, checkout_url, provider_expires_at, accepted, checks, created_at";
 
-/// Records the attempt created together with an order, in the order's transaction.
-pub async fn insert_initial(
-    tx: &mut PgConnection,
-    order_id: Uuid,
-    provider: &str,
-    capture_method: &str,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO payment_attempts (id, order_id, provider, status, amount_minor, currency, capture_method)
-         SELECT $1, o.id, $3, 'PENDING', o.amount_minor, o.currency, $4 FROM orders o WHERE o.id = $2",
-    )
-    .bind(Uuid::now_v7())
-    .bind(order_id)
-    .bind(provider)
-    .bind(capture_method)
-    .execute(tx)
-    .await?;
-    Ok(())
+/// Opens the first payment attempt of every order placed, inside the order batch's own
+/// transaction (the SQL function `payments_open_initial_attempts`); the provider itself is
+/// called only after the commit.
+pub struct InitialAttempt {
+    provider: String,
 }
 
-/// The initial attempts of several orders placed together, in one statement.
-pub async fn insert_initial_many(
-    tx: &mut PgConnection,
-    order_ids: &[Uuid],
-    provider: &str,
-    capture_method: &str,
-) -> Result<(), StoreError> {
-    let ids: Vec<Uuid> = order_ids.iter().map(|_| Uuid::now_v7()).collect();
-    sqlx::query(
-        "INSERT INTO payment_attempts (id, order_id, provider, status, amount_minor, currency, capture_method)
-         SELECT t.id, o.id, $3, 'PENDING', o.amount_minor, o.currency, $4
-           FROM unnest($1::uuid[], $2::uuid[]) AS t(id, order_id) JOIN orders o ON o.id = t.order_id",
-    )
-    .bind(&ids)
-    .bind(order_ids)
-    .bind(provider)
-    .bind(capture_method)
-    .execute(tx)
-    .await?;
-    Ok(())
+impl InitialAttempt {
+    pub fn hook(provider: &str) -> std::sync::Arc<dyn crate::orders::PlacementHook> {
+        std::sync::Arc::new(Self {
+            provider: provider.to_owned(),
+        })
+    }
+}
+
+impl crate::orders::PlacementHook for InitialAttempt {
+    fn sql_function(&self) -> &'static str {
+        "payments_open_initial_attempts"
+    }
+
+    fn argument(&self) -> &str {
+        &self.provider
+    }
 }
 
 /// Starts another attempt for a pending order under the client's key; `None` when the

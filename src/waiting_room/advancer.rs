@@ -285,17 +285,22 @@ impl Advancer {
 
 /// Deals with a waiting room still on sale, with their stock.
 async fn read_lines(pool: &PgPool) -> Result<Vec<Line>, StoreError> {
-    let lines = sqlx::query_as::<_, Line>(
+    let mut lines = sqlx::query_as::<_, Line>(
         "SELECT d.id, d.starts_at, d.ends_at, d.paused, d.wr_enabled, d.wr_admit_per_second,
                 d.wr_max_active, d.wr_pass_ttl_seconds, d.wr_queue_order, d.wr_prequeue_opens_at,
-                COALESCE(sum(b.available), 0)::bigint AS available,
-                COALESCE(sum(b.reserved), 0)::bigint AS reserved
-           FROM deals d LEFT JOIN inventory_buckets b ON b.deal_id = d.id
+                0::bigint AS available, 0::bigint AS reserved
+           FROM deals d
           WHERE d.wr_enabled AND (d.ends_at IS NULL OR d.ends_at > now())
-          GROUP BY d.id ORDER BY d.id LIMIT $1",
+          ORDER BY d.id LIMIT $1",
     )
     .bind(LINES_MAX)
     .fetch_all(pool)
     .await?;
+    let ids: Vec<String> = lines.iter().map(|line| line.id.clone()).collect();
+    let totals = crate::inventory::totals(pool, &ids).await?;
+    for line in &mut lines {
+        let stock = totals.get(&line.id).copied().unwrap_or_default();
+        (line.available, line.reserved) = (stock.available, stock.reserved);
+    }
     Ok(lines)
 }
