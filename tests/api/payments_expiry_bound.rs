@@ -113,24 +113,44 @@ async fn an_order_takes_at_most_the_configured_number_of_attempts() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn expiry_reads_expired_whichever_of_sweeper_and_cancel_webhook_lands_first() {
-    const ORDERS: usize = 12;
-    let app = spawn_pay_app_with(|s| s.payments.expiry_grace_seconds = 20).await;
+    const BATCH: usize = 8;
+    let app = spawn_pay_app_with(|_| {}).await;
     let mut deal = new_deal("expiry-race", 100, 1);
     deal["reservation_ttl_seconds"] = json!(1);
     let deal = app.given_deal(&deal).await;
     let expired_before = app.counter("flashgate_orders_expired_total", "").await;
+    // The provider acts at once but answers slowly, so the `canceled` event of a session
+    // the gateway closes lands before the gateway has heard back from its own cancel
+    // call; for the second batch webhooks are also held and delivered out of order, so
+    // they land after it.
     let mut placed = Vec::new();
-    for i in 0..ORDERS {
-        let user = format!("u{i}");
-        let order = app.order(&user, &deal, 1).await.expect(201);
-        placed.push((user, order["order_id"].as_str().unwrap().to_owned()));
+    for (batch, faults) in [
+        json!({"api_delay_ms": 500, "webhook_reorder": false}),
+        json!({"api_delay_ms": 500, "webhook_reorder": true}),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        app.sim.faults(faults).await;
+        let tasks: Vec<_> = (0..BATCH)
+            .map(|i| {
+                let (api, deal) = (app.api.clone(), deal.clone());
+                tokio::spawn(async move {
+                    let user = format!("u{batch}-{i}");
+                    let order = api.order(&user, &deal, 1).await.expect(201);
+                    (user, order["order_id"].as_str().unwrap().to_owned())
+                })
+            })
+            .collect();
+        let mut batch_orders = Vec::new();
+        for task in tasks {
+            batch_orders.push(task.await.expect("order task"));
+        }
+        // Let this batch expire under its faults before the next one starts.
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        placed.extend(batch_orders);
     }
-    // The provider acts at once but answers slowly, and its webhooks arrive out of order:
-    // the `canceled` event of a session the gateway closed lands before the gateway has
-    // heard back from its own cancel call, or after.
-    app.sim
-        .faults(json!({"api_delay_ms": 500, "webhook_reorder": true}))
-        .await;
+    let orders_total = placed.len();
 
     let started = Instant::now();
     for (user, order_id) in &placed {
@@ -156,10 +176,11 @@ async fn expiry_reads_expired_whichever_of_sweeper_and_cancel_webhook_lands_firs
     }
     let expired_after = app.counter("flashgate_orders_expired_total", "").await;
     assert!(
-        expired_after - expired_before >= ORDERS as f64,
+        expired_after - expired_before >= orders_total as f64,
         "{expired_before} -> {expired_after}"
     );
     assert_eq!(stock(&app.db, &deal).await, (100, 0, 0));
     app.assert_invariants(&deal).await;
     app.cleanup().await;
 }
+
