@@ -40,6 +40,7 @@ pub enum Kind {
     IdempotencyConflict,
     Overloaded,
     WaitingRoomRequired,
+    ChallengeRequired,
 }
 
 impl Kind {
@@ -56,6 +57,7 @@ impl Kind {
             Kind::IdempotencyConflict => ("idempotency-conflict", "Idempotency key reused"),
             Kind::Overloaded => ("overloaded", "Overloaded"),
             Kind::WaitingRoomRequired => ("waiting-room-required", "Waiting room pass required"),
+            Kind::ChallengeRequired => ("challenge-required", "Proof of work required"),
         }
     }
 }

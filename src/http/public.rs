@@ -252,6 +252,8 @@ pub async fn cancel_order(
     let order_id = parse_order_id(raw_id)?;
     let order = orders::cancel(&state.pools.request, &user, order_id).await?;
     state.admission.sold_out().clear(&order.deal_id).await;
+    let room = state.admission.waiting_room();
+    room.end_session(&order.deal_id, user.as_str()).await;
     if let Some(payments) = &state.payments
         && let Err(error) = payments
             .close_open_attempts(&state.pools.request, order.id)

@@ -19,7 +19,7 @@ mod stock;
 use sqlx::{PgConnection, PgPool};
 
 pub use release::{HeldOrder, consume, release};
-pub use stock::{StockError, adjust};
+pub use stock::{StockError, adjust, available_by_deal};
 
 use crate::store::StoreError;
 
