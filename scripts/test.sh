@@ -16,6 +16,7 @@ step() { printf '\ntest: == %s\n' "$*" >&2; }
 
 step "services"
 bash scripts/services.sh
+bash scripts/browser.sh
 
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
 export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"

@@ -167,6 +167,10 @@ fn spawn_background(tasks: &TaskTracker, state: &Arc<State>, shutdown: &Cancella
         state.pools.background.clone(),
         shutdown.clone(),
     ));
+    tasks.spawn(crate::waiting_room::revocation::follow(
+        state.admission.waiting_room().clone(),
+        shutdown.clone(),
+    ));
     spawn_ops(tasks, state, shutdown);
     spawn_payments(tasks, state, shutdown);
 }

@@ -238,6 +238,34 @@ pub struct WaitingRoomSettings {
     pub shuffle_tickets_max: u32,
     /// A line's Redis keys expire this long after its last ticket was taken.
     pub keys_ttl_seconds: u64,
+    /// A stock snapshot older than this admits nobody (the advancer could not re-read it).
+    pub stock_age_max_ms: u64,
+    /// How often each instance reads the revocation stream: the most a revoked pass keeps
+    /// working on another instance.
+    pub revocation_poll_ms: u64,
+    /// Revocations kept in the Redis stream (approximately), for instances catching up.
+    pub revocations_max: u64,
+    /// `ed25519` (anyone holding the published key set can verify) or `hmac` (only holders
+    /// of `pass_secret` can). Both are always accepted; this picks what is minted.
+    pub pass_format: String,
+    /// Ed25519 signing keys as base64url 32-byte seeds (FLASHGATE__WAITING_ROOM__PASS_SIGNING_KEYS):
+    /// the first signs, all are published and verify, so a key is rotated in by listing it
+    /// second, then first, then dropping the old one after `pass_ttl_seconds`. Empty: one key
+    /// derived from `pass_secret`.
+    pub pass_signing_keys: Vec<String>,
+    /// How long a CDN may cache the published key set.
+    pub keys_max_age_seconds: u64,
+    /// A proof-of-work challenge must be solved and used within this.
+    pub pow_challenge_ttl_seconds: u64,
+    /// The hardest challenge ever asked, however large the crowd.
+    pub pow_bits_max: u32,
+    /// The crowd size from which each doubling of the people waiting adds one bit.
+    pub pow_crowd_step: u64,
+    /// The waiting page's title and optional stylesheet: the shop's branding.
+    pub page_title: String,
+    pub page_stylesheet_url: String,
+    /// How long a CDN may cache the waiting page.
+    pub page_max_age_seconds: u64,
 }
 
 impl std::fmt::Debug for WaitingRoomSettings {
@@ -333,6 +361,47 @@ impl Settings {
         check(
             w.keys_ttl_seconds >= 3600,
             "waiting_room.keys_ttl_seconds must be at least 3600",
+        )?;
+        self.validate_waiting_room_edge()
+    }
+
+    fn validate_waiting_room_edge(&self) -> Result<(), ConfigError> {
+        let w = &self.waiting_room;
+        check(
+            w.stock_age_max_ms >= 2 * w.stock_refresh_ms && w.stock_age_max_ms <= 600_000,
+            "waiting_room.stock_age_max_ms must be 2 × stock_refresh_ms..=600000",
+        )?;
+        check(
+            (1..=1000).contains(&w.revocation_poll_ms),
+            "waiting_room.revocation_poll_ms must be 1..=1000",
+        )?;
+        check(
+            (1000..=10_000_000).contains(&w.revocations_max),
+            "waiting_room.revocations_max must be 1000..=10000000",
+        )?;
+        check(
+            matches!(w.pass_format.as_str(), "ed25519" | "hmac"),
+            "waiting_room.pass_format must be ed25519 or hmac",
+        )?;
+        check(
+            crate::waiting_room::pass::signing_keys(w).is_ok(),
+            "waiting_room.pass_signing_keys must be base64url 32-byte seeds",
+        )?;
+        check(
+            (10..=600).contains(&w.pow_challenge_ttl_seconds),
+            "waiting_room.pow_challenge_ttl_seconds must be 10..=600",
+        )?;
+        check(
+            (1..=32).contains(&w.pow_bits_max),
+            "waiting_room.pow_bits_max must be 1..=32",
+        )?;
+        check(
+            w.pow_crowd_step >= 1,
+            "waiting_room.pow_crowd_step must be at least 1",
+        )?;
+        check(
+            w.page_title.len() <= 200 && w.page_stylesheet_url.len() <= 2000,
+            "waiting_room.page_title must be at most 200 bytes, page_stylesheet_url 2000",
         )
     }
 

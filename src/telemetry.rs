@@ -46,6 +46,8 @@ pub const WAITING_ROOM_PASSES_ACTIVE: &str = "flashgate_waiting_room_passes_acti
 pub const WAITING_ROOM_ABANDONED: &str = "flashgate_waiting_room_abandoned_total";
 pub const WAITING_ROOM_ESTIMATED_WAIT: &str = "flashgate_waiting_room_estimated_wait_seconds";
 pub const WAITING_ROOM_PASS_REJECTIONS: &str = "flashgate_waiting_room_pass_rejections_total";
+pub const WAITING_ROOM_REVOKED: &str = "flashgate_waiting_room_passes_revoked_total";
+pub const WAITING_ROOM_CHALLENGES: &str = "flashgate_waiting_room_challenges_total";
 
 /// Latency buckets in seconds: fine below 10 ms where the hot path lives, coarse above.
 const LATENCY_BUCKETS_SECONDS: [f64; 16] = [
@@ -298,6 +300,14 @@ fn describe_waiting_room() {
     describe_counter!(
         WAITING_ROOM_PASS_REJECTIONS,
         "Orders refused for a missing or invalid Flashgate-Pass, by reason."
+    );
+    describe_counter!(
+        WAITING_ROOM_REVOKED,
+        "Waiting-room sessions ended by an operator or by a paid or cancelled order."
+    );
+    describe_counter!(
+        WAITING_ROOM_CHALLENGES,
+        "Proof-of-work solutions checked when joining a line, by outcome."
     );
 }
 

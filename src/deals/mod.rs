@@ -174,7 +174,7 @@ pub use crate::inventory::split_evenly;
 const SELECT_DEAL: &str = "SELECT id, name, stock_total, bucket_count, unit_price_minor, currency,
         per_user_limit, reservation_ttl_seconds, starts_at, ends_at, paused,
         late_payment_policy, capture_method, wr_enabled, wr_admit_per_second, wr_max_active,
-        wr_pass_ttl_seconds, wr_queue_order, wr_prequeue_opens_at
+        wr_pass_ttl_seconds, wr_queue_order, wr_prequeue_opens_at, wr_pow_bits, wr_checkout_url
     FROM deals WHERE id = $1";
 
 pub async fn load(pool: &PgPool, id: &str) -> Result<Option<Deal>, StoreError> {
@@ -192,9 +192,10 @@ pub async fn create(pool: &PgPool, new: &NewDeal) -> Result<Deal, DealError> {
         "INSERT INTO deals (id, name, stock_total, bucket_count, unit_price_minor, currency,
              per_user_limit, reservation_ttl_seconds, starts_at, ends_at,
              late_payment_policy, capture_method, wr_enabled, wr_admit_per_second,
-             wr_max_active, wr_pass_ttl_seconds, wr_queue_order, wr_prequeue_opens_at)
+             wr_max_active, wr_pass_ttl_seconds, wr_queue_order, wr_prequeue_opens_at,
+             wr_pow_bits, wr_checkout_url)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
-                 $13, $14, $15, $16, $17, $18)
+                 $13, $14, $15, $16, $17, $18, $19, $20)
          ON CONFLICT (id) DO NOTHING",
     )
     .bind(new.id.as_str())
@@ -215,6 +216,8 @@ pub async fn create(pool: &PgPool, new: &NewDeal) -> Result<Deal, DealError> {
     .bind(new.waiting_room.pass_ttl_seconds)
     .bind(&new.waiting_room.queue_order)
     .bind(new.waiting_room.prequeue_opens_at)
+    .bind(new.waiting_room.pow_bits)
+    .bind(&new.waiting_room.checkout_url)
     .execute(&mut *tx)
     .await
     .map_err(StoreError::from)?;

@@ -14,6 +14,7 @@ mod public;
 mod queue;
 mod router;
 mod server;
+mod wait_page;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;

@@ -42,6 +42,7 @@ pub enum Kind {
     WaitingRoomRequired,
     ReservationExpired,
     PaymentAttemptsExhausted,
+    ChallengeRequired,
 }
 
 impl Kind {
@@ -62,6 +63,7 @@ impl Kind {
             Kind::PaymentAttemptsExhausted => {
                 ("payment-attempts-exhausted", "Too many payment attempts")
             }
+            Kind::ChallengeRequired => ("challenge-required", "Proof of work required"),
         }
     }
 }

@@ -250,6 +250,8 @@ pub async fn cancel_order(
     let user = authenticate(state, peer, request)?;
     let order_id = parse_order_id(raw_id)?;
     let order = state.orders.cancel(&user, order_id).await?;
+    let room = state.admission.waiting_room();
+    room.end_session(&order.deal_id, user.as_str()).await;
     if let Some(payments) = &state.payments
         && let Err(error) = payments
             .close_open_attempts(&state.pools.request, order.id)

@@ -39,4 +39,6 @@ mod rate_limits;
 mod redis_outage;
 mod shutdown;
 mod waiting_room;
+mod waiting_room_edge;
 mod waiting_room_multi;
+mod waiting_room_page;
