@@ -223,7 +223,7 @@ fn spawn_ops(tasks: &TaskTracker, state: &Arc<State>, shutdown: &CancellationTok
     ));
     let listening = state.clone();
     tasks.spawn(ops::changes::follow(
-        settings.database.url.clone(),
+        store::direct_url(&settings.database).to_owned(),
         shutdown.clone(),
         move |change| match change {
             ops::changes::Change::Deal(id) => listening.admission.deals().evict(id),

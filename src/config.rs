@@ -17,8 +17,9 @@ use serde::Deserialize;
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
 /// Environment variables with fixed names, and the key each one sets.
-const NAMED_ENV: [(&str, &str); 5] = [
+const NAMED_ENV: [(&str, &str); 6] = [
     ("DATABASE_URL", "database.url"),
+    ("DATABASE_DIRECT_URL", "database.direct_url"),
     ("REDIS_URL", "redis.url"),
     ("FLASHGATE_LISTEN", "server.listen"),
     ("FLASHGATE_ADMIN_TOKEN", "auth.admin_token"),
@@ -78,6 +79,14 @@ pub struct DatabaseSettings {
     pub admin_acquire_timeout_ms: u64,
     pub statement_timeout_ms: u64,
     pub migrate_on_start: bool,
+    /// `url` leads to a pooler handing out a server connection per transaction (PgBouncer
+    /// in transaction mode): every checkout runs in a transaction of its own.
+    pub transaction_pooler: bool,
+    /// Direct connection for what a transaction pooler cannot carry (migrations, LISTEN);
+    /// empty means `url`.
+    pub direct_url: String,
+    /// With several hosts in `url`, how often the gateway checks it still talks to the primary.
+    pub primary_check_interval_ms: u64,
 }
 
 #[derive(Clone, Deserialize)]
@@ -403,6 +412,10 @@ impl Settings {
         check(
             d.statement_timeout_ms > 0,
             "database.statement_timeout_ms must be > 0",
+        )?;
+        check(
+            d.primary_check_interval_ms > 0,
+            "database.primary_check_interval_ms must be > 0",
         )?;
         check(
             self.redis.command_timeout_ms > 0,
