@@ -39,6 +39,14 @@ fn limiters(c: &mut Criterion) {
         per_ip: generous,
         per_user: generous,
         per_deal: generous,
+        global: flashgate::config::GlobalLimitSettings {
+            enabled: false,
+            deal_slice: 1,
+            slice_ttl_ms: 50,
+            heartbeat_interval_ms: 1000,
+            instance_ttl_ms: 5000,
+            instances_assumed: 1,
+        },
     });
     let ips: Vec<IpAddr> = (0..1024u32)
         .map(|i| IpAddr::from((0xc000_0200u32 + i).to_be_bytes()))

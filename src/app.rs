@@ -162,6 +162,13 @@ fn spawn_background(tasks: &TaskTracker, state: &Arc<State>, shutdown: &Cancella
     ));
     tasks.spawn(sample_metrics(state.clone(), shutdown.clone()));
     tasks.spawn(forget_idle_limits(state.clone(), shutdown.clone()));
+    tasks.spawn(
+        state
+            .admission
+            .global_limits()
+            .clone()
+            .keep_counted(shutdown.clone()),
+    );
     tasks.spawn(crate::waiting_room::advancer::run(
         state.admission.waiting_room().clone(),
         state.pools.background.clone(),
@@ -233,7 +240,7 @@ fn spawn_ops(tasks: &TaskTracker, state: &Arc<State>, shutdown: &CancellationTok
     ));
     let listening = state.clone();
     tasks.spawn(ops::changes::follow(
-        settings.database.url.clone(),
+        store::direct_url(&settings.database).to_owned(),
         shutdown.clone(),
         move |change| match change {
             ops::changes::Change::Deal(id) => listening.admission.deals().evict(id),
@@ -294,6 +301,7 @@ async fn forget_idle_limits(state: Arc<State>, shutdown: CancellationToken) {
     let interval = millis(state.settings.limits.retain_interval_ms);
     while !sleep_or_shutdown(interval, &shutdown).await {
         state.admission.limits().forget_idle();
+        state.admission.global_limits().forget_idle();
     }
 }
 

@@ -17,8 +17,9 @@ use serde::Deserialize;
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
 /// Environment variables with fixed names, and the key each one sets.
-const NAMED_ENV: [(&str, &str); 5] = [
+const NAMED_ENV: [(&str, &str); 6] = [
     ("DATABASE_URL", "database.url"),
+    ("DATABASE_DIRECT_URL", "database.direct_url"),
     ("REDIS_URL", "redis.url"),
     ("FLASHGATE_LISTEN", "server.listen"),
     ("FLASHGATE_ADMIN_TOKEN", "auth.admin_token"),
@@ -78,6 +79,14 @@ pub struct DatabaseSettings {
     pub admin_acquire_timeout_ms: u64,
     pub statement_timeout_ms: u64,
     pub migrate_on_start: bool,
+    /// `url` leads to a pooler handing out a server connection per transaction (PgBouncer
+    /// in transaction mode): every checkout runs in a transaction of its own.
+    pub transaction_pooler: bool,
+    /// Direct connection for what a transaction pooler cannot carry (migrations, LISTEN);
+    /// empty means `url`.
+    pub direct_url: String,
+    /// With several hosts in `url`, how often the gateway checks it still talks to the primary.
+    pub primary_check_interval_ms: u64,
 }
 
 #[derive(Clone, Deserialize)]
@@ -105,6 +114,28 @@ pub struct LimitSettings {
     pub per_ip: RateSettings,
     pub per_user: RateSettings,
     pub per_deal: RateSettings,
+    pub global: GlobalLimitSettings,
+}
+
+/// The per-user and per-deal limits shared by every instance through Redis.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GlobalLimitSettings {
+    /// Off: each instance enforces the limits alone, so N instances allow N times the rate.
+    pub enabled: bool,
+    /// Order requests an instance takes from a deal's shared budget per Redis round trip
+    /// (never more than the deal's burst).
+    pub deal_slice: u32,
+    /// Unused requests of a slice are dropped after this long, bounding how far past the
+    /// shared rate the instances together can go (rate × this).
+    pub slice_ttl_ms: u64,
+    /// How often each instance announces itself in Redis.
+    pub heartbeat_interval_ms: u64,
+    /// An instance not heard from for this long no longer counts.
+    pub instance_ttl_ms: u64,
+    /// Instances assumed until Redis has told how many run; while Redis is down each
+    /// instance allows this share (1/N) of the per-user and per-deal budgets.
+    pub instances_assumed: u32,
 }
 
 /// A token bucket: `rate_per_second` sustained, `burst` at once.
@@ -462,6 +493,10 @@ impl Settings {
             "database.statement_timeout_ms must be > 0",
         )?;
         check(
+            d.primary_check_interval_ms > 0,
+            "database.primary_check_interval_ms must be > 0",
+        )?;
+        check(
             self.redis.command_timeout_ms > 0,
             "redis.command_timeout_ms must be > 0",
         )?;
@@ -497,6 +532,18 @@ impl Settings {
         check(
             self.limits.retain_interval_ms > 0,
             "limits.retain_interval_ms must be > 0",
+        )?;
+        let g = &self.limits.global;
+        check(
+            g.deal_slice > 0
+                && g.slice_ttl_ms > 0
+                && g.heartbeat_interval_ms > 0
+                && g.instances_assumed > 0,
+            "limits.global deal_slice, slice_ttl_ms, heartbeat_interval_ms and instances_assumed must be > 0",
+        )?;
+        check(
+            g.instance_ttl_ms > 2 * g.heartbeat_interval_ms,
+            "limits.global.instance_ttl_ms must exceed twice heartbeat_interval_ms",
         )?;
         let o = &self.orders;
         check(

@@ -16,6 +16,7 @@ pub const INVENTORY_UNITS: &str = "flashgate_inventory_units";
 pub const ORDERS_EXPIRED: &str = "flashgate_orders_expired_total";
 pub const REDIS_ERRORS: &str = "flashgate_redis_errors_total";
 pub const REDIS_UP: &str = "flashgate_redis_up";
+pub const GLOBAL_LIMIT_CHECKS: &str = "flashgate_global_limit_checks_total";
 pub const DB_POOL_CONNECTIONS: &str = "flashgate_db_pool_connections";
 pub const DB_POOL_TIMEOUTS: &str = "flashgate_db_pool_timeouts_total";
 pub const SOLD_OUT_DEALS: &str = "flashgate_sold_out_deals";
@@ -187,6 +188,10 @@ fn describe() {
     );
     describe_counter!(REDIS_ERRORS, "Redis commands that failed or timed out.");
     describe_gauge!(REDIS_UP, "1 when this instance has a Redis connection.");
+    describe_counter!(
+        GLOBAL_LIMIT_CHECKS,
+        "Shared per-user and per-deal limit checks, by where they were decided: redis, a local slice, or the local fallback share while Redis is down."
+    );
     describe_gauge!(
         DB_POOL_CONNECTIONS,
         "PostgreSQL connections by pool and state."
