@@ -663,8 +663,18 @@ impl Settings {
     pub fn check_secrets(&self) -> Result<(), ConfigError> {
         let defaults = Self::defaults();
         let mut secrets = vec![
-            Secret::new("auth.jwt_secret", "FLASHGATE_JWT_SECRET", &self.auth.jwt_secret, &defaults.auth.jwt_secret),
-            Secret::new("auth.admin_token", "FLASHGATE_ADMIN_TOKEN", &self.auth.admin_token, &defaults.auth.admin_token),
+            Secret::new(
+                "auth.jwt_secret",
+                "FLASHGATE_JWT_SECRET",
+                &self.auth.jwt_secret,
+                &defaults.auth.jwt_secret,
+            ),
+            Secret::new(
+                "auth.admin_token",
+                "FLASHGATE_ADMIN_TOKEN",
+                &self.auth.admin_token,
+                &defaults.auth.admin_token,
+            ),
             Secret::new(
                 "waiting_room.pass_secret",
                 "FLASHGATE__WAITING_ROOM__PASS_SECRET",
@@ -810,12 +820,18 @@ mod tests {
         settings.auth.admin_token = "a".repeat(32);
         settings.waiting_room.pass_secret = "p".repeat(31);
         let error = settings.check_secrets().unwrap_err().to_string();
-        assert!(error.contains("waiting_room.pass_secret is 31 bytes long"), "{error}");
+        assert!(
+            error.contains("waiting_room.pass_secret is 31 bytes long"),
+            "{error}"
+        );
         settings.waiting_room.pass_secret = "p".repeat(32);
         settings.check_secrets().unwrap();
         settings.payments.enabled = true;
         let error = settings.check_secrets().unwrap_err().to_string();
-        assert!(error.contains("FLASHGATE__PAYMENTS__WEBHOOK_SECRET"), "{error}");
+        assert!(
+            error.contains("FLASHGATE__PAYMENTS__WEBHOOK_SECRET"),
+            "{error}"
+        );
         settings.payments.webhook_secret = "w".repeat(32);
         let error = settings.check_secrets().unwrap_err().to_string();
         assert!(error.contains("payments.api_key"), "{error}");

@@ -169,8 +169,7 @@ impl Payments {
         key: &str,
     ) -> Result<(Attempt, bool), CheckoutError> {
         let max = self.settings.attempts_per_order_max;
-        let keyed =
-            attempts::insert_keyed(pool, order_id, self.provider.name(), key, max).await?;
+        let keyed = attempts::insert_keyed(pool, order_id, self.provider.name(), key, max).await?;
         let attempt = match keyed {
             Keyed::Created(attempt) => attempt,
             Keyed::Replayed(attempt, true) if attempt.status == PENDING => {
