@@ -153,6 +153,7 @@ fn spawn_background(tasks: &TaskTracker, state: &Arc<State>, shutdown: &Cancella
         background,
         millis(settings.sweeper.interval_ms),
         settings.sweeper.batch_max,
+        Duration::from_secs(u64::from(settings.payments.expiry_grace_seconds)),
         shutdown.clone(),
         move |deals| {
             let events = events.clone();

@@ -173,6 +173,14 @@ pub struct PaymentSettings {
     pub reconcile_interval_ms: u64,
     pub reconcile_after_seconds: u32,
     pub reconcile_batch_max: u32,
+    /// Most payment attempts one order may have, its first included; one more is answered
+    /// 409 `payment-attempts-exhausted`.
+    pub attempts_per_order_max: u32,
+    /// After `expires_at`, how long an order with a payment still open at the provider is
+    /// held while the provider is asked about it; at `expires_at` plus this the reservation
+    /// is released whatever the provider says, and later money follows the late-payment
+    /// policy. Shown in every order as `hold_ends_at`.
+    pub expiry_grace_seconds: u32,
 }
 
 impl std::fmt::Debug for PaymentSettings {
@@ -493,6 +501,14 @@ impl Settings {
         check(
             p.reconcile_interval_ms > 0 && p.reconcile_batch_max > 0,
             "payments reconcile interval and batch must be > 0",
+        )?;
+        check(
+            (1..=100).contains(&p.attempts_per_order_max),
+            "payments.attempts_per_order_max must be 1..=100",
+        )?;
+        check(
+            p.expiry_grace_seconds <= 300,
+            "payments.expiry_grace_seconds must be at most 300",
         )
     }
 
@@ -524,11 +540,75 @@ impl Settings {
         )
     }
 
-    pub fn uses_default_secrets(&self) -> bool {
+    /// Outside `demo`, every secret must be set to a value of its own, at least
+    /// [`SECRET_BYTES_MIN`] long: the shipped defaults are public. The payment provider's
+    /// API key and webhook secret count only when payments are enabled. The error names
+    /// the first offending setting and how to set it.
+    pub fn check_secrets(&self) -> Result<(), ConfigError> {
         let defaults = Self::defaults();
-        self.auth.jwt_secret == defaults.auth.jwt_secret
-            || self.auth.admin_token == defaults.auth.admin_token
-            || self.waiting_room.pass_secret == defaults.waiting_room.pass_secret
+        let mut secrets = vec![
+            Secret::new("auth.jwt_secret", "FLASHGATE_JWT_SECRET", &self.auth.jwt_secret, &defaults.auth.jwt_secret),
+            Secret::new("auth.admin_token", "FLASHGATE_ADMIN_TOKEN", &self.auth.admin_token, &defaults.auth.admin_token),
+            Secret::new(
+                "waiting_room.pass_secret",
+                "FLASHGATE__WAITING_ROOM__PASS_SECRET",
+                &self.waiting_room.pass_secret,
+                &defaults.waiting_room.pass_secret,
+            ),
+        ];
+        if self.payments.enabled {
+            secrets.push(Secret::new(
+                "payments.webhook_secret",
+                "FLASHGATE__PAYMENTS__WEBHOOK_SECRET",
+                &self.payments.webhook_secret,
+                &defaults.payments.webhook_secret,
+            ));
+            secrets.push(Secret::new(
+                "payments.api_key",
+                "FLASHGATE__PAYMENTS__API_KEY",
+                &self.payments.api_key,
+                &defaults.payments.api_key,
+            ));
+        }
+        secrets.iter().try_for_each(Secret::check)
+    }
+}
+
+/// Shortest secret `serve` accepts, in bytes (256 bits).
+pub const SECRET_BYTES_MIN: usize = 32;
+
+/// One secret setting, for [`Settings::check_secrets`].
+struct Secret<'a> {
+    key: &'static str,
+    env: &'static str,
+    value: &'a str,
+    default: &'a str,
+}
+
+impl<'a> Secret<'a> {
+    fn new(key: &'static str, env: &'static str, value: &'a str, default: &'a str) -> Self {
+        Self {
+            key,
+            env,
+            value,
+            default,
+        }
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let problem = if self.value == self.default {
+            "is left at its public development default".to_owned()
+        } else if self.value.len() < SECRET_BYTES_MIN {
+            format!("is {} bytes long", self.value.len())
+        } else {
+            return Ok(());
+        };
+        Err(ConfigError::Invalid(format!(
+            "{} {problem}; `serve` needs a secret of its own of at least {SECRET_BYTES_MIN} bytes: \
+             set {} (or {} in the --config file), e.g. to the output of `openssl rand -hex 32`; \
+             only `flashgate demo` runs with the development defaults",
+            self.key, self.env, self.key
+        )))
     }
 }
 
@@ -603,6 +683,28 @@ mod tests {
             "postgres://<redacted>@h:5432/db"
         );
         assert_eq!(redact_url("redis://127.0.0.1"), "redis://127.0.0.1");
+    }
+
+    #[test]
+    fn serve_refuses_default_and_short_secrets() {
+        let mut settings = Settings::defaults();
+        let error = settings.check_secrets().unwrap_err().to_string();
+        assert!(error.contains("auth.jwt_secret") && error.contains("FLASHGATE_JWT_SECRET"));
+        settings.auth.jwt_secret = "j".repeat(32);
+        settings.auth.admin_token = "a".repeat(32);
+        settings.waiting_room.pass_secret = "p".repeat(31);
+        let error = settings.check_secrets().unwrap_err().to_string();
+        assert!(error.contains("waiting_room.pass_secret is 31 bytes long"), "{error}");
+        settings.waiting_room.pass_secret = "p".repeat(32);
+        settings.check_secrets().unwrap();
+        settings.payments.enabled = true;
+        let error = settings.check_secrets().unwrap_err().to_string();
+        assert!(error.contains("FLASHGATE__PAYMENTS__WEBHOOK_SECRET"), "{error}");
+        settings.payments.webhook_secret = "w".repeat(32);
+        let error = settings.check_secrets().unwrap_err().to_string();
+        assert!(error.contains("payments.api_key"), "{error}");
+        settings.payments.api_key = "k".repeat(32);
+        settings.check_secrets().unwrap();
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub const REFUNDS_PENDING: &str = "flashgate_refunds_pending";
 pub const OUTBOX_BACKLOG: &str = "flashgate_outbox_backlog";
 pub const OUTBOX_PROCESSED: &str = "flashgate_outbox_processed_total";
 pub const RECONCILER_FINDINGS: &str = "flashgate_reconciler_findings_total";
+pub const PAYMENT_MISMATCHES: &str = "flashgate_payment_mismatches_total";
 pub const INVARIANT_VIOLATIONS: &str = "flashgate_invariant_violations";
 pub const OVERDUE_RESERVATIONS: &str = "flashgate_overdue_reservations";
 pub const AUDIT_RUNS: &str = "flashgate_audit_runs_total";
@@ -128,6 +129,9 @@ fn export_payment_zeroes() {
         metrics::counter!(WEBHOOK_EVENTS, "result" => result).increment(0);
     }
     metrics::counter!(PAYMENT_OUTCOMES, "outcome" => "mismatch").increment(0);
+    for status in ["requires_payment", "requires_capture", "succeeded"] {
+        metrics::counter!(PAYMENT_MISMATCHES, "status" => status).increment(0);
+    }
     for kind in [
         "paid_at_provider_pending_locally",
         "amount_mismatch",
@@ -213,6 +217,10 @@ fn describe() {
         "Reservation batches in flight on this instance, over every deal."
     );
     describe_counter!(WEBHOOK_EVENTS, "Provider webhooks received, by result.");
+    describe_counter!(
+        PAYMENT_MISMATCHES,
+        "Payments the provider reports with another amount or currency than the order's, voided or refunded, by provider status."
+    );
     describe_histogram!(
         WEBHOOK_LAG,
         metrics::Unit::Seconds,

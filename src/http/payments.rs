@@ -91,10 +91,8 @@ pub async fn webhook(state: &State, request: Request<Incoming>, provider: &str) 
         .receive(&state.pools.webhook, provider, signature, &raw)
         .await?;
     let released = match &received {
-        Received::Accepted(crate::payments::settle::Applied::Released { deal_id }) => {
-            Some(deal_id.clone())
-        }
-        _ => None,
+        Received::Accepted(applied) => applied.released_deal().map(str::to_owned),
+        Received::Duplicate => None,
     };
     if let Some(deal_id) = released {
         let freed = crate::inventory::StockChange::Freed(deal_id);

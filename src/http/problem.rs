@@ -40,6 +40,8 @@ pub enum Kind {
     IdempotencyConflict,
     Overloaded,
     WaitingRoomRequired,
+    ReservationExpired,
+    PaymentAttemptsExhausted,
 }
 
 impl Kind {
@@ -56,6 +58,10 @@ impl Kind {
             Kind::IdempotencyConflict => ("idempotency-conflict", "Idempotency key reused"),
             Kind::Overloaded => ("overloaded", "Overloaded"),
             Kind::WaitingRoomRequired => ("waiting-room-required", "Waiting room pass required"),
+            Kind::ReservationExpired => ("reservation-expired", "Reservation expired"),
+            Kind::PaymentAttemptsExhausted => {
+                ("payment-attempts-exhausted", "Too many payment attempts")
+            }
         }
     }
 }
@@ -303,6 +309,16 @@ impl From<CheckoutError> for Problem {
         match error {
             CheckoutError::NotFound => Problem::not_found("no such order"),
             CheckoutError::NotPending => Problem::conflict("the order is not waiting for payment"),
+            error @ CheckoutError::Expired => Problem::new(
+                Kind::ReservationExpired,
+                StatusCode::CONFLICT,
+                error.to_string(),
+            ),
+            error @ CheckoutError::AttemptsExhausted(_) => Problem::new(
+                Kind::PaymentAttemptsExhausted,
+                StatusCode::CONFLICT,
+                error.to_string(),
+            ),
             CheckoutError::Store(error) => error.into(),
         }
     }

@@ -56,6 +56,10 @@ pub(super) struct OrderView<'a> {
     /// Present when payments are enabled: where and until when to pay.
     #[serde(skip_serializing_if = "Option::is_none")]
     payment: Option<PaymentView>,
+    /// Present when payments are enabled: the latest moment the units stay held, `expires_at`
+    /// plus `payments.expiry_grace_seconds` (while a payment already under way is confirmed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hold_ends_at: Option<DateTime<Utc>>,
 }
 
 impl<'a> OrderView<'a> {
@@ -72,7 +76,17 @@ impl<'a> OrderView<'a> {
             expires_at: session_end.map_or(order.expires_at, |end| end.min(order.expires_at)),
             created_at: order.created_at,
             payment: attempt.map(PaymentView::of),
+            hold_ends_at: None,
         }
+    }
+
+    /// Shows when the hold ends at the latest, for an order of a gateway taking payments.
+    pub(super) fn with_hold_end(mut self, state: &State) -> Self {
+        if let Some(payments) = &state.payments {
+            let grace = chrono::Duration::seconds(payments.settings.expiry_grace_seconds.into());
+            self.hold_ends_at = Some(self.expires_at + grace);
+        }
+        self
     }
 }
 
@@ -196,7 +210,8 @@ pub async fn place_order(
         }
         None => None,
     };
-    let view = OrderView::new(&placed.order, OrderStatus::PendingPayment, attempt.as_ref());
+    let view = OrderView::new(&placed.order, OrderStatus::PendingPayment, attempt.as_ref())
+        .with_hold_end(state);
     let mut response = body::respond(StatusCode::CREATED, &view, Caching::Private);
     if placed.replayed {
         response
@@ -221,7 +236,7 @@ pub async fn get_order(
     };
     Ok(body::respond(
         StatusCode::OK,
-        &OrderView::new(&order, order.status(), attempt.as_ref()),
+        &OrderView::new(&order, order.status(), attempt.as_ref()).with_hold_end(state),
         Caching::Private,
     ))
 }

@@ -55,41 +55,84 @@ impl crate::orders::PlacementHook for InitialAttempt {
     }
 }
 
-/// Starts another attempt for a pending order under the client's key; `None` when the
-/// order is not pending. A key used before returns that attempt.
+/// What asking for another attempt under a client's key came to.
+#[derive(Debug)]
+pub enum Keyed {
+    /// A new attempt, not yet opened at the provider.
+    Created(Attempt),
+    /// The key was used before: that attempt, and whether it may still be opened at the
+    /// provider (the order is pending and its reservation has not expired).
+    Replayed(Attempt, bool),
+    /// The order no longer waits for payment.
+    NotPending,
+    /// The order's `expires_at` has passed (database clock).
+    Expired,
+    /// The order already has `attempts_max` attempts.
+    Exhausted,
+}
+
+/// Starts another attempt for a pending order under the client's key, in a short
+/// transaction that locks the order, so that the cap on attempts and the expiry are checked
+/// against what is committed. A key used before returns that attempt, whatever the order's
+/// state now.
 pub async fn insert_keyed(
     pool: &PgPool,
     order_id: Uuid,
     provider: &str,
     key: &str,
-) -> Result<Option<(Attempt, bool)>, StoreError> {
-    let sql = format!(
-        "INSERT INTO payment_attempts (id, order_id, provider, status, amount_minor, currency, capture_method, idempotency_key)
-         SELECT $1, o.id, $3, 'PENDING', o.amount_minor, o.currency, d.capture_method, $4
-           FROM orders o JOIN deals d ON d.id = o.deal_id
-          WHERE o.id = $2 AND o.status = 'PENDING_PAYMENT'
-         ON CONFLICT (order_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-         RETURNING {COLUMNS}"
-    );
-    let inserted = sqlx::query_as::<_, Attempt>(sqlx::AssertSqlSafe(sql))
-        .bind(Uuid::now_v7())
-        .bind(order_id)
-        .bind(provider)
-        .bind(key)
-        .fetch_optional(pool)
-        .await?;
-    if let Some(attempt) = inserted {
-        return Ok(Some((attempt, false)));
-    }
+    attempts_max: u32,
+) -> Result<Keyed, StoreError> {
+    let mut tx = pool.begin().await?;
+    let gate: Option<(String, bool, i64)> = sqlx::query_as(
+        "SELECT o.status, o.expires_at > now(),
+                (SELECT count(*) FROM payment_attempts a WHERE a.order_id = o.id)
+           FROM orders o WHERE o.id = $1 FOR NO KEY UPDATE OF o",
+    )
+    .bind(order_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((status, open, count)) = gate else {
+        return Ok(Keyed::NotPending);
+    };
     let sql = format!(
         "SELECT {COLUMNS} FROM payment_attempts WHERE order_id = $1 AND idempotency_key = $2"
     );
     let existing = sqlx::query_as::<_, Attempt>(sqlx::AssertSqlSafe(sql))
         .bind(order_id)
         .bind(key)
-        .fetch_optional(pool)
+        .fetch_optional(&mut *tx)
         .await?;
-    Ok(existing.map(|attempt| (attempt, true)))
+    let verdict = match existing {
+        Some(attempt) => Keyed::Replayed(attempt, status == "PENDING_PAYMENT" && open),
+        None if status != "PENDING_PAYMENT" => Keyed::NotPending,
+        None if !open => Keyed::Expired,
+        None if count >= i64::from(attempts_max) => Keyed::Exhausted,
+        None => Keyed::Created(insert_next(&mut tx, order_id, provider, key).await?),
+    };
+    tx.commit().await?;
+    Ok(verdict)
+}
+
+async fn insert_next(
+    tx: &mut PgConnection,
+    order_id: Uuid,
+    provider: &str,
+    key: &str,
+) -> Result<Attempt, StoreError> {
+    let sql = format!(
+        "INSERT INTO payment_attempts (id, order_id, provider, status, amount_minor, currency, capture_method, idempotency_key)
+         SELECT $1, o.id, $3, 'PENDING', o.amount_minor, o.currency, d.capture_method, $4
+           FROM orders o JOIN deals d ON d.id = o.deal_id
+          WHERE o.id = $2
+         RETURNING {COLUMNS}"
+    );
+    Ok(sqlx::query_as::<_, Attempt>(sqlx::AssertSqlSafe(sql))
+        .bind(Uuid::now_v7())
+        .bind(order_id)
+        .bind(provider)
+        .bind(key)
+        .fetch_one(tx)
+        .await?)
 }
 
 /// The attempt created with the order.

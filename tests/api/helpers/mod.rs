@@ -81,6 +81,7 @@ pub fn test_settings(database_url: &str) -> Settings {
     s.redis.key_prefix = format!("fgtest:{suffix}:");
     s.auth.jwt_secret = format!("test-jwt-secret-{suffix}");
     s.auth.admin_token = format!("test-admin-token-{suffix}");
+    s.waiting_room.pass_secret = format!("test-pass-secret-{suffix}");
     for rate in [
         &mut s.limits.per_ip,
         &mut s.limits.per_user,
