@@ -195,7 +195,7 @@ sale --stock 100000 --buckets 32 --users 200000 --per-user-limit 1 --concurrency
 SELLOUT=$(json "$WORK/sellout.json" '"%d orders for 100,000 units from %d requests, sold out after %s s, %.0f requests/s; database verdict: ok=%s, %s orders holding %s units, %s of %s acknowledged orders found" % (r["verdict"]["created"], r["requests"], r["sold_out_after_seconds"], r["requests_per_second"], r["verdict"]["ok"], r["database"]["holding_orders"], r["database"]["holding_units"], r["database"]["acknowledged_found"], r["database"]["acknowledged"])')
 
 # --- (d): flashgate rejecting a sold-out deal ---------------------------------------
-curl -sf -X POST "http://127.0.0.1:$GW_PORT/admin/deals" -H 'Authorization: Bearer flashgate-dev-admin-token' \
+curl -sf -X POST "http://127.0.0.1:$GW_PORT/admin/deals" -H "Authorization: Bearer $FLASHGATE_ADMIN_TOKEN" \
     -d '{"id":"sold-out","name":"Sold out","stock":0,"buckets":1,"unit_price_minor":100,"currency":"EUR","per_user_limit":1,"reservation_ttl_seconds":60}' >/dev/null
 TOKEN=$(target/release/flashgate token --user wrk-user)
 cat > "$WORK/soldout.lua" <<LUA
