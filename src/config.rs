@@ -179,6 +179,10 @@ pub struct PaymentSettings {
     /// is released whatever the provider says, and later money follows the late-payment
     /// policy. Shown in every order as `hold_ends_at`.
     pub expiry_grace_seconds: u32,
+    /// A refund the provider refuses is retried with backoff (2, 4, … up to 60 s apart) this
+    /// many times in all, then marked FAILED and surfaced (`flashgate_refunds_failed`,
+    /// `flashgate reconcile`) for a person to finish.
+    pub refund_tries_max: u32,
 }
 
 impl std::fmt::Debug for PaymentSettings {
@@ -506,6 +510,10 @@ impl Settings {
         check(
             p.expiry_grace_seconds <= 300,
             "payments.expiry_grace_seconds must be at most 300",
+        )?;
+        check(
+            (1..=100).contains(&p.refund_tries_max),
+            "payments.refund_tries_max must be 1..=100",
         )
     }
 
@@ -544,8 +552,18 @@ impl Settings {
     pub fn check_secrets(&self) -> Result<(), ConfigError> {
         let defaults = Self::defaults();
         let mut secrets = vec![
-            Secret::new("auth.jwt_secret", "FLASHGATE_JWT_SECRET", &self.auth.jwt_secret, &defaults.auth.jwt_secret),
-            Secret::new("auth.admin_token", "FLASHGATE_ADMIN_TOKEN", &self.auth.admin_token, &defaults.auth.admin_token),
+            Secret::new(
+                "auth.jwt_secret",
+                "FLASHGATE_JWT_SECRET",
+                &self.auth.jwt_secret,
+                &defaults.auth.jwt_secret,
+            ),
+            Secret::new(
+                "auth.admin_token",
+                "FLASHGATE_ADMIN_TOKEN",
+                &self.auth.admin_token,
+                &defaults.auth.admin_token,
+            ),
             Secret::new(
                 "waiting_room.pass_secret",
                 "FLASHGATE__WAITING_ROOM__PASS_SECRET",
@@ -691,12 +709,18 @@ mod tests {
         settings.auth.admin_token = "a".repeat(32);
         settings.waiting_room.pass_secret = "p".repeat(31);
         let error = settings.check_secrets().unwrap_err().to_string();
-        assert!(error.contains("waiting_room.pass_secret is 31 bytes long"), "{error}");
+        assert!(
+            error.contains("waiting_room.pass_secret is 31 bytes long"),
+            "{error}"
+        );
         settings.waiting_room.pass_secret = "p".repeat(32);
         settings.check_secrets().unwrap();
         settings.payments.enabled = true;
         let error = settings.check_secrets().unwrap_err().to_string();
-        assert!(error.contains("FLASHGATE__PAYMENTS__WEBHOOK_SECRET"), "{error}");
+        assert!(
+            error.contains("FLASHGATE__PAYMENTS__WEBHOOK_SECRET"),
+            "{error}"
+        );
         settings.payments.webhook_secret = "w".repeat(32);
         let error = settings.check_secrets().unwrap_err().to_string();
         assert!(error.contains("payments.api_key"), "{error}");

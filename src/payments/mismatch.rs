@@ -39,7 +39,10 @@ pub async fn reject(
     give_back(tx, &attempt, payment).await?;
     let released = if attempt.status == PENDING {
         assert!(attempts::transition(tx, attempt.id, PENDING, "FAILED").await?);
-        release_if_last(tx, &attempt).await?.released_deal().map(str::to_owned)
+        release_if_last(tx, &attempt)
+            .await?
+            .released_deal()
+            .map(str::to_owned)
     } else {
         None
     };
@@ -57,8 +60,7 @@ async fn give_back(
 ) -> Result<(), StoreError> {
     match payment.status {
         ProviderStatus::RequiresPayment | ProviderStatus::RequiresCapture => {
-            let payload =
-                json!({ "attempt_id": attempt.id, "provider_payment_id": payment.id });
+            let payload = json!({ "attempt_id": attempt.id, "provider_payment_id": payment.id });
             outbox::enqueue(tx, Kind::Void, &format!("void:{}", attempt.id), payload).await
         }
         ProviderStatus::Succeeded => {

@@ -177,12 +177,19 @@ impl Ledger {
         currency: Option<String>,
     ) -> Result<PaymentIntent, SimError> {
         if amount_minor.is_some_and(|a| a <= 0)
-            || currency.as_ref().is_some_and(|c| c.len() != 3 || !c.bytes().all(|b| b.is_ascii_alphabetic()))
+            || currency
+                .as_ref()
+                .is_some_and(|c| c.len() != 3 || !c.bytes().all(|b| b.is_ascii_alphabetic()))
         {
-            return Err(SimError::invalid("amount_minor must be > 0, currency three letters"));
+            return Err(SimError::invalid(
+                "amount_minor must be > 0, currency three letters",
+            ));
         }
         let mut books = lock(&self.books);
-        let intent = books.intents.get_mut(id).ok_or_else(|| not_found("payment intent", id))?;
+        let intent = books
+            .intents
+            .get_mut(id)
+            .ok_or_else(|| not_found("payment intent", id))?;
         if let Some(amount) = amount_minor {
             intent.amount_minor = amount;
         }

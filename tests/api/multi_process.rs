@@ -42,7 +42,10 @@ pub fn spawn_gateway_with(settings: &Settings, port: u16, extra: &[(&str, &str)]
             "FLASHGATE__WAITING_ROOM__PASS_SECRET",
             &settings.waiting_room.pass_secret,
         )
-        .env("FLASHGATE__PAYMENTS__ENABLED", settings.payments.enabled.to_string())
+        .env(
+            "FLASHGATE__PAYMENTS__ENABLED",
+            settings.payments.enabled.to_string(),
+        )
         .env("FLASHGATE__PAYMENTS__BASE_URL", &settings.payments.base_url)
         .env("FLASHGATE__PAYMENTS__API_KEY", &settings.payments.api_key)
         .env(

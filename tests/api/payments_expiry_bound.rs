@@ -94,8 +94,12 @@ async fn an_order_takes_at_most_the_configured_number_of_attempts() {
     let order_id = order["order_id"].as_str().unwrap();
 
     // The order's first attempt counts: two more are accepted, the next is refused.
-    start_payment(&app, &alice, order_id, "a2").await.expect(201);
-    start_payment(&app, &alice, order_id, "a3").await.expect(201);
+    start_payment(&app, &alice, order_id, "a2")
+        .await
+        .expect(201);
+    start_payment(&app, &alice, order_id, "a3")
+        .await
+        .expect(201);
     let refused = start_payment(&app, &alice, order_id, "a4").await;
     assert_eq!(refused.status, 409, "{}", refused.text);
     assert_eq!(
@@ -167,9 +171,16 @@ async fn expiry_reads_expired_whichever_of_sweeper_and_cancel_webhook_lands_firs
     app.sim.flush_webhooks().await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     for (_, order_id) in &placed {
-        assert_eq!(order_status(&app.db, order_id).await, "EXPIRED", "{order_id}");
+        assert_eq!(
+            order_status(&app.db, order_id).await,
+            "EXPIRED",
+            "{order_id}"
+        );
         let attempts = attempts_of(&app.db, order_id).await;
-        assert!(attempts.iter().all(|a| a.status != "PENDING"), "{attempts:?}");
+        assert!(
+            attempts.iter().all(|a| a.status != "PENDING"),
+            "{attempts:?}"
+        );
     }
     for intent in app.sim.intents().await {
         assert_eq!(intent["status"], "canceled", "{intent}");
@@ -183,4 +194,3 @@ async fn expiry_reads_expired_whichever_of_sweeper_and_cancel_webhook_lands_firs
     app.assert_invariants(&deal).await;
     app.cleanup().await;
 }
-

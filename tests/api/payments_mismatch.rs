@@ -32,7 +32,8 @@ async fn a_currency_spelt_in_lower_case_by_the_provider_still_pays_the_order() {
 
     assert_eq!(app.sim.pay(&intent).await.0, 200);
 
-    app.wait_for_order(&alice, order_id, &["PAID"], SETTLE).await;
+    app.wait_for_order(&alice, order_id, &["PAID"], SETTLE)
+        .await;
     assert_eq!(stock(&app.db, &deal).await, (4, 0, 1));
     app.assert_invariants(&deal).await;
     app.cleanup().await;
@@ -67,7 +68,10 @@ async fn an_overdue_authorisation_for_another_amount_is_voided_not_captured() {
     .await;
     assert_eq!(stock(&app.db, &deal).await, (5, 0, 0), "units released");
     let attempts = attempts_of(&app.db, order_id).await;
-    assert!(attempts.iter().all(|a| a.status == "FAILED" && !a.accepted), "{attempts:?}");
+    assert!(
+        attempts.iter().all(|a| a.status == "FAILED" && !a.accepted),
+        "{attempts:?}"
+    );
     assert!(mismatches(&app).await > before);
     app.assert_invariants(&deal).await;
     app.cleanup().await;

@@ -52,7 +52,10 @@ fn serve_refuses_short_secrets() {
         ("FLASHGATE__WAITING_ROOM__PASS_SECRET", STRONG),
     ]);
     assert_eq!(code, Some(64), "{stderr}");
-    assert!(stderr.contains("auth.jwt_secret is 1 bytes long"), "{stderr}");
+    assert!(
+        stderr.contains("auth.jwt_secret is 1 bytes long"),
+        "{stderr}"
+    );
 }
 
 #[test]
