@@ -337,6 +337,15 @@ pub async fn claim_capture(
     })
 }
 
+/// The capture of this attempt will not happen (its order is gone): a void may proceed.
+pub async fn drop_capture_claim(pool: &PgPool, attempt_id: Uuid) -> Result<(), StoreError> {
+    sqlx::query("UPDATE payment_attempts SET capture_claimed_at = NULL WHERE id = $1")
+        .bind(attempt_id)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
 /// Whether a capture of this pending attempt is in flight (a void must wait for it).
 pub async fn capture_in_flight(pool: &PgPool, attempt_id: Uuid) -> Result<bool, StoreError> {
     Ok(sqlx::query_scalar(

@@ -116,7 +116,10 @@ impl Payments {
         let grace = self.settings.expiry_grace_seconds;
         match attempts::claim_capture(pool, attempt_id, grace).await? {
             CaptureClaim::Settled => Ok(None),
-            CaptureClaim::OrderGone => self.void(pool, payload).await.map(Some),
+            CaptureClaim::OrderGone => {
+                attempts::drop_capture_claim(pool, attempt_id).await?;
+                self.void(pool, payload).await.map(Some)
+            }
             CaptureClaim::Claimed => {
                 let id = text(payload, "provider_payment_id")?;
                 let payment = self
