@@ -32,10 +32,20 @@ async fn a_cancelled_manual_capture_order_is_voided_not_captured_when_the_provid
     })
     .await;
 
-    // The buyer cancels; the provider heals.
+    // The buyer cancels; the void that queues fails too, so it is due after the capture's
+    // retry. Then the provider heals.
     let cancelled = app.cancel_order(&alice, &order_id).await.expect(200);
     assert_eq!(cancelled["status"], "CANCELLED");
     assert_eq!(stock(&app.db, &deal).await, (3, 0, 0));
+    app.wait_db("void failed once", SETTLE, |db| async move {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM outbox WHERE kind = 'void' AND last_error IS NOT NULL)",
+        )
+        .fetch_one(&db)
+        .await
+        .unwrap()
+    })
+    .await;
     app.sim.reset_faults().await;
 
     // Every queued side effect runs; the authorisation ends voided, the order cancelled.
