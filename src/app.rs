@@ -293,6 +293,8 @@ async fn record_payment_backlog(pool: &PgPool) -> Result<(), StoreError> {
     let refunds = crate::payments::refunds::pending(pool).await?;
     let outbox = crate::payments::outbox::backlog(pool).await?;
     metrics::gauge!(telemetry::REFUNDS_PENDING).set(refunds as f64);
+    let failed = crate::payments::refunds::failed_count(pool).await?;
+    metrics::gauge!(telemetry::REFUNDS_GIVEN_UP).set(failed as f64);
     metrics::gauge!(telemetry::OUTBOX_BACKLOG).set(outbox as f64);
     Ok(())
 }

@@ -212,6 +212,10 @@ pub struct PaymentSettings {
     /// is released whatever the provider says, and later money follows the late-payment
     /// policy. Shown in every order as `hold_ends_at`.
     pub expiry_grace_seconds: u32,
+    /// A refund the provider refuses is retried with backoff (2, 4, … up to 60 s apart) this
+    /// many times in all, then marked FAILED and surfaced (`flashgate_refunds_failed`,
+    /// `flashgate reconcile`) for a person to finish.
+    pub refund_tries_max: u32,
 }
 
 impl std::fmt::Debug for PaymentSettings {
@@ -625,6 +629,10 @@ impl Settings {
         check(
             p.expiry_grace_seconds <= 300,
             "payments.expiry_grace_seconds must be at most 300",
+        )?;
+        check(
+            (1..=100).contains(&p.refund_tries_max),
+            "payments.refund_tries_max must be 1..=100",
         )
     }
 

@@ -37,6 +37,8 @@ pub const OUTBOX_BACKLOG: &str = "flashgate_outbox_backlog";
 pub const OUTBOX_PROCESSED: &str = "flashgate_outbox_processed_total";
 pub const RECONCILER_FINDINGS: &str = "flashgate_reconciler_findings_total";
 pub const PAYMENT_MISMATCHES: &str = "flashgate_payment_mismatches_total";
+pub const REFUNDS_FAILED: &str = "flashgate_refunds_failed_total";
+pub const REFUNDS_GIVEN_UP: &str = "flashgate_refunds_failed";
 pub const INVARIANT_VIOLATIONS: &str = "flashgate_invariant_violations";
 pub const OVERDUE_RESERVATIONS: &str = "flashgate_overdue_reservations";
 pub const AUDIT_RUNS: &str = "flashgate_audit_runs_total";
@@ -132,6 +134,7 @@ fn export_payment_zeroes() {
         metrics::counter!(WEBHOOK_EVENTS, "result" => result).increment(0);
     }
     metrics::counter!(PAYMENT_OUTCOMES, "outcome" => "mismatch").increment(0);
+    metrics::counter!(REFUNDS_FAILED).increment(0);
     for status in ["requires_payment", "requires_capture", "succeeded"] {
         metrics::counter!(PAYMENT_MISMATCHES, "status" => status).increment(0);
     }
@@ -142,11 +145,13 @@ fn export_payment_zeroes() {
         "paid_locally_unknown_at_provider",
         "unrefunded_extra_payment",
         "refund_stuck",
+        "refund_failed",
     ] {
         metrics::counter!(RECONCILER_FINDINGS, "kind" => kind).increment(0);
     }
     let errors = [
         ProviderError::Timeout,
+        ProviderError::Refused(String::new()),
         ProviderError::Unavailable(String::new()),
         ProviderError::Conflict(String::new()),
         ProviderError::NotFound,
@@ -224,6 +229,14 @@ fn describe() {
         "Reservation batches in flight on this instance, over every deal."
     );
     describe_counter!(WEBHOOK_EVENTS, "Provider webhooks received, by result.");
+    describe_counter!(
+        REFUNDS_FAILED,
+        "Refunds given up after payments.refund_tries_max refusals by the provider."
+    );
+    describe_gauge!(
+        REFUNDS_GIVEN_UP,
+        "Refunds in state FAILED: money owed back that a person must return."
+    );
     describe_counter!(
         PAYMENT_MISMATCHES,
         "Payments the provider reports with another amount or currency than the order's, voided or refunded, by provider status."

@@ -22,13 +22,15 @@ pub struct Attempt {
     pub accepted: bool,
     pub checks: i32,
     pub created_at: DateTime<Utc>,
+    /// A create call may have reached the provider without our learning the payment id.
+    pub create_uncertain: bool,
 }
 
 pub const PENDING: &str = "PENDING";
 pub const SUCCEEDED: &str = "SUCCEEDED";
 
 const COLUMNS: &str = "id, order_id, provider, provider_payment_id, status, amount_minor, currency,
-    capture_method, checkout_url, provider_expires_at, accepted, checks, created_at";
+    capture_method, checkout_url, provider_expires_at, accepted, checks, created_at, create_uncertain";
 
 /// Opens the first payment attempt of every order placed, inside the order batch's own
 /// transaction (the SQL function `payments_open_initial_attempts`); the provider itself is
@@ -274,5 +276,75 @@ pub async fn postpone(
     .bind(f64::from(backoff_max_seconds))
     .execute(pool)
     .await?;
+    Ok(())
+}
+
+/// Where a queued capture stands once its order has been re-checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaptureClaim {
+    /// The order still waits for this money (and its hold has not ended): capture.
+    Claimed,
+    /// The order was cancelled, expired or paid otherwise, or its hold ended: void instead.
+    OrderGone,
+    /// The attempt has already been settled: nothing to do.
+    Settled,
+}
+
+/// Re-checks the order of a queued capture and, when it still waits for this payment,
+/// marks the capture as in flight (committed before the provider is called, so a void of
+/// the same payment waits for it and no lock is held across the call).
+pub async fn claim_capture(
+    pool: &PgPool,
+    attempt_id: Uuid,
+    grace_seconds: u32,
+) -> Result<CaptureClaim, StoreError> {
+    let row: Option<(String, bool)> = sqlx::query_as(
+        "WITH claim AS (
+             UPDATE payment_attempts a SET capture_claimed_at = now(), updated_at = now()
+               FROM orders o
+              WHERE a.id = $1 AND o.id = a.order_id AND a.status = 'PENDING'
+                AND o.status = 'PENDING_PAYMENT'
+                AND o.expires_at > now() - make_interval(secs => $2)
+             RETURNING a.id)
+         SELECT a.status, EXISTS (SELECT 1 FROM claim)
+           FROM payment_attempts a WHERE a.id = $1",
+    )
+    .bind(attempt_id)
+    .bind(f64::from(grace_seconds))
+    .fetch_optional(pool)
+    .await?;
+    Ok(match row {
+        Some((_, true)) => CaptureClaim::Claimed,
+        Some((status, false)) if status == PENDING => CaptureClaim::OrderGone,
+        _ => CaptureClaim::Settled,
+    })
+}
+
+/// The capture of this attempt will not happen (its order is gone): a void may proceed.
+pub async fn drop_capture_claim(pool: &PgPool, attempt_id: Uuid) -> Result<(), StoreError> {
+    sqlx::query("UPDATE payment_attempts SET capture_claimed_at = NULL WHERE id = $1")
+        .bind(attempt_id)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// Whether a capture of this pending attempt is in flight (a void must wait for it).
+pub async fn capture_in_flight(pool: &PgPool, attempt_id: Uuid) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM payment_attempts
+                         WHERE id = $1 AND status = 'PENDING' AND capture_claimed_at IS NOT NULL)",
+    )
+    .bind(attempt_id)
+    .fetch_one(pool)
+    .await?)
+}
+
+/// A create call for the attempt may have reached the provider.
+pub async fn mark_create_uncertain(pool: &PgPool, attempt_id: Uuid) -> Result<(), StoreError> {
+    sqlx::query("UPDATE payment_attempts SET create_uncertain = true WHERE id = $1")
+        .bind(attempt_id)
+        .execute(pool)
+        .await?;
     Ok(())
 }

@@ -3,7 +3,10 @@
 //! The attempt row exists before the provider is called (it is written with the order),
 //! and its id is the idempotency key of the create call. A create that times out is
 //! therefore simply repeated later (on a retried order request, by the sweeper or by the
-//! reconciler) and returns the same payment; it is never taken for a failure.
+//! reconciler) and returns the same payment; it is never taken for a failure. A create
+//! whose connection was refused sent nothing: unless an earlier call may have reached the
+//! provider (`create_uncertain`), such an attempt was never created and closes at expiry
+//! without asking the provider.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -67,6 +70,10 @@ impl Payments {
             Ok(payment) => self.record(pool, attempt, &payment).await,
             Err(error) => {
                 tracing::warn!(%error, attempt = %attempt.id, "payment not created yet; will retry with the same key");
+                // A refused connection sent nothing; anything else may have created it.
+                if !matches!(error, ProviderError::Refused(_)) && !attempt.create_uncertain {
+                    attempts::mark_create_uncertain(pool, attempt.id).await?;
+                }
                 Ok(attempt)
             }
         }

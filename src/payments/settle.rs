@@ -109,6 +109,32 @@ pub async fn apply(
     Ok(rejected)
 }
 
+/// Closes an attempt no create call ever reached the provider with (so nobody can pay it),
+/// as the provider would report an expired session.
+pub async fn close_never_created(
+    pool: &PgPool,
+    attempt_id: uuid::Uuid,
+) -> Result<Applied, StoreError> {
+    let mut tx = pool.begin().await?;
+    let closed: Option<Attempt> = sqlx::query_as(
+        "UPDATE payment_attempts SET status = 'EXPIRED', updated_at = now()
+          WHERE id = $1 AND status = 'PENDING' AND provider_payment_id IS NULL
+            AND NOT create_uncertain
+         RETURNING id, order_id, provider, provider_payment_id, status, amount_minor, currency,
+                   capture_method, checkout_url, provider_expires_at, accepted, checks,
+                   created_at, create_uncertain",
+    )
+    .bind(attempt_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let applied = match closed {
+        Some(attempt) => release_if_last(&mut tx, &attempt).await?,
+        None => Applied::Duplicate,
+    };
+    tx.commit().await?;
+    Ok(applied)
+}
+
 /// Whether the provider's amount and currency are the attempt's (ISO 4217 codes compared
 /// without regard to case: providers differ in how they spell them).
 pub fn amount_matches(attempt: &Attempt, payment: &ProviderPayment) -> bool {
@@ -193,13 +219,17 @@ async fn succeeded(tx: &mut PgConnection, attempt: &Attempt) -> Result<Applied, 
     }
 }
 
-/// Money for an order that gave its units back: the deal's policy decides.
+/// Money for an order that gave its units back: the deal's policy decides. A manual-capture
+/// payment only gets here when a capture raced the order's end (the capture re-checks the
+/// order, but the order may end while the provider captures): that money is refunded, so a
+/// cancelled order never becomes PAID.
 async fn late(
     tx: &mut PgConnection,
     order: &LockedOrder,
     attempt: &Attempt,
 ) -> Result<Applied, StoreError> {
-    if order.late_payment_policy == "reserve_or_refund"
+    if attempt.capture_method != "manual"
+        && order.late_payment_policy == "reserve_or_refund"
         && settlement::reserve_again_and_pay(tx, order).await?
     {
         accept(tx, attempt).await?;
