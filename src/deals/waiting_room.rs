@@ -83,7 +83,7 @@ impl WaitingRoomTerms {
             && (url.chars().count() > CHECKOUT_URL_CHARS_MAX
                 || !(url.starts_with("https://") || url.starts_with("http://"))
                 || url.len() <= "http://".len()
-                || url.chars().any(char::is_whitespace))
+                || url.chars().any(|c| c.is_whitespace() || c.is_control()))
         {
             return Err(
                 "waiting_room.checkout_url must be an http(s) URL of at most 2000 characters"

@@ -43,5 +43,7 @@ mod redis_outage;
 mod shutdown;
 mod waiting_room;
 mod waiting_room_edge;
+mod waiting_room_keys;
 mod waiting_room_multi;
 mod waiting_room_page;
+mod waiting_room_revoke;

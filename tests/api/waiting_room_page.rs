@@ -191,7 +191,7 @@ async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_
     // Arrange: one admission a second; six buyers ahead of ours, more behind.
     let app = Arc::new(
         spawn_app_with(|s| {
-            s.waiting_room.stock_refresh_ms = 100;
+            crate::waiting_room_edge::fast_room(s);
             s.waiting_room.refresh_after_seconds_max = 1;
             s.waiting_room.page_title = "Summer sale — waiting room".into();
         })
