@@ -77,7 +77,8 @@ B=$(pgbench_tps "$WORK/buckets.sql")
 # --- (c): flashgate end to end ------------------------------------------------------
 GW_URL=$(fresh_db gateway)
 GW_PORT=$(free_port)
-DATABASE_URL=$GW_URL FLASHGATE_LISTEN=127.0.0.1:$GW_PORT RUST_LOG=warn \
+OPS_PORT=$(free_port)
+DATABASE_URL=$GW_URL FLASHGATE_LISTEN=127.0.0.1:$GW_PORT FLASHGATE_OPS_LISTEN=127.0.0.1:$OPS_PORT RUST_LOG=warn \
 FLASHGATE__REDIS__KEY_PREFIX="cmp${RUN_ID}:" \
 FLASHGATE__LIMITS__PER_IP__RATE_PER_SECOND=1000000 FLASHGATE__LIMITS__PER_IP__BURST=1000000 \
 FLASHGATE__LIMITS__PER_USER__RATE_PER_SECOND=1000000 FLASHGATE__LIMITS__PER_USER__BURST=1000000 \
@@ -86,7 +87,7 @@ FLASHGATE__LIMITS__PER_DEAL__RATE_PER_SECOND=1000000 FLASHGATE__LIMITS__PER_DEAL
 PIDS+=($!)
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$GW_PORT/healthz" >/dev/null && break; sleep 0.1; done
 log "(c) flashgate purchases, $CLIENTS in flight, ${SECONDS_EACH}s"
-target/release/flashgate-loadtest sale --base-url "http://127.0.0.1:$GW_PORT" \
+target/release/flashgate-loadtest sale --base-url "http://127.0.0.1:$GW_PORT" --ops-url "http://127.0.0.1:$OPS_PORT" \
     --stock 10000000 --buckets 32 --users 1000000 --per-user-limit 1 --concurrency "$CLIENTS" \
     --duration-max-seconds "$SECONDS_EACH" --database-url "$GW_URL" \
     --out "$WORK/sale.json" >"$WORK/sale.txt"
@@ -95,14 +96,14 @@ C_P99=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(round
 
 # --- a whole sale to sell-out, charted -----------------------------------------------
 log "a sale to sell-out: 20000 units, 40000 users, $CLIENTS in flight (chart: docs/sale.svg)"
-target/release/flashgate-loadtest sale --base-url "http://127.0.0.1:$GW_PORT" \
+target/release/flashgate-loadtest sale --base-url "http://127.0.0.1:$GW_PORT" --ops-url "http://127.0.0.1:$OPS_PORT" \
     --stock 20000 --buckets 32 --users 40000 --per-user-limit 1 --concurrency "$CLIENTS" \
     --duration-max-seconds 60 --database-url "$GW_URL" \
     --out "$WORK/sellout.json" --chart docs/sale.svg >"$WORK/sellout.txt"
 SELLOUT=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); v=r["verdict"]; print("%d orders for 20000 units, sold out after %s s, %.0f requests/s, verdict ok=%s" % (v["created"], r["sold_out_after_seconds"], r["requests_per_second"], v["ok"]))' "$WORK/sellout.json")
 
 # --- (d): flashgate rejecting a sold-out deal ---------------------------------------
-curl -sf -X POST "http://127.0.0.1:$GW_PORT/admin/deals" -H 'Authorization: Bearer flashgate-dev-admin-token' \
+curl -sf -X POST "http://127.0.0.1:$OPS_PORT/admin/deals" -H 'Authorization: Bearer flashgate-dev-admin-token' \
     -d '{"id":"sold-out","name":"Sold out","stock":0,"buckets":1,"unit_price_minor":100,"currency":"EUR","per_user_limit":1,"reservation_ttl_seconds":60}' >/dev/null
 TOKEN=$(target/release/flashgate token --user wrk-user)
 cat > "$WORK/soldout.lua" <<LUA

@@ -6,7 +6,10 @@
 //! - [`chart`]: the timeline as an SVG chart.
 //! - [`bare`]: a bare hyper server answering a tiny JSON body, the baseline that
 //!   rejection cost is compared with.
+//! - [`chaos`]: a whole sale with payments across three gateway processes under a seeded
+//!   fault schedule, checked against the ledger.
 
 pub mod bare;
+pub mod chaos;
 pub mod chart;
 pub mod sale;
