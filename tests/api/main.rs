@@ -12,6 +12,7 @@ mod bad_requests;
 mod cancel_expiry;
 mod concurrency;
 mod deals;
+mod faults;
 mod grouping;
 mod health;
 mod idempotency;

@@ -110,6 +110,23 @@ async fn stock_violations(db: &PgPool, deal: &str) -> Result<(Vec<String>, Value
     Ok((violations, figures))
 }
 
+/// How many payments the provider took have not reached their order yet.
+pub async fn unconfirmed_payments(
+    db: &PgPool,
+    deal: &str,
+    intents: &[Value],
+) -> Result<usize, String> {
+    let orders: Vec<(String, String, String, String, i32)> = sqlx::query_as(
+        "SELECT id::text, user_id, idempotency_key, status, quantity FROM orders
+          WHERE deal_id = $1",
+    )
+    .bind(deal)
+    .fetch_all(db)
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(payment_violations(&orders, intents).len())
+}
+
 /// Every payment the provider took ends PAID, or refunded (or on its way to it).
 fn payment_violations(
     orders: &[(String, String, String, String, i32)],

@@ -39,7 +39,7 @@ pub struct ChaosConfig {
     #[arg(long, default_value_t = 24)]
     pub buyers: usize,
     /// Units on sale.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 600)]
     pub stock: i64,
     /// Seconds an unpaid order holds its units (at least the provider's session minimum).
     #[arg(long, default_value_t = 60)]
@@ -314,7 +314,8 @@ impl Cluster {
         self.reset_provider().await
     }
 
-    /// Waits until nothing is left to expire, refund or deliver (bounded).
+    /// Waits until nothing is left to expire, refund or confirm (bounded): every payment
+    /// the provider took has reached its order, through a webhook or the reconciler.
     async fn settle(&self, db: &sqlx::PgPool, deal: &str) {
         let deadline = Instant::now() + SETTLE_MAX;
         while Instant::now() < deadline {
@@ -327,8 +328,13 @@ impl Cluster {
             .bind(deal)
             .fetch_one(db)
             .await;
-            if matches!(busy, Ok((0,))) {
-                tokio::time::sleep(Duration::from_secs(3)).await;
+            let unconfirmed = match self.intents().await {
+                Ok(intents) => ledger::unconfirmed_payments(db, deal, &intents)
+                    .await
+                    .unwrap_or(1),
+                Err(_) => 1,
+            };
+            if matches!(busy, Ok((0,))) && unconfirmed == 0 {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
