@@ -17,6 +17,11 @@ CLIENTS=64
 BASE_URL_DB=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
 DB_PREFIX=${BASE_URL_DB%/*}
 RUN_ID=$(date +%s)
+# `serve` refuses secrets left at their development defaults or shorter than 32 bytes; the
+# sale client reads the same two variables.
+export FLASHGATE_JWT_SECRET="compare-jwt-secret-$RUN_ID-$(od -An -N16 -tx1 /dev/urandom | tr -d " \n")"
+export FLASHGATE_ADMIN_TOKEN="compare-admin-token-$RUN_ID-$(od -An -N16 -tx1 /dev/urandom | tr -d " \n")"
+export FLASHGATE__WAITING_ROOM__PASS_SECRET="compare-pass-secret-$RUN_ID-$(od -An -N16 -tx1 /dev/urandom | tr -d " \n")"
 WORK=$(mktemp -d)
 PIDS=()
 cleanup() {

@@ -45,6 +45,8 @@ export FLASHGATE_LISTEN="127.0.0.1:$port"
 export FLASHGATE_OPS_LISTEN="127.0.0.1:$ops_port"
 export FLASHGATE_ADMIN_TOKEN="schemathesis-admin-token-$suffix"
 export FLASHGATE_JWT_SECRET="schemathesis-jwt-secret-$suffix"
+# `serve` refuses secrets left at their development defaults or shorter than 32 bytes.
+export FLASHGATE__WAITING_ROOM__PASS_SECRET="schemathesis-pass-secret-$suffix"
 export FLASHGATE__REDIS__KEY_PREFIX="fgschemathesis:$suffix:"
 for limit in PER_IP PER_USER PER_DEAL; do
     export "FLASHGATE__LIMITS__${limit}__RATE_PER_SECOND=100000"

@@ -16,6 +16,7 @@ step() { printf '\ntest: == %s\n' "$*" >&2; }
 
 step "services"
 bash scripts/services.sh
+bash scripts/browser.sh
 
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
 export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
@@ -39,6 +40,21 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
     step "cargo test --workspace --no-fail-fast $* (cargo-nextest is not installed)"
     cargo test --workspace --no-fail-fast "$@"
+fi
+
+# The oversell and payment tests again, with the gateway reaching PostgreSQL through a
+# private PgBouncer 1.18 in transaction pooling mode (installed by scripts/scale.sh).
+if [[ $# -eq 0 ]]; then
+    step "through PgBouncer (transaction pooling): oversell and payment tests"
+    pgbouncer_dir=$(mktemp -d /tmp/flashgate-pgbouncer.XXXXXX)
+    pgbouncer_port=$(bash scripts/scale.sh free-port)
+    trap 'bash scripts/scale.sh stop "$pgbouncer_dir"' EXIT
+    bash scripts/scale.sh pgbouncer start "$pgbouncer_dir" "$pgbouncer_port"
+    DATABASE_POOLER_URL="postgres://postgres@127.0.0.1:${pgbouncer_port}/test" \
+        cargo nextest run --test api --no-fail-fast \
+        -E 'test(/^concurrency::/) | test(/^orders::/) | test(/^payments_checkout::/) | test(/^payments_webhooks::/) | test(/^payments_provider_faults::/) | test(/^payments_soak::/)'
+    bash scripts/scale.sh stop "$pgbouncer_dir"
+    trap - EXIT
 fi
 
 # Alert rules and their unit tests (promtool comes with Debian's prometheus package).

@@ -13,6 +13,7 @@ use tokio_util::task::TaskTracker;
 use crate::admission::Admission;
 use crate::config::{Settings, millis};
 use crate::http::{self, State};
+use crate::inventory::{self, StockChange, StockEvents};
 use crate::ops;
 use crate::orders::sweeper;
 use crate::payments::http_provider::HttpProvider;
@@ -61,7 +62,8 @@ impl Application {
         let (public, local_addr) = bind(settings.server.listen).await?;
         let (ops, ops_addr) = bind(settings.server.ops_listen).await?;
         let payments = build_payments(&settings)?;
-        let state = State::new(settings, pools, redis, admission, payments);
+        let stock_events = subscribe_stock_events(&admission, &pools);
+        let state = State::new(settings, pools, redis, admission, payments, stock_events);
         Ok(Self {
             listeners: http::Listeners { public, ops },
             local_addr,
@@ -128,6 +130,24 @@ pub fn build_payments(settings: &Settings) -> Result<Option<Payments>, AppError>
     )))
 }
 
+/// The one handler of stock changes: the sold-out mirror follows them, and the waiting room
+/// (which reads stock through the mirror and inventory totals) sees them from there.
+fn subscribe_stock_events(admission: &Admission, pools: &Pools) -> StockEvents {
+    let events = StockEvents::default();
+    let sold_out = admission.sold_out().clone();
+    let pool = pools.background.clone();
+    events.subscribe(move |change| {
+        let (sold_out, pool) = (sold_out.clone(), pool.clone());
+        async move {
+            match change {
+                StockChange::Freed(deal) => sold_out.clear(&deal).await,
+                StockChange::RanOut(deal) => sold_out.mark(&pool, &deal).await,
+            }
+        }
+    });
+    events
+}
+
 fn spawn_background(tasks: &TaskTracker, state: &Arc<State>, shutdown: &CancellationToken) {
     let settings = &state.settings;
     let background = state.pools.background.clone();
@@ -140,26 +160,34 @@ fn spawn_background(tasks: &TaskTracker, state: &Arc<State>, shutdown: &Cancella
         millis(settings.soldout.refresh_interval_ms),
         shutdown.clone(),
     ));
-    let sold_out = state.admission.sold_out().clone();
+    let events = state.stock_events.clone();
     tasks.spawn(sweeper::run(
         background,
         millis(settings.sweeper.interval_ms),
         settings.sweeper.batch_max,
+        Duration::from_secs(u64::from(settings.payments.expiry_grace_seconds)),
         shutdown.clone(),
         move |deals| {
-            let sold_out = sold_out.clone();
-            async move {
-                for deal in deals {
-                    sold_out.clear(&deal).await;
-                }
-            }
+            let events = events.clone();
+            async move { events.freed(deals).await }
         },
     ));
     tasks.spawn(sample_metrics(state.clone(), shutdown.clone()));
     tasks.spawn(forget_idle_limits(state.clone(), shutdown.clone()));
+    tasks.spawn(
+        state
+            .admission
+            .global_limits()
+            .clone()
+            .keep_counted(shutdown.clone()),
+    );
     tasks.spawn(crate::waiting_room::advancer::run(
         state.admission.waiting_room().clone(),
         state.pools.background.clone(),
+        shutdown.clone(),
+    ));
+    tasks.spawn(crate::waiting_room::revocation::follow(
+        state.admission.waiting_room().clone(),
         shutdown.clone(),
     ));
     spawn_ops(tasks, state, shutdown);
@@ -174,14 +202,10 @@ fn spawn_payments(tasks: &TaskTracker, state: &Arc<State>, shutdown: &Cancellati
     let settings = &state.settings;
     let pool = state.pools.background.clone();
     let clear = {
-        let sold_out = state.admission.sold_out().clone();
+        let events = state.stock_events.clone();
         move |deals: Vec<String>| {
-            let sold_out = sold_out.clone();
-            async move {
-                for deal in deals {
-                    sold_out.clear(&deal).await;
-                }
-            }
+            let events = events.clone();
+            async move { events.freed(deals).await }
         }
     };
     let (p, db) = (payments.clone(), pool.clone());
@@ -228,7 +252,7 @@ fn spawn_ops(tasks: &TaskTracker, state: &Arc<State>, shutdown: &CancellationTok
     ));
     let listening = state.clone();
     tasks.spawn(ops::changes::follow(
-        settings.database.url.clone(),
+        store::direct_url(&settings.database).to_owned(),
         shutdown.clone(),
         move |change| match change {
             ops::changes::Change::Deal(id) => listening.admission.deals().evict(id),
@@ -258,19 +282,16 @@ async fn sample_metrics(state: Arc<State>, shutdown: CancellationToken) {
 
 /// Deals still on sale, or ended within the last day, get inventory gauges.
 async fn record_inventory(pool: &PgPool) -> Result<(), StoreError> {
-    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
-        "SELECT b.deal_id, sum(b.available)::bigint, sum(b.reserved)::bigint, sum(b.sold)::bigint
-           FROM inventory_buckets b JOIN deals d ON d.id = b.deal_id
-          WHERE d.ends_at IS NULL OR d.ends_at > now() - interval '1 day'
-          GROUP BY b.deal_id",
+    let deals: Vec<String> = sqlx::query_scalar(
+        "SELECT id FROM deals WHERE ends_at IS NULL OR ends_at > now() - interval '1 day'",
     )
     .fetch_all(pool)
     .await?;
-    for (deal, available, reserved, sold) in rows {
+    for (deal, totals) in inventory::totals(pool, &deals).await? {
         for (state, units) in [
-            ("available", available),
-            ("reserved", reserved),
-            ("sold", sold),
+            ("available", totals.available),
+            ("reserved", totals.reserved),
+            ("sold", totals.sold),
         ] {
             metrics::gauge!(telemetry::INVENTORY_UNITS, "deal" => deal.clone(), "state" => state)
                 .set(units as f64);
@@ -292,6 +313,7 @@ async fn forget_idle_limits(state: Arc<State>, shutdown: CancellationToken) {
     let interval = millis(state.settings.limits.retain_interval_ms);
     while !sleep_or_shutdown(interval, &shutdown).await {
         state.admission.limits().forget_idle();
+        state.admission.global_limits().forget_idle();
     }
 }
 

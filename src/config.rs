@@ -17,8 +17,9 @@ use serde::Deserialize;
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
 /// Environment variables with fixed names, and the key each one sets.
-const NAMED_ENV: [(&str, &str); 6] = [
+const NAMED_ENV: [(&str, &str); 7] = [
     ("DATABASE_URL", "database.url"),
+    ("DATABASE_DIRECT_URL", "database.direct_url"),
     ("REDIS_URL", "redis.url"),
     ("FLASHGATE_LISTEN", "server.listen"),
     ("FLASHGATE_OPS_LISTEN", "server.ops_listen"),
@@ -88,6 +89,14 @@ pub struct DatabaseSettings {
     pub admin_acquire_timeout_ms: u64,
     pub statement_timeout_ms: u64,
     pub migrate_on_start: bool,
+    /// `url` leads to a pooler handing out a server connection per transaction (PgBouncer
+    /// in transaction mode): every checkout runs in a transaction of its own.
+    pub transaction_pooler: bool,
+    /// Direct connection for what a transaction pooler cannot carry (migrations, LISTEN);
+    /// empty means `url`.
+    pub direct_url: String,
+    /// With several hosts in `url`, how often the gateway checks it still talks to the primary.
+    pub primary_check_interval_ms: u64,
 }
 
 #[derive(Clone, Deserialize)]
@@ -119,6 +128,28 @@ pub struct LimitSettings {
     pub per_ip: RateSettings,
     pub per_user: RateSettings,
     pub per_deal: RateSettings,
+    pub global: GlobalLimitSettings,
+}
+
+/// The per-user and per-deal limits shared by every instance through Redis.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GlobalLimitSettings {
+    /// Off: each instance enforces the limits alone, so N instances allow N times the rate.
+    pub enabled: bool,
+    /// Order requests an instance takes from a deal's shared budget per Redis round trip
+    /// (never more than the deal's burst).
+    pub deal_slice: u32,
+    /// Unused requests of a slice are dropped after this long, bounding how far past the
+    /// shared rate the instances together can go (rate × this).
+    pub slice_ttl_ms: u64,
+    /// How often each instance announces itself in Redis.
+    pub heartbeat_interval_ms: u64,
+    /// An instance not heard from for this long no longer counts.
+    pub instance_ttl_ms: u64,
+    /// Instances assumed until Redis has told how many run; while Redis is down each
+    /// instance allows this share (1/N) of the per-user and per-deal budgets.
+    pub instances_assumed: u32,
 }
 
 /// A token bucket: `rate_per_second` sustained, `burst` at once.
@@ -135,9 +166,11 @@ pub struct OrderSettings {
     pub quantity_max: u32,
     pub idempotency_key_bytes_max: usize,
     pub retries_max: u32,
-    pub grouping: bool,
-    pub group_window_us: u64,
-    pub group_size_max: usize,
+    /// Batches of one deal in flight at once on this instance, each with its own share of
+    /// the buckets.
+    pub lanes: usize,
+    /// Most orders placed in one batch (one statement, one transaction).
+    pub batch_max: usize,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -188,6 +221,14 @@ pub struct PaymentSettings {
     pub reconcile_interval_ms: u64,
     pub reconcile_after_seconds: u32,
     pub reconcile_batch_max: u32,
+    /// Most payment attempts one order may have, its first included; one more is answered
+    /// 409 `payment-attempts-exhausted`.
+    pub attempts_per_order_max: u32,
+    /// After `expires_at`, how long an order with a payment still open at the provider is
+    /// held while the provider is asked about it; at `expires_at` plus this the reservation
+    /// is released whatever the provider says, and later money follows the late-payment
+    /// policy. Shown in every order as `hold_ends_at`.
+    pub expiry_grace_seconds: u32,
 }
 
 impl std::fmt::Debug for PaymentSettings {
@@ -245,6 +286,34 @@ pub struct WaitingRoomSettings {
     pub shuffle_tickets_max: u32,
     /// A line's Redis keys expire this long after its last ticket was taken.
     pub keys_ttl_seconds: u64,
+    /// A stock snapshot older than this admits nobody (the advancer could not re-read it).
+    pub stock_age_max_ms: u64,
+    /// How often each instance reads the revocation stream: the most a revoked pass keeps
+    /// working on another instance.
+    pub revocation_poll_ms: u64,
+    /// Revocations kept in the Redis stream (approximately), for instances catching up.
+    pub revocations_max: u64,
+    /// `ed25519` (anyone holding the published key set can verify) or `hmac` (only holders
+    /// of `pass_secret` can). Both are always accepted; this picks what is minted.
+    pub pass_format: String,
+    /// Ed25519 signing keys as base64url 32-byte seeds (FLASHGATE__WAITING_ROOM__PASS_SIGNING_KEYS):
+    /// the first signs, all are published and verify, so a key is rotated in by listing it
+    /// second, then first, then dropping the old one after `pass_ttl_seconds`. Empty: one key
+    /// derived from `pass_secret`.
+    pub pass_signing_keys: Vec<String>,
+    /// How long a CDN may cache the published key set.
+    pub keys_max_age_seconds: u64,
+    /// A proof-of-work challenge must be solved and used within this.
+    pub pow_challenge_ttl_seconds: u64,
+    /// The hardest challenge ever asked, however large the crowd.
+    pub pow_bits_max: u32,
+    /// The crowd size from which each doubling of the people waiting adds one bit.
+    pub pow_crowd_step: u64,
+    /// The waiting page's title and optional stylesheet: the shop's branding.
+    pub page_title: String,
+    pub page_stylesheet_url: String,
+    /// How long a CDN may cache the waiting page.
+    pub page_max_age_seconds: u64,
 }
 
 impl std::fmt::Debug for WaitingRoomSettings {
@@ -340,6 +409,47 @@ impl Settings {
         check(
             w.keys_ttl_seconds >= 3600,
             "waiting_room.keys_ttl_seconds must be at least 3600",
+        )?;
+        self.validate_waiting_room_edge()
+    }
+
+    fn validate_waiting_room_edge(&self) -> Result<(), ConfigError> {
+        let w = &self.waiting_room;
+        check(
+            w.stock_age_max_ms >= 2 * w.stock_refresh_ms && w.stock_age_max_ms <= 600_000,
+            "waiting_room.stock_age_max_ms must be 2 × stock_refresh_ms..=600000",
+        )?;
+        check(
+            (1..=1000).contains(&w.revocation_poll_ms),
+            "waiting_room.revocation_poll_ms must be 1..=1000",
+        )?;
+        check(
+            (1000..=10_000_000).contains(&w.revocations_max),
+            "waiting_room.revocations_max must be 1000..=10000000",
+        )?;
+        check(
+            matches!(w.pass_format.as_str(), "ed25519" | "hmac"),
+            "waiting_room.pass_format must be ed25519 or hmac",
+        )?;
+        check(
+            crate::waiting_room::pass::signing_keys(w).is_ok(),
+            "waiting_room.pass_signing_keys must be base64url 32-byte seeds",
+        )?;
+        check(
+            (10..=600).contains(&w.pow_challenge_ttl_seconds),
+            "waiting_room.pow_challenge_ttl_seconds must be 10..=600",
+        )?;
+        check(
+            (1..=32).contains(&w.pow_bits_max),
+            "waiting_room.pow_bits_max must be 1..=32",
+        )?;
+        check(
+            w.pow_crowd_step >= 1,
+            "waiting_room.pow_crowd_step must be at least 1",
+        )?;
+        check(
+            w.page_title.len() <= 200 && w.page_stylesheet_url.len() <= 2000,
+            "waiting_room.page_title must be at most 200 bytes, page_stylesheet_url 2000",
         )
     }
 
@@ -412,6 +522,10 @@ impl Settings {
             "database.statement_timeout_ms must be > 0",
         )?;
         check(
+            d.primary_check_interval_ms > 0,
+            "database.primary_check_interval_ms must be > 0",
+        )?;
+        check(
             self.redis.command_timeout_ms > 0,
             "redis.command_timeout_ms must be > 0",
         )?;
@@ -452,18 +566,31 @@ impl Settings {
             self.limits.retain_interval_ms > 0,
             "limits.retain_interval_ms must be > 0",
         )?;
+        let g = &self.limits.global;
+        check(
+            g.deal_slice > 0
+                && g.slice_ttl_ms > 0
+                && g.heartbeat_interval_ms > 0
+                && g.instances_assumed > 0,
+            "limits.global deal_slice, slice_ttl_ms, heartbeat_interval_ms and instances_assumed must be > 0",
+        )?;
+        check(
+            g.instance_ttl_ms > 2 * g.heartbeat_interval_ms,
+            "limits.global.instance_ttl_ms must exceed twice heartbeat_interval_ms",
+        )?;
         let o = &self.orders;
         check(
             (1..=1_000_000).contains(&o.quantity_max),
             "orders.quantity_max must be 1..=1000000",
         )?;
         check(
-            (1..=1024).contains(&o.group_size_max),
-            "orders.group_size_max must be 1..=1024",
+            (1..=1024).contains(&o.batch_max),
+            "orders.batch_max must be 1..=1024",
         )?;
+        check((1..=64).contains(&o.lanes), "orders.lanes must be 1..=64")?;
         check(
-            (1..=100_000).contains(&o.group_window_us),
-            "orders.group_window_us must be 1..=100000",
+            o.lanes < self.database.request_pool_max as usize,
+            "orders.lanes must be below database.request_pool_max, so reads still get connections",
         )?;
         check(
             (1..=255).contains(&o.idempotency_key_bytes_max),
@@ -523,6 +650,14 @@ impl Settings {
         check(
             p.reconcile_interval_ms > 0 && p.reconcile_batch_max > 0,
             "payments reconcile interval and batch must be > 0",
+        )?;
+        check(
+            (1..=100).contains(&p.attempts_per_order_max),
+            "payments.attempts_per_order_max must be 1..=100",
+        )?;
+        check(
+            p.expiry_grace_seconds <= 300,
+            "payments.expiry_grace_seconds must be at most 300",
         )
     }
 
@@ -554,11 +689,85 @@ impl Settings {
         )
     }
 
-    pub fn uses_default_secrets(&self) -> bool {
+    /// Outside `demo`, every secret must be set to a value of its own, at least
+    /// [`SECRET_BYTES_MIN`] long: the shipped defaults are public. The payment provider's
+    /// API key and webhook secret count only when payments are enabled. The error names
+    /// the first offending setting and how to set it.
+    pub fn check_secrets(&self) -> Result<(), ConfigError> {
         let defaults = Self::defaults();
-        self.auth.jwt_secret == defaults.auth.jwt_secret
-            || self.auth.admin_token == defaults.auth.admin_token
-            || self.waiting_room.pass_secret == defaults.waiting_room.pass_secret
+        let mut secrets = vec![
+            Secret::new(
+                "auth.jwt_secret",
+                "FLASHGATE_JWT_SECRET",
+                &self.auth.jwt_secret,
+                &defaults.auth.jwt_secret,
+            ),
+            Secret::new(
+                "auth.admin_token",
+                "FLASHGATE_ADMIN_TOKEN",
+                &self.auth.admin_token,
+                &defaults.auth.admin_token,
+            ),
+            Secret::new(
+                "waiting_room.pass_secret",
+                "FLASHGATE__WAITING_ROOM__PASS_SECRET",
+                &self.waiting_room.pass_secret,
+                &defaults.waiting_room.pass_secret,
+            ),
+        ];
+        if self.payments.enabled {
+            secrets.push(Secret::new(
+                "payments.webhook_secret",
+                "FLASHGATE__PAYMENTS__WEBHOOK_SECRET",
+                &self.payments.webhook_secret,
+                &defaults.payments.webhook_secret,
+            ));
+            secrets.push(Secret::new(
+                "payments.api_key",
+                "FLASHGATE__PAYMENTS__API_KEY",
+                &self.payments.api_key,
+                &defaults.payments.api_key,
+            ));
+        }
+        secrets.iter().try_for_each(Secret::check)
+    }
+}
+
+/// Shortest secret `serve` accepts, in bytes (256 bits).
+pub const SECRET_BYTES_MIN: usize = 32;
+
+/// One secret setting, for [`Settings::check_secrets`].
+struct Secret<'a> {
+    key: &'static str,
+    env: &'static str,
+    value: &'a str,
+    default: &'a str,
+}
+
+impl<'a> Secret<'a> {
+    fn new(key: &'static str, env: &'static str, value: &'a str, default: &'a str) -> Self {
+        Self {
+            key,
+            env,
+            value,
+            default,
+        }
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let problem = if self.value == self.default {
+            "is left at its public development default".to_owned()
+        } else if self.value.len() < SECRET_BYTES_MIN {
+            format!("is {} bytes long", self.value.len())
+        } else {
+            return Ok(());
+        };
+        Err(ConfigError::Invalid(format!(
+            "{} {problem}; `serve` needs a secret of its own of at least {SECRET_BYTES_MIN} bytes: \
+             set {} (or {} in the --config file), e.g. to the output of `openssl rand -hex 32`; \
+             only `flashgate demo` runs with the development defaults",
+            self.key, self.env, self.key
+        )))
     }
 }
 
@@ -643,6 +852,34 @@ mod tests {
             "postgres://<redacted>@h:5432/db"
         );
         assert_eq!(redact_url("redis://127.0.0.1"), "redis://127.0.0.1");
+    }
+
+    #[test]
+    fn serve_refuses_default_and_short_secrets() {
+        let mut settings = Settings::defaults();
+        let error = settings.check_secrets().unwrap_err().to_string();
+        assert!(error.contains("auth.jwt_secret") && error.contains("FLASHGATE_JWT_SECRET"));
+        settings.auth.jwt_secret = "j".repeat(32);
+        settings.auth.admin_token = "a".repeat(32);
+        settings.waiting_room.pass_secret = "p".repeat(31);
+        let error = settings.check_secrets().unwrap_err().to_string();
+        assert!(
+            error.contains("waiting_room.pass_secret is 31 bytes long"),
+            "{error}"
+        );
+        settings.waiting_room.pass_secret = "p".repeat(32);
+        settings.check_secrets().unwrap();
+        settings.payments.enabled = true;
+        let error = settings.check_secrets().unwrap_err().to_string();
+        assert!(
+            error.contains("FLASHGATE__PAYMENTS__WEBHOOK_SECRET"),
+            "{error}"
+        );
+        settings.payments.webhook_secret = "w".repeat(32);
+        let error = settings.check_secrets().unwrap_err().to_string();
+        assert!(error.contains("payments.api_key"), "{error}");
+        settings.payments.api_key = "k".repeat(32);
+        settings.check_secrets().unwrap();
     }
 
     #[test]

@@ -91,6 +91,12 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_BAD_CONFIG);
         }
     };
+    if matches!(cli.command, Command::Serve)
+        && let Err(error) = settings.check_secrets()
+    {
+        eprintln!("flashgate: {error}");
+        return ExitCode::from(EXIT_BAD_CONFIG);
+    }
     if let Command::Token { user, ttl_seconds } = &cli.command {
         println!(
             "{}",
@@ -156,12 +162,6 @@ fn main() -> ExitCode {
 async fn serve(mut settings: Settings, demo: bool) -> Result<(), String> {
     if demo {
         settings.database.migrate_on_start = true;
-    }
-    if settings.uses_default_secrets() && !demo {
-        tracing::warn!(
-            "FLASHGATE_JWT_SECRET, FLASHGATE_ADMIN_TOKEN or FLASHGATE__WAITING_ROOM__PASS_SECRET \
-             is left at its development default"
-        );
     }
     let demo_token = auth::mint_token_for(
         &settings.auth.jwt_secret,

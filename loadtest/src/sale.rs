@@ -332,10 +332,7 @@ async fn wait_for_pass(
     token: &str,
     deadline: Instant,
 ) -> Result<String, String> {
-    let joined: Value = client
-        .post(queue_url)
-        .bearer_auth(token)
-        .send()
+    let joined: Value = crate::pow::join(client, queue_url, token)
         .await
         .map_err(|_| "queue_error".to_owned())?
         .json()

@@ -41,7 +41,11 @@ pub struct Limited {
     pub window_seconds: u64,
 }
 
-struct Limiter<K: Hash + Eq + Clone> {
+/// A limiter keyed by user or deal id; also the local share of a shared budget.
+pub(crate) type SharedLimiter = Limiter<String>;
+
+/// One keyed token bucket with the policy it reports when it refuses.
+pub(crate) struct Limiter<K: Hash + Eq + Clone> {
     scope: Scope,
     inner: DefaultKeyedRateLimiter<K>,
     quota: u32,
@@ -49,7 +53,7 @@ struct Limiter<K: Hash + Eq + Clone> {
 }
 
 impl<K: Hash + Eq + Clone> Limiter<K> {
-    fn new(scope: Scope, rate: RateSettings) -> Self {
+    pub(crate) fn new(scope: Scope, rate: RateSettings) -> Self {
         let per_second = NonZeroU32::new(rate.rate_per_second).expect("validated: rate > 0");
         let burst = NonZeroU32::new(rate.burst).expect("validated: burst > 0");
         Self {
@@ -60,7 +64,7 @@ impl<K: Hash + Eq + Clone> Limiter<K> {
         }
     }
 
-    fn check(&self, key: &K) -> Result<(), Limited> {
+    pub(crate) fn check(&self, key: &K) -> Result<(), Limited> {
         self.inner.check_key(key).map_err(|not_until| {
             let wait = not_until.wait_time_from(DefaultClock::default().now());
             Limited {
@@ -72,13 +76,13 @@ impl<K: Hash + Eq + Clone> Limiter<K> {
         })
     }
 
-    fn forget_idle(&self) {
+    pub(crate) fn forget_idle(&self) {
         self.inner.retain_recent();
         self.inner.shrink_to_fit();
     }
 }
 
-fn whole_seconds_at_least_one(wait: Duration) -> u64 {
+pub(crate) fn whole_seconds_at_least_one(wait: Duration) -> u64 {
     wait.as_secs() + u64::from(wait.subsec_nanos() > 0).max(u64::from(wait.as_secs() == 0))
 }
 
@@ -144,6 +148,14 @@ mod tests {
             per_ip: r,
             per_user: r,
             per_deal: r,
+            global: crate::config::GlobalLimitSettings {
+                enabled: false,
+                deal_slice: 1,
+                slice_ttl_ms: 50,
+                heartbeat_interval_ms: 1000,
+                instance_ttl_ms: 5000,
+                instances_assumed: 1,
+            },
         }
     }
 

@@ -3,11 +3,13 @@
 //! The checks run cheapest first and none of them makes a PostgreSQL round trip on the
 //! rejection path: client address → per-IP limit → sold-out mirror (whose only exception,
 //! a user retrying an order of that deal, is known from memory) → token → per-user
-//! limit → per-deal limit → deal settings (cached) → sale window → waiting-room pass (an
+//! limit → per-deal limit → the shared per-user and per-deal budgets in Redis (`global`,
+//! one script call, or none while a slice lasts) → deal settings (cached) → sale window → waiting-room pass (an
 //! HMAC checked in memory) → per-user quantity.
 //! What passes is an `Admitted` order request, the only way into the order path.
 
 pub mod client_ip;
+pub mod global;
 pub mod limits;
 pub mod soldout;
 pub mod token;
@@ -27,6 +29,7 @@ use crate::telemetry;
 use crate::waiting_room::{PassError, VerifiedPass, WaitingRoom};
 
 use client_ip::ClientIp;
+use global::GlobalLimits;
 use limits::{Limited, RateLimits};
 use soldout::SoldOut;
 use token::{TokenError, TokenVerifier};
@@ -86,6 +89,7 @@ pub struct Admitted {
 pub struct Admission {
     client_ip: ClientIp,
     limits: RateLimits,
+    global: GlobalLimits,
     tokens: TokenVerifier,
     sold_out: SoldOut,
     deals: DealCache,
@@ -97,6 +101,7 @@ impl Admission {
         Self {
             client_ip: ClientIp::new(settings.server.trusted_proxies.clone()),
             limits: RateLimits::new(&settings.limits),
+            global: GlobalLimits::new(&settings.limits, redis.clone()),
             tokens: TokenVerifier::new(
                 &settings.auth.jwt_secret,
                 settings.auth.audience(),
@@ -131,6 +136,10 @@ impl Admission {
 
     pub fn limits(&self) -> &RateLimits {
         &self.limits
+    }
+
+    pub fn global_limits(&self) -> &GlobalLimits {
+        &self.global
     }
 
     /// The client address, believing the header values only from trusted proxies.
@@ -179,6 +188,7 @@ impl Admission {
         self.limits
             .check_deal(deal_id)
             .map_err(|l| counted(Rejection::RateLimited(l)))?;
+        self.check_shared(user.as_str(), deal_id).await?;
         let deal = self.deal(pool, deal_id).await.map_err(counted)?;
         match deal.window(Utc::now()) {
             Window::Open => {}
@@ -197,17 +207,25 @@ impl Admission {
         } else {
             None
         };
-        if i64::from(quantity.get()) > i64::from(deal.per_user_limit) {
-            return Err(counted(Rejection::PerUserLimit {
-                limit: deal.per_user_limit,
-            }));
-        }
         Ok(Admitted {
             user,
             deal,
             quantity,
             pass,
         })
+    }
+
+    /// The budgets all instances share: the user's first, so that a user over the limit
+    /// does not use up the deal's.
+    async fn check_shared(&self, user_id: &str, deal_id: &str) -> Result<(), Rejection> {
+        self.global
+            .check_user(user_id)
+            .await
+            .map_err(|l| counted(Rejection::RateLimited(l)))?;
+        self.global
+            .check_deal(deal_id)
+            .await
+            .map_err(|l| counted(Rejection::RateLimited(l)))
     }
 
     /// The sold-out mirror, from memory: the HTTP layer calls it before reading the body,

@@ -16,6 +16,7 @@ mod public;
 mod queue;
 mod router;
 mod server;
+mod wait_page;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -24,8 +25,10 @@ use http::HeaderName;
 
 use crate::admission::Admission;
 use crate::config::Settings;
-use crate::orders::group::{GroupSettings, Grouper};
+use crate::inventory::StockEvents;
+use crate::orders::lanes::{Engine, LaneSettings};
 use crate::payments::Payments;
+use crate::payments::attempts::InitialAttempt;
 use crate::redis_link::RedisHandle;
 use crate::store::Pools;
 
@@ -39,8 +42,10 @@ pub struct State {
     pub admission: Admission,
     /// The payment provider and its settings; `None` when payments are disabled.
     pub payments: Option<Payments>,
-    /// Places admitted orders, alone or grouped with concurrent ones.
-    pub orders: Grouper,
+    /// Places admitted orders in batches, and cancels orders.
+    pub orders: Engine,
+    /// Where stock that became free or ran out is reported.
+    pub stock_events: StockEvents,
     pub client_ip_header: HeaderName,
     /// False once shutdown has begun, so load balancers stop sending traffic.
     pub ready: AtomicBool,
@@ -55,16 +60,18 @@ impl State {
         redis: RedisHandle,
         admission: Admission,
         payments: Option<Payments>,
+        stock_events: StockEvents,
     ) -> Arc<Self> {
         let o = &settings.orders;
-        let group = GroupSettings {
-            enabled: o.grouping,
-            window: std::time::Duration::from_micros(o.group_window_us),
-            size_max: o.group_size_max,
+        let lanes = LaneSettings {
+            lanes: o.lanes,
+            batch_max: o.batch_max,
             retries_max: o.retries_max,
         };
-        let provider = payments.as_ref().map(|p| p.provider.name().to_owned());
-        let orders = Grouper::new(group, pools.request.clone(), provider);
+        let hook = payments
+            .as_ref()
+            .map(|p| InitialAttempt::hook(p.provider.name()));
+        let orders = Engine::new(lanes, pools.request.clone(), hook, stock_events.clone());
         let client_ip_header = HeaderName::from_bytes(settings.server.client_ip_header.as_bytes())
             .expect("validated: client_ip_header is a header name");
         Arc::new(Self {
@@ -74,6 +81,7 @@ impl State {
             admission,
             payments,
             orders,
+            stock_events,
             client_ip_header,
             ready: AtomicBool::new(true),
             draining: AtomicBool::new(false),

@@ -91,13 +91,12 @@ pub async fn webhook(state: &State, request: Request<Incoming>, provider: &str) 
         .receive(&state.pools.webhook, provider, signature, &raw)
         .await?;
     let released = match &received {
-        Received::Accepted(crate::payments::settle::Applied::Released { deal_id }) => {
-            Some(deal_id.clone())
-        }
-        _ => None,
+        Received::Accepted(applied) => applied.released_deal().map(str::to_owned),
+        Received::Duplicate => None,
     };
     if let Some(deal_id) = released {
-        state.admission.sold_out().clear(&deal_id).await;
+        let freed = crate::inventory::StockChange::Freed(deal_id);
+        state.stock_events.emit(freed).await;
     }
     let answer = match &received {
         Received::Accepted(applied) => {

@@ -40,6 +40,9 @@ pub enum Kind {
     IdempotencyConflict,
     Overloaded,
     WaitingRoomRequired,
+    ReservationExpired,
+    PaymentAttemptsExhausted,
+    ChallengeRequired,
 }
 
 impl Kind {
@@ -56,6 +59,11 @@ impl Kind {
             Kind::IdempotencyConflict => ("idempotency-conflict", "Idempotency key reused"),
             Kind::Overloaded => ("overloaded", "Overloaded"),
             Kind::WaitingRoomRequired => ("waiting-room-required", "Waiting room pass required"),
+            Kind::ReservationExpired => ("reservation-expired", "Reservation expired"),
+            Kind::PaymentAttemptsExhausted => {
+                ("payment-attempts-exhausted", "Too many payment attempts")
+            }
+            Kind::ChallengeRequired => ("challenge-required", "Proof of work required"),
         }
     }
 }
@@ -317,6 +325,16 @@ impl From<CheckoutError> for Problem {
         match error {
             CheckoutError::NotFound => Problem::not_found("no such order"),
             CheckoutError::NotPending => Problem::conflict("the order is not waiting for payment"),
+            error @ CheckoutError::Expired => Problem::new(
+                Kind::ReservationExpired,
+                StatusCode::CONFLICT,
+                error.to_string(),
+            ),
+            error @ CheckoutError::AttemptsExhausted(_) => Problem::new(
+                Kind::PaymentAttemptsExhausted,
+                StatusCode::CONFLICT,
+                error.to_string(),
+            ),
             CheckoutError::Store(error) => error.into(),
         }
     }

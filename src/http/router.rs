@@ -13,7 +13,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 
 use super::problem::Problem;
-use super::{State, admin, ops, payments, public, queue};
+use super::{State, admin, ops, payments, public, queue, wait_page};
 use crate::telemetry;
 
 /// Which listener a request came in on.
@@ -48,6 +48,10 @@ pub enum Route<'a> {
     Rebalance(&'a str),
     Audit,
     OpenApi,
+    QueueChallenge(&'a str),
+    PassKeys,
+    RevokeQueue(&'a str),
+    WaitPage(&'a str),
     WrongMethod {
         template: &'static str,
         allow: &'static str,
@@ -73,6 +77,20 @@ impl<'a> Route<'a> {
             ["v1", "deals", id, "queue"] => {
                 ("/v1/deals/{id}/queue", "GET, POST", Route::QueueStatus(id))
             }
+            ["v1", "deals", id, "queue", "challenge"] => (
+                "/v1/deals/{id}/queue/challenge",
+                "GET",
+                Route::QueueChallenge(id),
+            ),
+            [".well-known", "flashgate-keys.json"] => {
+                ("/.well-known/flashgate-keys.json", "GET", Route::PassKeys)
+            }
+            ["wait", id] => ("/wait/{deal_id}", "GET", Route::WaitPage(id)),
+            ["admin", "deals", id, "queue", "revoke"] => (
+                "/admin/deals/{id}/queue/revoke",
+                "POST",
+                Route::RevokeQueue(id),
+            ),
             ["v1", "deals", id, "queue", ticket] => (
                 "/v1/deals/{id}/queue/{ticket}",
                 "GET",
@@ -150,6 +168,10 @@ impl<'a> Route<'a> {
             Route::Rebalance(_) => "/admin/deals/{id}/rebalance",
             Route::Audit => "/admin/audit",
             Route::OpenApi => "/openapi.json",
+            Route::QueueChallenge(_) => "/v1/deals/{id}/queue/challenge",
+            Route::PassKeys => "/.well-known/flashgate-keys.json",
+            Route::RevokeQueue(_) => "/admin/deals/{id}/queue/revoke",
+            Route::WaitPage(_) => "/wait/{deal_id}",
             Route::WrongMethod { template, .. } => template,
             Route::Unknown => "unknown",
         }
@@ -219,6 +241,10 @@ async fn dispatch(
         Route::Rebalance(id) => ops::rebalance(state, request, id).await,
         Route::Audit => ops::audit(state, &request).await,
         Route::OpenApi => Ok(ops::openapi()),
+        Route::QueueChallenge(id) => queue::challenge(state, peer, &request, id).await,
+        Route::PassKeys => queue::keys(state),
+        Route::RevokeQueue(id) => queue::revoke(state, request, id).await,
+        Route::WaitPage(id) => Ok(wait_page::page(state, id)),
         Route::WrongMethod { allow, .. } => Err(Problem::method_not_allowed(allow)),
         Route::Unknown => Err(Problem::not_found("no such resource")),
     }

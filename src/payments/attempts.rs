@@ -30,83 +30,109 @@ pub const SUCCEEDED: &str = "SUCCEEDED";
 const COLUMNS: &str = "id, order_id, provider, provider_payment_id, status, amount_minor, currency,
     capture_method, checkout_url, provider_expires_at, accepted, checks, created_at";
 
-/// Records the attempt created together with an order, in the order's transaction.
-pub async fn insert_initial(
-    tx: &mut PgConnection,
-    order_id: Uuid,
-    provider: &str,
-    capture_method: &str,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO payment_attempts (id, order_id, provider, status, amount_minor, currency, capture_method)
-         SELECT $1, o.id, $3, 'PENDING', o.amount_minor, o.currency, $4 FROM orders o WHERE o.id = $2",
-    )
-    .bind(Uuid::now_v7())
-    .bind(order_id)
-    .bind(provider)
-    .bind(capture_method)
-    .execute(tx)
-    .await?;
-    Ok(())
+/// Opens the first payment attempt of every order placed, inside the order batch's own
+/// transaction (the SQL function `payments_open_initial_attempts`); the provider itself is
+/// called only after the commit.
+pub struct InitialAttempt {
+    provider: String,
 }
 
-/// The initial attempts of several orders placed together, in one statement.
-pub async fn insert_initial_many(
-    tx: &mut PgConnection,
-    order_ids: &[Uuid],
-    provider: &str,
-    capture_method: &str,
-) -> Result<(), StoreError> {
-    let ids: Vec<Uuid> = order_ids.iter().map(|_| Uuid::now_v7()).collect();
-    sqlx::query(
-        "INSERT INTO payment_attempts (id, order_id, provider, status, amount_minor, currency, capture_method)
-         SELECT t.id, o.id, $3, 'PENDING', o.amount_minor, o.currency, $4
-           FROM unnest($1::uuid[], $2::uuid[]) AS t(id, order_id) JOIN orders o ON o.id = t.order_id",
-    )
-    .bind(&ids)
-    .bind(order_ids)
-    .bind(provider)
-    .bind(capture_method)
-    .execute(tx)
-    .await?;
-    Ok(())
+impl InitialAttempt {
+    pub fn hook(provider: &str) -> std::sync::Arc<dyn crate::orders::PlacementHook> {
+        std::sync::Arc::new(Self {
+            provider: provider.to_owned(),
+        })
+    }
 }
 
-/// Starts another attempt for a pending order under the client's key; `None` when the
-/// order is not pending. A key used before returns that attempt.
+impl crate::orders::PlacementHook for InitialAttempt {
+    fn sql_function(&self) -> &'static str {
+        "payments_open_initial_attempts"
+    }
+
+    fn argument(&self) -> &str {
+        &self.provider
+    }
+}
+
+/// What asking for another attempt under a client's key came to.
+#[derive(Debug)]
+pub enum Keyed {
+    /// A new attempt, not yet opened at the provider.
+    Created(Attempt),
+    /// The key was used before: that attempt, and whether it may still be opened at the
+    /// provider (the order is pending and its reservation has not expired).
+    Replayed(Attempt, bool),
+    /// The order no longer waits for payment.
+    NotPending,
+    /// The order's `expires_at` has passed (database clock).
+    Expired,
+    /// The order already has `attempts_max` attempts.
+    Exhausted,
+}
+
+/// Starts another attempt for a pending order under the client's key, in a short
+/// transaction that locks the order, so that the cap on attempts and the expiry are checked
+/// against what is committed. A key used before returns that attempt, whatever the order's
+/// state now.
 pub async fn insert_keyed(
     pool: &PgPool,
     order_id: Uuid,
     provider: &str,
     key: &str,
-) -> Result<Option<(Attempt, bool)>, StoreError> {
-    let sql = format!(
-        "INSERT INTO payment_attempts (id, order_id, provider, status, amount_minor, currency, capture_method, idempotency_key)
-         SELECT $1, o.id, $3, 'PENDING', o.amount_minor, o.currency, d.capture_method, $4
-           FROM orders o JOIN deals d ON d.id = o.deal_id
-          WHERE o.id = $2 AND o.status = 'PENDING_PAYMENT'
-         ON CONFLICT (order_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-         RETURNING {COLUMNS}"
-    );
-    let inserted = sqlx::query_as::<_, Attempt>(sqlx::AssertSqlSafe(sql))
-        .bind(Uuid::now_v7())
-        .bind(order_id)
-        .bind(provider)
-        .bind(key)
-        .fetch_optional(pool)
-        .await?;
-    if let Some(attempt) = inserted {
-        return Ok(Some((attempt, false)));
-    }
+    attempts_max: u32,
+) -> Result<Keyed, StoreError> {
+    let mut tx = pool.begin().await?;
+    let gate: Option<(String, bool, i64)> = sqlx::query_as(
+        "SELECT o.status, o.expires_at > now(),
+                (SELECT count(*) FROM payment_attempts a WHERE a.order_id = o.id)
+           FROM orders o WHERE o.id = $1 FOR NO KEY UPDATE OF o",
+    )
+    .bind(order_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((status, open, count)) = gate else {
+        return Ok(Keyed::NotPending);
+    };
     let sql = format!(
         "SELECT {COLUMNS} FROM payment_attempts WHERE order_id = $1 AND idempotency_key = $2"
     );
     let existing = sqlx::query_as::<_, Attempt>(sqlx::AssertSqlSafe(sql))
         .bind(order_id)
         .bind(key)
-        .fetch_optional(pool)
+        .fetch_optional(&mut *tx)
         .await?;
-    Ok(existing.map(|attempt| (attempt, true)))
+    let verdict = match existing {
+        Some(attempt) => Keyed::Replayed(attempt, status == "PENDING_PAYMENT" && open),
+        None if status != "PENDING_PAYMENT" => Keyed::NotPending,
+        None if !open => Keyed::Expired,
+        None if count >= i64::from(attempts_max) => Keyed::Exhausted,
+        None => Keyed::Created(insert_next(&mut tx, order_id, provider, key).await?),
+    };
+    tx.commit().await?;
+    Ok(verdict)
+}
+
+async fn insert_next(
+    tx: &mut PgConnection,
+    order_id: Uuid,
+    provider: &str,
+    key: &str,
+) -> Result<Attempt, StoreError> {
+    let sql = format!(
+        "INSERT INTO payment_attempts (id, order_id, provider, status, amount_minor, currency, capture_method, idempotency_key)
+         SELECT $1, o.id, $3, 'PENDING', o.amount_minor, o.currency, d.capture_method, $4
+           FROM orders o JOIN deals d ON d.id = o.deal_id
+          WHERE o.id = $2
+         RETURNING {COLUMNS}"
+    );
+    Ok(sqlx::query_as::<_, Attempt>(sqlx::AssertSqlSafe(sql))
+        .bind(Uuid::now_v7())
+        .bind(order_id)
+        .bind(provider)
+        .bind(key)
+        .fetch_one(tx)
+        .await?)
 }
 
 /// The attempt created with the order.

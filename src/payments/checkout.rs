@@ -11,7 +11,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::Payments;
-use super::attempts::{self, Attempt};
+use super::attempts::{self, Attempt, Keyed, PENDING};
 use super::provider::{CreatePayment, ProviderError, ProviderPayment};
 use crate::store::StoreError;
 
@@ -40,6 +40,12 @@ pub enum CheckoutError {
     NotFound,
     #[error("the order is not waiting for payment")]
     NotPending,
+    /// The reservation ended at `expires_at`: no attempt is started at or after it.
+    #[error("the order's reservation has expired; no new payment can be started")]
+    Expired,
+    /// The order used up `payments.attempts_per_order_max`.
+    #[error("the order already has {0} payment attempts, the most allowed")]
+    AttemptsExhausted(u32),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -153,7 +159,8 @@ impl Payments {
         Ok(())
     }
 
-    /// Starts (or, for a key used before, returns) another attempt for a pending order.
+    /// Starts (or, for a key used before, returns) another attempt for a pending order whose
+    /// reservation has not expired and that has attempts left.
     pub async fn start_attempt(
         &self,
         pool: &PgPool,
@@ -161,9 +168,18 @@ impl Payments {
         expires_at: DateTime<Utc>,
         key: &str,
     ) -> Result<(Attempt, bool), CheckoutError> {
-        let (attempt, replayed) = attempts::insert_keyed(pool, order_id, self.provider.name(), key)
-            .await?
-            .ok_or(CheckoutError::NotPending)?;
-        Ok((self.open(pool, attempt, expires_at).await?, replayed))
+        let max = self.settings.attempts_per_order_max;
+        let keyed = attempts::insert_keyed(pool, order_id, self.provider.name(), key, max).await?;
+        let attempt = match keyed {
+            Keyed::Created(attempt) => attempt,
+            Keyed::Replayed(attempt, true) if attempt.status == PENDING => {
+                return Ok((self.open(pool, attempt, expires_at).await?, true));
+            }
+            Keyed::Replayed(attempt, _) => return Ok((attempt, true)),
+            Keyed::NotPending => return Err(CheckoutError::NotPending),
+            Keyed::Expired => return Err(CheckoutError::Expired),
+            Keyed::Exhausted => return Err(CheckoutError::AttemptsExhausted(max)),
+        };
+        Ok((self.open(pool, attempt, expires_at).await?, false))
     }
 }

@@ -16,6 +16,7 @@
 pub mod attempts;
 pub mod checkout;
 pub mod http_provider;
+pub mod mismatch;
 pub mod outbox;
 pub mod provider;
 pub mod refunds;

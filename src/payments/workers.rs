@@ -22,11 +22,12 @@ use crate::telemetry;
 pub type Released = Vec<String>;
 
 fn released(applied: &Applied) -> Option<String> {
-    match applied {
-        Applied::Released { deal_id } => Some(deal_id.clone()),
-        _ => None,
-    }
+    applied.released_deal().map(str::to_owned)
 }
+
+/// Overdue payments asked about at once, so a slow provider delays a batch by one answer
+/// rather than by one answer per order.
+const OVERDUE_CONCURRENCY: usize = 8;
 
 impl Payments {
     /// Carries out due outbox entries; returns how many were claimed.
@@ -121,41 +122,64 @@ impl Payments {
     }
 
     /// Before an unpaid order may expire, asks the provider about each of its pending
-    /// attempts: paid ones are settled, open checkout sessions are cancelled, failed ones
-    /// are closed; when the provider cannot be reached the order waits (never expired on
-    /// a timeout).
+    /// attempts and applies the answer through [`settle::apply`]: paid ones are settled,
+    /// authorisations are captured only after their amount was checked (through the outbox,
+    /// which re-checks the order), open checkout sessions are cancelled, closed ones close
+    /// the attempt and expire the order. When the provider cannot be reached the order waits,
+    /// at most `payments.expiry_grace_seconds` (then the sweeper expires it regardless).
     pub async fn check_overdue(&self, pool: &PgPool) -> Result<Released, StoreError> {
         let due = overdue_attempts(pool, self.settings.reconcile_batch_max).await?;
         let mut deals = Released::new();
-        for attempt in due {
-            match self.resolve_overdue(pool, &attempt).await {
-                Ok(Some(Applied::Mismatch)) => {
-                    // Alerted by settle; the attempt stays open for people to look at, and
-                    // is asked about again only after the backoff.
-                    attempts::postpone(pool, attempt.id, self.settings.check_backoff_max_seconds)
-                        .await?;
-                }
-                Ok(Some(applied)) => deals.extend(released(&applied)),
-                Ok(None) => {}
-                Err(OutboxError::Provider(error)) if error.is_transient() => {
-                    attempts::postpone(pool, attempt.id, self.settings.check_backoff_max_seconds)
-                        .await?;
-                }
-                Err(error) => {
-                    tracing::warn!(%error, attempt = %attempt.id, "overdue payment check failed");
-                    attempts::postpone(pool, attempt.id, self.settings.check_backoff_max_seconds)
-                        .await?;
-                }
+        for chunk in due.chunks(OVERDUE_CONCURRENCY) {
+            let mut checks = tokio::task::JoinSet::new();
+            for attempt in chunk.iter().cloned() {
+                let (payments, pool) = (self.clone(), pool.clone());
+                checks.spawn(async move {
+                    let outcome = payments.resolve_overdue(&pool, &attempt).await;
+                    (attempt, outcome)
+                });
+            }
+            while let Some(joined) = checks.join_next().await {
+                let Ok((attempt, outcome)) = joined else {
+                    tracing::error!("overdue payment check panicked");
+                    continue;
+                };
+                deals.extend(self.after_overdue(pool, &attempt, outcome).await?);
             }
         }
         Ok(deals)
+    }
+
+    /// What an overdue check leaves: released units, or a later question to the provider.
+    async fn after_overdue(
+        &self,
+        pool: &PgPool,
+        attempt: &Attempt,
+        outcome: Result<Applied, OutboxError>,
+    ) -> Result<Option<String>, StoreError> {
+        let backoff = self.settings.check_backoff_max_seconds;
+        match outcome {
+            Ok(applied) => {
+                if matches!(applied, Applied::Authorized | Applied::Pending) {
+                    attempts::postpone(pool, attempt.id, backoff).await?;
+                }
+                Ok(released(&applied))
+            }
+            Err(error) => {
+                if !matches!(&error, OutboxError::Provider(e) if e.is_transient()) {
+                    tracing::warn!(%error, attempt = %attempt.id, "overdue payment check failed");
+                }
+                attempts::postpone(pool, attempt.id, backoff).await?;
+                Ok(None)
+            }
+        }
     }
 
     async fn resolve_overdue(
         &self,
         pool: &PgPool,
         attempt: &Attempt,
-    ) -> Result<Option<Applied>, OutboxError> {
+    ) -> Result<Applied, OutboxError> {
         let payment = match &attempt.provider_payment_id {
             Some(id) => self.provider.get_payment(id).await?,
             None => {
@@ -170,32 +194,17 @@ impl Payments {
                 self.create_at_provider(attempt, order_expires_at).await?
             }
         };
+        // An open checkout session is closed first; everything else (an authorisation
+        // included: it is never captured here, before its amount was checked) is applied as
+        // the provider reports it.
         let payment = match payment.status {
             ProviderStatus::RequiresPayment => {
                 self.settled_view(self.provider.void(&payment.id).await, &payment.id)
                     .await?
             }
-            ProviderStatus::RequiresCapture => {
-                self.settled_view(self.provider.capture(&payment.id).await, &payment.id)
-                    .await?
-            }
             _ => payment,
         };
-        if matches!(
-            payment.status,
-            ProviderStatus::Succeeded | ProviderStatus::RequiresCapture
-        ) {
-            return Ok(Some(
-                settle::apply(pool, self.provider.name(), &payment).await?,
-            ));
-        }
-        // Closed without payment: close the attempt and let the sweeper expire the order.
-        let mut tx = pool.begin().await.map_err(StoreError::from)?;
-        attempts::lock_for_payment(&mut tx, self.provider.name(), &payment.id, Some(attempt.id))
-            .await?;
-        attempts::transition(&mut tx, attempt.id, attempts::PENDING, "EXPIRED").await?;
-        tx.commit().await.map_err(StoreError::from)?;
-        Ok(None)
+        Ok(settle::apply(pool, self.provider.name(), &payment).await?)
     }
 
     /// One reconciliation pass; every finding is counted and logged.
@@ -236,7 +245,8 @@ impl Payments {
                     json!({ "provider_payment_id": id }),
                 ));
             }
-            if let Ok(Applied::Mismatch) = settle::apply(pool, self.provider.name(), &payment).await
+            if let Ok(Applied::MismatchRejected { .. }) =
+                settle::apply(pool, self.provider.name(), &payment).await
             {
                 findings.push(Finding::new(
                     "amount_mismatch",
@@ -332,8 +342,8 @@ const ATTEMPT_COLUMNS: &str =
 async fn overdue_attempts(pool: &PgPool, batch_max: u32) -> Result<Vec<Attempt>, StoreError> {
     let sql = format!(
         "SELECT {ATTEMPT_COLUMNS} FROM payment_attempts a JOIN orders o ON o.id = a.order_id
-          WHERE a.status = 'PENDING' AND o.status = 'PENDING_PAYMENT'
-            AND o.expires_at <= now() AND a.next_check_at <= now()
+          WHERE a.status = 'PENDING' AND a.next_check_at <= now()
+            AND (o.expires_at <= now() OR o.status <> 'PENDING_PAYMENT')
           ORDER BY o.expires_at LIMIT $1"
     );
     Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))

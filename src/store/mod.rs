@@ -4,6 +4,9 @@
 //! Separate pools keep sale traffic from starving the work that keeps the system correct:
 //! user requests share `request`; the sweeper, the sold-out mirror and the metrics sampler
 //! use `background`; operators get `admin`, usable in the middle of a sale storm.
+//!
+//! Behind PgBouncer in transaction mode (`transaction_pooler`) every checkout is one
+//! transaction, see `pooler`; migrations and LISTEN then use `direct_url`.
 
 use std::time::Duration;
 
@@ -12,6 +15,8 @@ use sqlx::{ConnectOptions, PgPool};
 
 use crate::config::DatabaseSettings;
 use crate::telemetry;
+
+mod pooler;
 
 /// SQL errors as the callers see them.
 #[derive(Debug, thiserror::Error)]
@@ -44,16 +49,31 @@ impl From<sqlx::Error> for StoreError {
 }
 
 /// Connection options shared by every pool and the migration connection.
-fn connect_options(settings: &DatabaseSettings) -> Result<PgConnectOptions, sqlx::Error> {
-    Ok(settings
-        .url
+fn connect_options(
+    settings: &DatabaseSettings,
+    url: &str,
+) -> Result<PgConnectOptions, sqlx::Error> {
+    let options = url
         .parse::<PgConnectOptions>()?
         .application_name("flashgate")
-        .options([(
-            "statement_timeout",
-            settings.statement_timeout_ms.to_string(),
-        )])
-        .disable_statement_logging())
+        .disable_statement_logging();
+    if settings.transaction_pooler {
+        // The pooler drops startup options; the timeout is set per transaction instead.
+        return Ok(pooler::options(options));
+    }
+    Ok(options.options([(
+        "statement_timeout",
+        settings.statement_timeout_ms.to_string(),
+    )]))
+}
+
+/// Where migrations and LISTEN connect: past a transaction pooler when one is configured.
+pub fn direct_url(settings: &DatabaseSettings) -> &str {
+    if settings.direct_url.is_empty() {
+        &settings.url
+    } else {
+        &settings.direct_url
+    }
 }
 
 #[derive(Clone)]
@@ -71,15 +91,20 @@ pub struct Pools {
 impl Pools {
     /// Lazily connecting pools: nothing is dialled until first use.
     pub fn new(settings: &DatabaseSettings) -> Result<Self, sqlx::Error> {
-        let options = connect_options(settings)?;
+        let options = connect_options(settings, &settings.url)?;
         let pool = |max: u32, acquire_timeout_ms: u64| {
             let acquire_timeout = Duration::from_millis(acquire_timeout_ms);
-            PgPoolOptions::new()
+            let pool = PgPoolOptions::new()
                 .max_connections(max)
                 .min_connections(0)
                 .acquire_timeout(acquire_timeout)
-                .test_before_acquire(false)
-                .connect_lazy_with(options.clone())
+                .test_before_acquire(false);
+            let pool = if settings.transaction_pooler {
+                pooler::one_transaction_per_checkout(pool, settings.statement_timeout_ms)
+            } else {
+                pool
+            };
+            pool.connect_lazy_with(options.clone())
         };
         Ok(Self {
             request: pool(settings.request_pool_max, settings.acquire_timeout_ms),
@@ -114,7 +139,13 @@ const MIGRATION_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Applies pending migrations on a dedicated connection. sqlx holds a PostgreSQL advisory
 /// lock while migrating, so instances that start together apply each migration once.
 pub async fn migrate(settings: &DatabaseSettings) -> Result<(), sqlx::migrate::MigrateError> {
-    let options = connect_options(settings)?;
+    let options = connect_options(
+        &DatabaseSettings {
+            transaction_pooler: false,
+            ..settings.clone()
+        },
+        direct_url(settings),
+    )?;
     let mut connection = tokio::time::timeout(MIGRATION_CONNECT_TIMEOUT, options.connect())
         .await
         .map_err(|_| sqlx::Error::PoolTimedOut)??;

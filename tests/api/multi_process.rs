@@ -41,6 +41,20 @@ pub fn spawn_gateway_with(settings: &Settings, api: &Api, extra: &[(&str, &str)]
         .env("FLASHGATE__SERVER__DRAIN_DELAY_MS", "0")
         .env("FLASHGATE_ADMIN_TOKEN", &settings.auth.admin_token)
         .env("FLASHGATE_JWT_SECRET", &settings.auth.jwt_secret)
+        .env(
+            "FLASHGATE__WAITING_ROOM__PASS_SECRET",
+            &settings.waiting_room.pass_secret,
+        )
+        .env(
+            "FLASHGATE__PAYMENTS__ENABLED",
+            settings.payments.enabled.to_string(),
+        )
+        .env("FLASHGATE__PAYMENTS__BASE_URL", &settings.payments.base_url)
+        .env("FLASHGATE__PAYMENTS__API_KEY", &settings.payments.api_key)
+        .env(
+            "FLASHGATE__PAYMENTS__WEBHOOK_SECRET",
+            &settings.payments.webhook_secret,
+        )
         .env("FLASHGATE__REDIS__KEY_PREFIX", &settings.redis.key_prefix)
         .env("FLASHGATE__DATABASE__REQUEST_POOL_MAX", "8")
         .env("FLASHGATE__DATABASE__BACKGROUND_POOL_MAX", "2")

@@ -9,7 +9,7 @@ use crate::helpers::{
 };
 
 /// Starts a throwaway `redis-server` without persistence on a free port.
-async fn start_redis() -> (ChildGuard, u16) {
+pub async fn start_redis() -> (ChildGuard, u16) {
     let port = free_port();
     let output = || {
         if test_log() {

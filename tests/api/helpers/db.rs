@@ -11,7 +11,7 @@ use uuid::Uuid;
 use super::{Api, base_database_url, unique_suffix};
 
 /// The connection string of `base` with its database name replaced by `name`.
-fn with_database(base: &str, name: &str) -> String {
+pub fn with_database(base: &str, name: &str) -> String {
     let (url, query) = match base.split_once('?') {
         Some((url, query)) => (url, Some(query)),
         None => (base, None),

@@ -84,6 +84,7 @@ pub fn test_settings(database_url: &str) -> Settings {
     s.redis.key_prefix = format!("fgtest:{suffix}:");
     s.auth.jwt_secret = format!("test-jwt-secret-{suffix}");
     s.auth.admin_token = format!("test-admin-token-{suffix}");
+    s.waiting_room.pass_secret = format!("test-pass-secret-{suffix}");
     for rate in [
         &mut s.limits.per_ip,
         &mut s.limits.per_user,
@@ -94,7 +95,21 @@ pub fn test_settings(database_url: &str) -> Settings {
     }
     s.sweeper.interval_ms = 100;
     s.soldout.refresh_interval_ms = 100;
+    through_pooler(&mut s);
     s
+}
+
+/// With `DATABASE_POOLER_URL` set (a transaction-pooling PgBouncer in front of
+/// `DATABASE_URL`), the gateway reaches its database through the pooler; the test's own
+/// connections, migrations and LISTEN stay direct.
+fn through_pooler(s: &mut Settings) {
+    let Ok(pooler) = std::env::var("DATABASE_POOLER_URL") else {
+        return;
+    };
+    let name = s.database.url.rsplit('/').next().unwrap_or_default();
+    let name = name.split('?').next().unwrap_or_default().to_owned();
+    s.database.direct_url = std::mem::replace(&mut s.database.url, with_database(&pooler, &name));
+    s.database.transaction_pooler = true;
 }
 
 pub fn http_client() -> reqwest::Client {

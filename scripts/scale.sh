@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# Private engines for the scaling tests, on loopback ports, each in its own directory:
+# PgBouncer in transaction pooling mode, a three-primary Redis Cluster, and a
+# pg_auto_failover formation (monitor + primary + synchronous standby). They never touch
+# the shared PostgreSQL on 5432 or Redis on 6379 beyond using the former as PgBouncer's
+# upstream. Missing Debian packages are installed (apt-get update once, then install).
+#
+# Usage:
+#   scripts/scale.sh install
+#   scripts/scale.sh free-port
+#   scripts/scale.sh pgbouncer start DIR PORT [UPSTREAM_HOST UPSTREAM_PORT]
+#   scripts/scale.sh redis-cluster start DIR PORT1 PORT2 PORT3
+#   scripts/scale.sh pg-failover start DIR MONITOR_PORT NODE1_PORT NODE2_PORT
+#   scripts/scale.sh stop DIR            (stops whatever `start` put in DIR)
+set -euo pipefail
+
+export DEBIAN_FRONTEND=noninteractive
+log() { printf 'scale: %s\n' "$*" >&2; }
+die() {
+    log "error: $*"
+    exit 1
+}
+
+PG_BIN=$(find /usr/lib/postgresql -mindepth 2 -maxdepth 2 -name bin -type d 2>/dev/null | sort -V | tail -n 1)
+
+# Commands as an unprivileged user: PostgreSQL and PgBouncer refuse to run as root.
+as_owner() {
+    if [[ $(id -u) -eq 0 ]]; then
+        runuser -u postgres -- "$@"
+    else
+        "$@"
+    fi
+}
+
+apt_updated=0
+apt_install() {
+    [[ $(id -u) -eq 0 ]] || die "installing $* needs root"
+    if [[ $apt_updated -eq 0 ]]; then
+        log "apt-get update"
+        apt-get update -qq
+        apt_updated=1
+    fi
+    log "apt-get install -y $*"
+    apt-get install -y -qq --no-install-recommends "$@" >&2
+}
+
+install() {
+    local missing=()
+    command -v pgbouncer >/dev/null 2>&1 || [[ -x /usr/sbin/pgbouncer ]] || missing+=(pgbouncer)
+    command -v pg_autoctl >/dev/null 2>&1 || missing+=(pg-auto-failover-cli)
+    local major
+    major=$(basename "$(dirname "$PG_BIN")")
+    [[ -f /usr/lib/postgresql/$major/lib/pgautofailover.so ]] ||
+        missing+=("postgresql-$major-auto-failover")
+    command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+    if ((${#missing[@]})); then
+        apt_install "${missing[@]}"
+    fi
+    # Debian starts a packaged pgbouncer service where it can; the tests run their own.
+    log "installed: pgbouncer pg_autoctl redis-server"
+}
+
+wait_port() {
+    local port=$1 seconds=$2
+    local deadline=$((SECONDS + seconds))
+    until (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.2
+    done
+}
+
+# A loopback port nothing listens on right now.
+free_port() {
+    local port
+    while :; do
+        port=$((20000 + RANDOM % 40000))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            printf '%s\n' "$port"
+            return 0
+        fi
+    done
+}
+
+own_dir() {
+    mkdir -p "$1"
+    [[ $(id -u) -ne 0 ]] || chown postgres "$1"
+}
+
+pgbouncer_start() {
+    local dir=$1 port=$2 upstream_host=${3:-127.0.0.1} upstream_port=${4:-5432}
+    install
+    own_dir "$dir"
+    printf '"postgres" ""\n' >"$dir/users.txt"
+    cat >"$dir/pgbouncer.ini" <<EOF
+[databases]
+* = host=$upstream_host port=$upstream_port
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $port
+unix_socket_dir =
+auth_type = trust
+auth_file = $dir/users.txt
+pool_mode = transaction
+max_client_conn = 2000
+default_pool_size = 12
+server_reset_query = DEALLOCATE ALL
+server_reset_query_always = 1
+ignore_startup_parameters = extra_float_digits,options
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
+EOF
+    [[ $(id -u) -ne 0 ]] || chown postgres "$dir"/*
+    as_owner pgbouncer -d "$dir/pgbouncer.ini"
+    wait_port "$port" 10 || die "pgbouncer did not listen on $port (see $dir/pgbouncer.log)"
+    printf 'pgbouncer %s\n' "$dir/pgbouncer.pid" >>"$dir/started"
+    log "pgbouncer (transaction pooling) on 127.0.0.1:$port -> $upstream_host:$upstream_port"
+}
+
+redis_cluster_start() {
+    local dir=$1
+    shift
+    install
+    mkdir -p "$dir"
+    local port nodes=()
+    for port in "$@"; do
+        mkdir -p "$dir/$port"
+        redis-server --port "$port" --bind 127.0.0.1 --daemonize yes \
+            --cluster-enabled yes --cluster-config-file "$dir/$port/nodes.conf" \
+            --cluster-node-timeout 2000 --save "" --appendonly no --dir "$dir/$port" \
+            --pidfile "$dir/$port/redis.pid" --logfile "$dir/$port/redis.log"
+        printf 'redis %s\n' "$dir/$port/redis.pid" >>"$dir/started"
+        nodes+=("127.0.0.1:$port")
+    done
+    for port in "$@"; do
+        wait_port "$port" 10 || die "redis-server did not listen on $port"
+    done
+    redis-cli --cluster create "${nodes[@]}" --cluster-replicas 0 --cluster-yes >&2
+    local deadline=$((SECONDS + 20))
+    until redis-cli -p "$1" cluster info | grep -q 'cluster_state:ok'; do
+        ((SECONDS < deadline)) || die "redis cluster did not reach state ok"
+        sleep 0.2
+    done
+    log "redis cluster of ${#nodes[@]} primaries: ${nodes[*]}"
+}
+
+stop() {
+    local dir=$1 kind pidfile
+    [[ -f $dir/started ]] || return 0
+    while read -r kind pidfile; do
+        case $kind in
+        pg_autoctl)
+            as_owner env PG_CONFIG="$PG_BIN/pg_config" pg_autoctl stop --pgdata "$pidfile" --immediate >/dev/null 2>&1 || true
+            ;;
+        *)
+            [[ -f $pidfile ]] && kill "$(cat "$pidfile")" 2>/dev/null || true
+            ;;
+        esac
+    done < <(tac "$dir/started")
+    rm -f "$dir/started"
+    log "stopped what ran in $dir"
+}
+
+case ${1:-} in
+install) install ;;
+free-port) free_port ;;
+pgbouncer) [[ ${2:-} == start ]] || die "usage: $0 pgbouncer start DIR PORT"; shift 2; pgbouncer_start "$@" ;;
+redis-cluster) [[ ${2:-} == start ]] || die "usage: $0 redis-cluster start DIR PORTS..."; shift 2; redis_cluster_start "$@" ;;
+pg-failover) [[ ${2:-} == start ]] || die "usage: $0 pg-failover start DIR MONITOR NODE1 NODE2"; shift 2; pg_failover_start "$@" ;;
+stop) stop "$2" ;;
+*) die "usage: $0 install | pgbouncer start DIR PORT | redis-cluster start DIR PORTS... | pg-failover start DIR MONITOR NODE1 NODE2 | stop DIR" ;;
+esac

@@ -1,0 +1,248 @@
+//! The per-user and per-deal limits hold across three gateway processes: a client sending
+//! as fast as it can through all three gets the configured rate plus its burst, not three
+//! times that; with Redis gone each process falls back to its share, never to no limit.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::helpers::{
+    Api, ChildGuard, TestDb, delete_redis_keys, eventually, free_port, new_deal, test_settings,
+    unique_suffix,
+};
+use crate::multi_process::{spawn_gateway_with, wait_until_healthy};
+use crate::redis_outage::start_redis;
+
+/// How long each client floods the gateways.
+const FLOOD: Duration = Duration::from_secs(3);
+/// Requests in flight at once, spread over the three gateways.
+const IN_FLIGHT: usize = 12;
+
+/// Three gateways on one database and `redis_url`, with `extra` settings on top.
+async fn three_gateways(
+    database: &TestDb,
+    redis_url: &str,
+    extra: &[(&str, &str)],
+) -> (Vec<ChildGuard>, Vec<Api>, flashgate::config::Settings) {
+    let mut settings = test_settings(&database.url);
+    settings.redis.url = redis_url.to_owned();
+    // A loaded machine must not turn a slow answer into a Redis outage mid-measurement.
+    let mut env = vec![
+        ("FLASHGATE__LIMITS__GLOBAL__HEARTBEAT_INTERVAL_MS", "200"),
+        ("FLASHGATE__REDIS__COMMAND_TIMEOUT_MS", "1000"),
+    ];
+    env.extend_from_slice(extra);
+    let mut gateways = Vec::new();
+    let mut apis = Vec::new();
+    for _ in 0..3 {
+        let api = Api::on_free_ports(&settings);
+        gateways.push(spawn_gateway_with(&settings, &api, &env));
+        apis.push(api);
+    }
+    for (gateway, api) in gateways.iter_mut().zip(&apis) {
+        wait_until_healthy(gateway, api).await;
+    }
+    (gateways, apis, settings)
+}
+
+/// A deal that neither sells out nor hits its per-user quantity during a flood.
+async fn roomy_deal(api: &Api, name: &str) -> String {
+    let mut deal = new_deal(name, 100_000, 8);
+    deal["per_user_limit"] = json!(100_000);
+    api.given_deal(&deal).await
+}
+
+/// What a flood let through: requests not refused with 429, and the time it took.
+struct Flood {
+    passed: usize,
+    limited: usize,
+    elapsed: Duration,
+}
+
+/// Orders as fast as possible for `FLOOD`, round robin over `apis`; `user_of(n)` names the
+/// user of the n-th request.
+async fn flood(apis: &[Api], deal: &str, user_of: fn(usize) -> String) -> Flood {
+    let passed = Arc::new(AtomicUsize::new(0));
+    let limited = Arc::new(AtomicUsize::new(0));
+    let sent = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..IN_FLIGHT {
+        let (apis, deal) = (apis.to_vec(), deal.to_owned());
+        let (passed, limited, sent) = (passed.clone(), limited.clone(), sent.clone());
+        tasks.spawn(async move {
+            while start.elapsed() < FLOOD {
+                let n = sent.fetch_add(1, Ordering::Relaxed);
+                let api = &apis[n % apis.len()];
+                let token = api.token(&user_of(n));
+                let reply = api.place_order(&token, &deal, &unique_suffix(), 1).await;
+                let counter = if reply.status == 429 {
+                    &limited
+                } else {
+                    &passed
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    tasks.join_all().await;
+    if crate::helpers::test_log() {
+        for api in apis {
+            let metrics = api.metrics().await;
+            for line in metrics.lines().filter(|l| l.contains("global_limit")) {
+                eprintln!("{} {line}", api.base);
+            }
+        }
+    }
+    Flood {
+        passed: passed.load(Ordering::Relaxed),
+        limited: limited.load(Ordering::Relaxed),
+        elapsed: start.elapsed(),
+    }
+}
+
+/// Most requests a bucket of `rate`/s and `burst` lets through in `elapsed`, plus `slack`.
+fn allowance(rate: f64, burst: f64, elapsed: Duration, slack: f64) -> usize {
+    (burst + rate * elapsed.as_secs_f64() + slack).floor() as usize
+}
+
+async fn stop(mut gateways: Vec<ChildGuard>, settings: &flashgate::config::Settings, db: TestDb) {
+    for gateway in &mut gateways {
+        gateway.kill();
+    }
+    delete_redis_keys(&settings.redis.url, &settings.redis.key_prefix).await;
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_user_through_three_gateways_gets_one_rate_plus_burst() {
+    // Arrange: 5 per second and a burst of 10 per user; per instance that would be 3 × 25.
+    let database = TestDb::create().await;
+    let extra = [
+        ("FLASHGATE__LIMITS__PER_USER__RATE_PER_SECOND", "5"),
+        ("FLASHGATE__LIMITS__PER_USER__BURST", "10"),
+    ];
+    let redis = crate::helpers::redis_url();
+    let (gateways, apis, settings) = three_gateways(&database, &redis, &extra).await;
+    let deal = roomy_deal(&apis[0], "global-user").await;
+
+    // Act
+    let flood = flood(&apis, &deal, |_| "greedy".to_owned()).await;
+
+    // Assert: one request of slack for a refill landing at the edge of the window.
+    let most = allowance(5.0, 10.0, flood.elapsed, 1.0);
+    eprintln!(
+        "per-user over 3 gateways: {} passed, {} limited in {:?} (allowed {most})",
+        flood.passed, flood.limited, flood.elapsed
+    );
+    assert!(
+        flood.passed <= most,
+        "{} passed, at most {most}",
+        flood.passed
+    );
+    assert!(
+        flood.passed >= 10 + 5 * (FLOOD.as_secs() as usize - 1),
+        "{} passed: the shared budget is not being granted",
+        flood.passed
+    );
+    assert!(flood.limited > 0, "the flood was never limited");
+    stop(gateways, &settings, database).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn many_users_through_three_gateways_get_one_deal_rate_plus_burst() {
+    // Arrange: 20 orders per second and a burst of 20 for the deal, taken in slices of 5.
+    let database = TestDb::create().await;
+    let extra = [
+        ("FLASHGATE__LIMITS__PER_DEAL__RATE_PER_SECOND", "20"),
+        ("FLASHGATE__LIMITS__PER_DEAL__BURST", "20"),
+        ("FLASHGATE__LIMITS__GLOBAL__DEAL_SLICE", "5"),
+    ];
+    let redis = crate::helpers::redis_url();
+    let (gateways, apis, settings) = three_gateways(&database, &redis, &extra).await;
+    let deal = roomy_deal(&apis[0], "global-deal").await;
+
+    // Act: every request from another user, so only the deal's budget applies.
+    let flood = flood(&apis, &deal, |n| format!("buyer-{n}")).await;
+
+    // Assert: slices add at most rate × slice_ttl (1 request at 50 ms) to the allowance.
+    let most = allowance(20.0, 20.0, flood.elapsed, 2.0);
+    eprintln!(
+        "per-deal over 3 gateways: {} passed, {} limited in {:?} (allowed {most})",
+        flood.passed, flood.limited, flood.elapsed
+    );
+    assert!(
+        flood.passed <= most,
+        "{} passed, at most {most}",
+        flood.passed
+    );
+    assert!(
+        flood.passed >= 20 + 20 * (FLOOD.as_secs() as usize - 1) * 3 / 4,
+        "{} passed: the deal's budget is not being granted",
+        flood.passed
+    );
+    stop(gateways, &settings, database).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_redis_each_gateway_keeps_its_share_of_the_user_budget() {
+    // Arrange: a private Redis the gateways count each other in, then lose.
+    let (mut redis, port) = start_redis().await;
+    let redis_url = format!("redis://127.0.0.1:{port}");
+    let database = TestDb::create().await;
+    let extra = [
+        ("FLASHGATE__LIMITS__PER_USER__RATE_PER_SECOND", "6"),
+        ("FLASHGATE__LIMITS__PER_USER__BURST", "12"),
+    ];
+    let (gateways, apis, settings) = three_gateways(&database, &redis_url, &extra).await;
+    let deal = roomy_deal(&apis[0], "global-fallback").await;
+    let counted = eventually(Duration::from_secs(10), || {
+        let url = redis_url.clone();
+        let key = format!("{}instances", settings.redis.key_prefix);
+        async move {
+            let client = redis::Client::open(url).ok()?;
+            let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+            let n: u32 = redis::cmd("ZCARD")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .ok()?;
+            (n == 3).then_some(())
+        }
+    })
+    .await;
+    assert!(
+        counted.is_some(),
+        "the three gateways never counted each other"
+    );
+    // One more heartbeat each, so every gateway has read the count of three.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    redis.kill();
+
+    // Act
+    let flood = flood(&apis, &deal, |_| "greedy".to_owned()).await;
+
+    // Assert: each gateway allows a third (2/s, burst 4): together the budget, not 3 × it.
+    let most = allowance(6.0, 12.0, flood.elapsed, 3.0);
+    eprintln!(
+        "per-user over 3 gateways without Redis: {} passed, {} limited in {:?} (allowed {most})",
+        flood.passed, flood.limited, flood.elapsed
+    );
+    assert!(
+        flood.passed <= most,
+        "{} passed, at most {most}",
+        flood.passed
+    );
+    assert!(
+        flood.passed >= 12,
+        "{} passed: the fallback refuses everything",
+        flood.passed
+    );
+    assert!(
+        flood.limited > 0,
+        "without Redis the user was not limited at all"
+    );
+    stop(gateways, &settings, database).await;
+}
