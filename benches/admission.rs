@@ -67,7 +67,7 @@ fn limiters(c: &mut Criterion) {
 }
 
 fn tokens(c: &mut Criterion) {
-    let verifier = TokenVerifier::new("bench-secret", 0, 128);
+    let verifier = TokenVerifier::new("bench-secret", flashgate::auth::Audience::DEFAULT, 0, 128);
     let header = format!("Bearer {}", mint_token("bench-secret", "user-42", 3600)).into_bytes();
     c.bench_function("token/verify_hs256", |b| {
         b.iter(|| verifier.verify(black_box(Some(&header))))

@@ -88,7 +88,8 @@ B=$(pgbench_tps "$WORK/buckets.sql")
 # --- (c): flashgate end to end ------------------------------------------------------
 GW_URL=$(fresh_db gateway)
 GW_PORT=$(free_port)
-DATABASE_URL=$GW_URL FLASHGATE_LISTEN=127.0.0.1:$GW_PORT RUST_LOG=warn \
+OPS_PORT=$(free_port)
+DATABASE_URL=$GW_URL FLASHGATE_LISTEN=127.0.0.1:$GW_PORT FLASHGATE_OPS_LISTEN=127.0.0.1:$OPS_PORT RUST_LOG=warn \
 FLASHGATE__REDIS__KEY_PREFIX="cmp${RUN_ID}:" \
 FLASHGATE__LIMITS__PER_IP__RATE_PER_SECOND=1000000 FLASHGATE__LIMITS__PER_IP__BURST=1000000 \
 FLASHGATE__LIMITS__PER_USER__RATE_PER_SECOND=1000000 FLASHGATE__LIMITS__PER_USER__BURST=1000000 \
@@ -116,11 +117,11 @@ pg_ticks_since() {
     echo "$total"
 }
 machine_ticks() { awk '/^cpu / {idle = $5 + $6; total = 0; for (i = 2; i <= NF; i++) total += $i; print idle, total}' /proc/stat; }
-metric() { curl -sf "http://127.0.0.1:$GW_PORT/metrics" | awk -v m="$1" '$1 == m {print $2; exit}'; }
-metrics_dump() { curl -sf "http://127.0.0.1:$GW_PORT/metrics" | grep '^flashgate_reservation_batch_size' > "$1"; }
+metric() { curl -sf "http://127.0.0.1:$OPS_PORT/metrics" | awk -v m="$1" '$1 == m {print $2; exit}'; }
+metrics_dump() { curl -sf "http://127.0.0.1:$OPS_PORT/metrics" | grep '^flashgate_reservation_batch_size' > "$1"; }
 
 sale() {
-    target/release/flashgate-loadtest sale --base-url "http://127.0.0.1:$GW_PORT" \
+    target/release/flashgate-loadtest sale --base-url "http://127.0.0.1:$GW_PORT" --ops-url "http://127.0.0.1:$OPS_PORT" \
         --database-url "$GW_URL" "$@"
 }
 json() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print($2)" "$1"; }
@@ -195,7 +196,7 @@ sale --stock 100000 --buckets 32 --users 200000 --per-user-limit 1 --concurrency
 SELLOUT=$(json "$WORK/sellout.json" '"%d orders for 100,000 units from %d requests, sold out after %s s, %.0f requests/s; database verdict: ok=%s, %s orders holding %s units, %s of %s acknowledged orders found" % (r["verdict"]["created"], r["requests"], r["sold_out_after_seconds"], r["requests_per_second"], r["verdict"]["ok"], r["database"]["holding_orders"], r["database"]["holding_units"], r["database"]["acknowledged_found"], r["database"]["acknowledged"])')
 
 # --- (d): flashgate rejecting a sold-out deal ---------------------------------------
-curl -sf -X POST "http://127.0.0.1:$GW_PORT/admin/deals" -H "Authorization: Bearer $FLASHGATE_ADMIN_TOKEN" \
+curl -sf -X POST "http://127.0.0.1:$OPS_PORT/admin/deals" -H "Authorization: Bearer $FLASHGATE_ADMIN_TOKEN" \
     -d '{"id":"sold-out","name":"Sold out","stock":0,"buckets":1,"unit_price_minor":100,"currency":"EUR","per_user_limit":1,"reservation_ttl_seconds":60}' >/dev/null
 TOKEN=$(target/release/flashgate token --user wrk-user)
 cat > "$WORK/soldout.lua" <<LUA

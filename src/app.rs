@@ -36,8 +36,9 @@ pub enum AppError {
 
 /// A built, bound, not yet running gateway.
 pub struct Application {
-    listener: TcpListener,
+    listeners: http::Listeners,
     local_addr: SocketAddr,
+    ops_addr: SocketAddr,
     state: Arc<State>,
     shutdown: CancellationToken,
 }
@@ -58,19 +59,15 @@ impl Application {
         );
         redis.connect().await;
         let admission = Admission::new(&settings, redis.clone());
-        let listen = settings.server.listen;
-        let listener = TcpListener::bind(listen)
-            .await
-            .map_err(|e| AppError::Bind(listen, e))?;
-        let local_addr = listener
-            .local_addr()
-            .map_err(|e| AppError::Bind(listen, e))?;
+        let (public, local_addr) = bind(settings.server.listen).await?;
+        let (ops, ops_addr) = bind(settings.server.ops_listen).await?;
         let payments = build_payments(&settings)?;
         let stock_events = subscribe_stock_events(&admission, &pools);
         let state = State::new(settings, pools, redis, admission, payments, stock_events);
         Ok(Self {
-            listener,
+            listeners: http::Listeners { public, ops },
             local_addr,
+            ops_addr,
             state,
             shutdown: CancellationToken::new(),
         })
@@ -78,6 +75,11 @@ impl Application {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Where `/metrics` and the admin API are served.
+    pub fn ops_addr(&self) -> SocketAddr {
+        self.ops_addr
     }
 
     /// Cancel it to shut the gateway down gracefully.
@@ -97,13 +99,23 @@ impl Application {
         let background = CancellationToken::new();
         let tasks = TaskTracker::new();
         spawn_background(&tasks, &self.state, &background);
-        http::serve(self.listener, self.state, self.shutdown.clone()).await;
+        http::serve(self.listeners, self.state, self.shutdown.clone()).await;
         background.cancel();
         tasks.close();
         tasks.wait().await;
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+async fn bind(listen: SocketAddr) -> Result<(TcpListener, SocketAddr), AppError> {
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|e| AppError::Bind(listen, e))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| AppError::Bind(listen, e))?;
+    Ok((listener, bound))
 }
 
 /// The payment provider client, when payments are enabled.

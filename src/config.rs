@@ -17,11 +17,12 @@ use serde::Deserialize;
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
 /// Environment variables with fixed names, and the key each one sets.
-const NAMED_ENV: [(&str, &str); 6] = [
+const NAMED_ENV: [(&str, &str); 7] = [
     ("DATABASE_URL", "database.url"),
     ("DATABASE_DIRECT_URL", "database.direct_url"),
     ("REDIS_URL", "redis.url"),
     ("FLASHGATE_LISTEN", "server.listen"),
+    ("FLASHGATE_OPS_LISTEN", "server.ops_listen"),
     ("FLASHGATE_ADMIN_TOKEN", "auth.admin_token"),
     ("FLASHGATE_JWT_SECRET", "auth.jwt_secret"),
 ];
@@ -56,12 +57,21 @@ pub struct Settings {
 #[serde(deny_unknown_fields)]
 pub struct ServerSettings {
     pub listen: SocketAddr,
+    /// The operations listener: `/metrics`, `/admin/*`, health. Keep it off the internet.
+    pub ops_listen: SocketAddr,
     pub header_bytes_max: usize,
     pub body_bytes_max: usize,
     pub header_read_timeout_ms: u64,
     pub request_timeout_ms: u64,
     pub connections_max: usize,
     pub shutdown_grace_seconds: u64,
+    /// After the signal, how long `/readyz` fails while requests are still served, so load
+    /// balancers stop sending traffic before the listener closes.
+    pub drain_delay_ms: u64,
+    /// Open connections one client address may hold; more are closed at once.
+    pub connections_per_client_max: usize,
+    /// A request body not fully received within this is answered 408.
+    pub body_read_timeout_ms: u64,
     pub trusted_proxies: Vec<IpNet>,
     pub client_ip_header: String,
     pub public_cache_max_age_seconds: u32,
@@ -103,6 +113,10 @@ pub struct RedisSettings {
 pub struct AuthSettings {
     pub jwt_secret: String,
     pub jwt_leeway_seconds: u64,
+    /// The `iss` every user token must carry.
+    pub jwt_issuer: String,
+    /// The `aud` every user token must carry.
+    pub jwt_audience: String,
     pub admin_token: String,
     pub user_id_bytes_max: usize,
 }
@@ -179,6 +193,9 @@ pub struct SoldOutSettings {
 pub struct DealSettings {
     pub cache_ttl_ms: u64,
     pub cache_entries_max: usize,
+    /// Most deal ids kept in memory to answer unknown ids without PostgreSQL; with more
+    /// deals than this, each unknown id is looked up (and its absence cached) on its own.
+    pub catalogue_ids_max: usize,
     pub metrics_interval_ms: u64,
 }
 
@@ -460,6 +477,18 @@ impl Settings {
         )?;
         check(s.connections_max > 0, "server.connections_max must be > 0")?;
         check(
+            s.connections_per_client_max > 0,
+            "server.connections_per_client_max must be > 0",
+        )?;
+        check(
+            s.drain_delay_ms < s.shutdown_grace_seconds.saturating_mul(1000),
+            "server.drain_delay_ms must be shorter than server.shutdown_grace_seconds",
+        )?;
+        check(
+            s.body_read_timeout_ms > 0 && s.body_read_timeout_ms < s.request_timeout_ms,
+            "server.body_read_timeout_ms must be > 0 and below server.request_timeout_ms",
+        )?;
+        check(
             http::HeaderName::from_bytes(s.client_ip_header.as_bytes()).is_ok(),
             "server.client_ip_header must be a header name",
         )
@@ -514,6 +543,10 @@ impl Settings {
         check(
             !self.auth.jwt_secret.is_empty(),
             "auth.jwt_secret must not be empty",
+        )?;
+        check(
+            !self.auth.jwt_issuer.is_empty() && !self.auth.jwt_audience.is_empty(),
+            "auth.jwt_issuer and auth.jwt_audience must not be empty",
         )?;
         check(
             self.auth.admin_token.len() >= 16,
@@ -572,8 +605,8 @@ impl Settings {
             "deals.cache_ttl_ms must be > 0",
         )?;
         check(
-            self.deals.cache_entries_max > 0,
-            "deals.cache_entries_max must be > 0",
+            self.deals.cache_entries_max > 0 && self.deals.catalogue_ids_max > 0,
+            "deals.cache_entries_max and deals.catalogue_ids_max must be > 0",
         )
     }
 
@@ -756,6 +789,16 @@ fn check(ok: bool, message: &str) -> Result<(), ConfigError> {
 
 pub fn millis(ms: u64) -> Duration {
     Duration::from_millis(ms)
+}
+
+impl AuthSettings {
+    /// The issuer and audience user tokens must name.
+    pub fn audience(&self) -> crate::admission::token::Audience<'_> {
+        crate::admission::token::Audience {
+            issuer: &self.jwt_issuer,
+            audience: &self.jwt_audience,
+        }
+    }
 }
 
 /// Secrets never reach logs.

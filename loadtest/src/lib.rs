@@ -7,8 +7,11 @@
 //! - [`pow`]: the proof-of-work client that joins a line whose deal asks for one.
 //! - [`bare`]: a bare hyper server answering a tiny JSON body, the baseline that
 //!   rejection cost is compared with.
+//! - [`chaos`]: a whole sale with payments across three gateway processes under a seeded
+//!   fault schedule, checked against the ledger.
 
 pub mod bare;
+pub mod chaos;
 pub mod chart;
 pub mod pow;
 pub mod sale;

@@ -23,6 +23,9 @@ pub struct SaleConfig {
     /// Gateway base URL; must be a loopback address.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     pub base_url: String,
+    /// The gateway's operations listener (admin API); must be a loopback address.
+    #[arg(long, default_value = "http://127.0.0.1:8081")]
+    pub ops_url: String,
     #[arg(
         long,
         env = "FLASHGATE_ADMIN_TOKEN",
@@ -133,6 +136,7 @@ pub fn ensure_loopback(base_url: &str) -> Result<(), String> {
 /// Runs the sale and returns the report (its `verdict.ok` says whether it passed).
 pub async fn run(config: &SaleConfig) -> Result<Value, String> {
     ensure_loopback(&config.base_url)?;
+    ensure_loopback(&config.ops_url)?;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(config.concurrency)
         .timeout(Duration::from_secs(10))
@@ -234,7 +238,7 @@ async fn create_deal(
     deal_id: &str,
 ) -> Result<(), String> {
     let response = client
-        .post(format!("{}/admin/deals", config.base_url))
+        .post(format!("{}/admin/deals", config.ops_url))
         .bearer_auth(&config.admin_token)
         .json(&deal_body(config, deal_id))
         .send()
@@ -466,7 +470,7 @@ async fn get_inventory(
     client
         .get(format!(
             "{}/admin/deals/{deal_id}/inventory",
-            config.base_url
+            config.ops_url
         ))
         .bearer_auth(&config.admin_token)
         .send()

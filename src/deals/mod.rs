@@ -184,7 +184,17 @@ pub async fn load(pool: &PgPool, id: &str) -> Result<Option<Deal>, StoreError> {
         .await?)
 }
 
-/// Creates the deal and its bucket rows in one transaction.
+/// Up to `limit` deal ids, for the cache's catalogue.
+pub async fn all_ids(pool: &PgPool, limit: usize) -> Result<Vec<String>, StoreError> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    Ok(sqlx::query_scalar("SELECT id FROM deals LIMIT $1")
+        .bind(limit)
+        .fetch_all(pool)
+        .await?)
+}
+
+/// Creates the deal and its bucket rows in one transaction, and announces it to every
+/// instance (their catalogues of deal ids learn it at once).
 pub async fn create(pool: &PgPool, new: &NewDeal) -> Result<Deal, DealError> {
     new.validate()?;
     let mut tx = pool.begin().await.map_err(StoreError::from)?;
@@ -230,6 +240,7 @@ pub async fn create(pool: &PgPool, new: &NewDeal) -> Result<Deal, DealError> {
         .fetch_one(&mut *tx)
         .await
         .map_err(StoreError::from)?;
+    crate::ops::changes::announce(&mut tx, new.id.as_str()).await?;
     tx.commit().await.map_err(StoreError::from)?;
     Ok(deal)
 }

@@ -1,12 +1,14 @@
 //! The HTTP front end: the only module that knows hyper.
 //!
-//! `server` accepts connections with limits on head size, head read time and connection
-//! count, and drains in-flight requests on shutdown. `router` maps a request to a handler
+//! `server` accepts connections on the public and the operations listener with limits on
+//! head size, head read time and connection counts, and drains every request that has
+//! arrived on shutdown (`connection`). `router` maps a request to a handler
 //! and records its metrics; handlers parse input into domain types, call admission and the
 //! order service, and turn results into JSON or problem+json (`problem`).
 
 mod admin;
 mod body;
+mod connection;
 mod ops;
 mod payments;
 pub mod problem;
@@ -30,7 +32,7 @@ use crate::payments::attempts::InitialAttempt;
 use crate::redis_link::RedisHandle;
 use crate::store::Pools;
 
-pub use server::serve;
+pub use server::{Listeners, serve};
 
 /// Everything a request handler can reach.
 pub struct State {
@@ -47,6 +49,8 @@ pub struct State {
     pub client_ip_header: HeaderName,
     /// False once shutdown has begun, so load balancers stop sending traffic.
     pub ready: AtomicBool,
+    /// True once shutdown has begun: every answer closes its connection.
+    pub draining: AtomicBool,
 }
 
 impl State {
@@ -80,6 +84,7 @@ impl State {
             stock_events,
             client_ip_header,
             ready: AtomicBool::new(true),
+            draining: AtomicBool::new(false),
         })
     }
 }

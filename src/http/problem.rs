@@ -111,6 +111,20 @@ impl Problem {
         )
     }
 
+    /// The client did not send its body in time: its fault, not an overload.
+    pub fn request_timeout(detail: impl Into<String>) -> Self {
+        Self::new(Kind::InvalidRequest, StatusCode::REQUEST_TIMEOUT, detail)
+            .with_header(http::header::CONNECTION, HeaderValue::from_static("close"))
+    }
+
+    /// Lets shared caches keep this answer for `seconds` (a 404 for an unknown deal, say).
+    pub fn cacheable(self, seconds: u32) -> Self {
+        match HeaderValue::from_str(&format!("public, max-age={seconds}")) {
+            Ok(value) => self.with_header(CACHE_CONTROL, value),
+            Err(_) => self,
+        }
+    }
+
     pub fn method_not_allowed(allow: &'static str) -> Self {
         Self::new(
             Kind::InvalidRequest,

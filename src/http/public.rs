@@ -14,6 +14,7 @@ use uuid::Uuid;
 use super::State;
 use super::body::{self, Caching};
 use super::problem::Problem;
+use crate::admission::Rejection;
 use crate::deals::{Deal, Window};
 use crate::domain::{DealId, IdempotencyKey, OrderStatus, Quantity, UserId};
 use crate::orders::{self, Order};
@@ -138,11 +139,17 @@ pub async fn get_deal(
     raw_id: &str,
 ) -> Reply {
     check_ip(state, peer, request)?;
-    let id = parse_deal_id(raw_id)?;
+    let max_age = state.settings.server.public_cache_max_age_seconds;
+    // "No such deal" is the same for everyone: a CDN may keep it as briefly as a deal.
+    let id = parse_deal_id(raw_id).map_err(|p| p.cacheable(max_age))?;
     let deal = state
         .admission
         .deal(&state.pools.request, id.as_str())
-        .await?;
+        .await
+        .map_err(|rejection| match rejection {
+            Rejection::UnknownDeal => Problem::from(rejection).cacheable(max_age),
+            other => Problem::from(other),
+        })?;
     let view = DealView {
         id: &deal.id,
         name: &deal.name,
@@ -152,7 +159,6 @@ pub async fn get_deal(
         starts_at: deal.starts_at,
         ends_at: deal.ends_at,
     };
-    let max_age = state.settings.server.public_cache_max_age_seconds;
     Ok(body::respond(
         StatusCode::OK,
         &view,
@@ -172,7 +178,7 @@ pub async fn place_order(
     state
         .admission
         .check_sold_out(deal_id.as_str(), authorization)?;
-    let (parts, bytes) = body::split(request, state.settings.server.body_bytes_max).await?;
+    let (parts, bytes) = body::split(request, &state.settings.server).await?;
     let request = Request::from_parts(parts, ());
     let orders_settings = &state.settings.orders;
     let key = header(&request, "idempotency-key")

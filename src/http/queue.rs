@@ -362,7 +362,7 @@ struct RevokeView {
 pub async fn revoke(state: &State, request: Request<Incoming>, raw_id: &str) -> Reply {
     super::admin::require_admin(state, &request)?;
     let deal = deal_with_room(state, raw_id).await?;
-    let (_, bytes) = body::split(request, state.settings.server.body_bytes_max).await?;
+    let (_, bytes) = body::split(request, &state.settings.server).await?;
     let asked: RevokeRequest = body::json(&bytes)?;
     let user = UserId::parse(&asked.user_id, state.settings.auth.user_id_bytes_max)
         .map_err(|_| Problem::invalid("user_id must be a user id"))?;

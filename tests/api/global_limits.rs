@@ -37,9 +37,9 @@ async fn three_gateways(
     let mut gateways = Vec::new();
     let mut apis = Vec::new();
     for _ in 0..3 {
-        let port = free_port();
-        gateways.push(spawn_gateway_with(&settings, port, &env));
-        apis.push(Api::new(&format!("http://127.0.0.1:{port}"), &settings));
+        let api = Api::on_free_ports(&settings);
+        gateways.push(spawn_gateway_with(&settings, &api, &env));
+        apis.push(api);
     }
     for (gateway, api) in gateways.iter_mut().zip(&apis) {
         wait_until_healthy(gateway, api).await;

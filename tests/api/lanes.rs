@@ -21,9 +21,9 @@ async fn lanes_on_three_instances_selling_one_deal_never_deadlock_or_oversell() 
     let mut gateways = Vec::new();
     let mut apis = Vec::new();
     for _ in 0..3 {
-        let port = free_port();
-        gateways.push(spawn_gateway_with(&settings, port, &lanes));
-        apis.push(Api::new(&format!("http://127.0.0.1:{port}"), &settings));
+        let api = Api::on_free_ports(&settings);
+        gateways.push(spawn_gateway_with(&settings, &api, &lanes));
+        apis.push(api);
     }
     for (gateway, api) in gateways.iter_mut().zip(&apis) {
         wait_until_healthy(gateway, api).await;

@@ -13,7 +13,7 @@ use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    Api, ChildGuard, Reply, TestDb, assert_invariants, delete_redis_keys, free_port, metric_value,
+    Api, ChildGuard, Reply, TestDb, assert_invariants, delete_redis_keys, metric_value,
     test_settings, unique_suffix,
 };
 use crate::multi_process::wait_until_healthy;
@@ -74,7 +74,7 @@ pub(crate) async fn order_with_pass(
 }
 
 /// Starts `flashgate serve` with fast waiting-room timers.
-fn spawn_gateway(settings: &Settings, port: u16) -> ChildGuard {
+fn spawn_gateway(settings: &Settings, api: &Api) -> ChildGuard {
     let extra = [
         ("FLASHGATE__REDIS__COMMAND_TIMEOUT_MS", "1000"),
         (
@@ -85,7 +85,7 @@ fn spawn_gateway(settings: &Settings, port: u16) -> ChildGuard {
         ("FLASHGATE__WAITING_ROOM__STOCK_REFRESH_MS", "200"),
         ("FLASHGATE__WAITING_ROOM__ABANDON_AFTER_SECONDS", "600"),
     ];
-    crate::multi_process::spawn_gateway_with(settings, port, &extra)
+    crate::multi_process::spawn_gateway_with(settings, api, &extra)
 }
 
 pub(crate) struct Cluster {
@@ -103,9 +103,9 @@ impl Cluster {
         let mut gateways = Vec::new();
         let mut apis = Vec::new();
         for _ in 0..count {
-            let port = free_port();
-            gateways.push(spawn_gateway(&settings, port));
-            apis.push(Api::new(&format!("http://127.0.0.1:{port}"), &settings));
+            let api = Api::on_free_ports(&settings);
+            gateways.push(spawn_gateway(&settings, &api));
+            apis.push(api);
         }
         for (gateway, api) in gateways.iter_mut().zip(&apis) {
             wait_until_healthy(gateway, api).await;
