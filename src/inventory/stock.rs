@@ -109,22 +109,6 @@ fn level_down(buckets: &[(i32, i64)], requested: i64) -> Vec<i64> {
     after
 }
 
-/// Units available per deal, for the deals asked (a deal without buckets is left out): the
-/// one place the waiting room learns how much can still be bought.
-pub async fn available_by_deal(
-    pool: &PgPool,
-    deal_ids: &[String],
-) -> Result<std::collections::HashMap<String, i64>, StoreError> {
-    let rows: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT deal_id, COALESCE(sum(available), 0)::bigint FROM inventory_buckets
-          WHERE deal_id = ANY($1) GROUP BY deal_id",
-    )
-    .bind(deal_ids)
-    .fetch_all(pool)
-    .await?;
-    Ok(rows.into_iter().collect())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::helpers::{
-    Api, ChildGuard, TestDb, delete_redis_keys, eventually, free_port, new_deal, test_settings,
-    unique_suffix,
+    Api, ChildGuard, TestDb, delete_redis_keys, eventually, new_deal, test_settings, unique_suffix,
 };
 use crate::multi_process::{spawn_gateway_with, wait_until_healthy};
 use crate::redis_outage::start_redis;

@@ -3,9 +3,7 @@
 //! request is answered 201 or 409, none fails) and never oversell.
 
 use crate::concurrency::stampede;
-use crate::helpers::{
-    Api, TestDb, assert_invariants, delete_redis_keys, free_port, new_deal, test_settings,
-};
+use crate::helpers::{Api, TestDb, assert_invariants, delete_redis_keys, new_deal, test_settings};
 use crate::multi_process::{spawn_gateway_with, wait_until_healthy};
 
 #[tokio::test(flavor = "multi_thread")]
