@@ -135,6 +135,11 @@ async fn a_sale_behind_the_waiting_room_orders_only_with_passes() {
     let report = sale::run(&config).await.expect("the sale runs");
 
     assert_eq!(report["verdict"]["ok"], true, "{}", sale::summary(&report));
-    assert_eq!(report["verdict"]["created"], 20);
+    assert_eq!(
+        report["verdict"]["created"],
+        20,
+        "{}",
+        sale::summary(&report)
+    );
     gateway.stop().await;
 }

@@ -30,16 +30,31 @@ impl Payments {
         .await?;
         let mut deals = Released::new();
         for entry in &entries {
-            match self.carry_out(pool, entry).await {
-                Ok(applied) => {
-                    deals.extend(applied.as_ref().and_then(released));
-                    outbox::done(pool, entry.id).await?;
-                    metrics::counter!(telemetry::OUTBOX_PROCESSED, "kind" => entry.kind.as_str(), "result" => "done").increment(1);
+            // One entry whose outcome cannot be recorded (the pool is busy, PostgreSQL is
+            // away) must not strand the rest of the batch until their leases run out.
+            match self.settle_entry(pool, entry).await {
+                Ok(released) => deals.extend(released),
+                Err(error) => {
+                    tracing::warn!(%error, id = entry.id, kind = entry.kind.as_str(), "outbox entry not recorded; it runs again when its lease ends");
                 }
-                Err(error) => self.failed_entry(pool, entry, &error).await?,
             }
         }
         Ok((entries.len(), deals))
+    }
+
+    /// Carries out one claimed entry and records how it went.
+    async fn settle_entry(&self, pool: &PgPool, entry: &Entry) -> Result<Released, StoreError> {
+        match self.carry_out(pool, entry).await {
+            Ok(applied) => {
+                outbox::done(pool, entry.id).await?;
+                metrics::counter!(telemetry::OUTBOX_PROCESSED, "kind" => entry.kind.as_str(), "result" => "done").increment(1);
+                Ok(applied.as_ref().and_then(released).into_iter().collect())
+            }
+            Err(error) => {
+                self.failed_entry(pool, entry, &error).await?;
+                Ok(Released::new())
+            }
+        }
     }
 
     /// An entry that did not go through: retried later with backoff; a refund that has used

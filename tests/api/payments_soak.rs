@@ -120,7 +120,8 @@ async fn a_bounded_soak_keeps_money_and_stock_in_agreement() {
     );
 
     // Let the sweeper, the outbox worker and the reconciler finish.
-    app.wait_db("every order settled, refunds and outbox done", SETTLE, |db| async move {
+    // Many orders settle at once here: a loaded machine gets three times the usual wait.
+    app.wait_db("every order settled, refunds and outbox done", SETTLE * 3, |db| async move {
         let open: i64 = sqlx::query_scalar(
             "SELECT (SELECT count(*) FROM orders WHERE status IN ('PENDING_PAYMENT', 'REFUND_PENDING'))
                   + (SELECT count(*) FROM refunds WHERE status = 'PENDING')

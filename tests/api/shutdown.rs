@@ -129,7 +129,13 @@ async fn a_burst_written_just_before_the_signal_is_answered_in_full() {
     for drain_delay_ms in [0, 200, 0] {
         // Arrange: 32 busy keep-alive clients and 200 connections, each with a complete
         // order written just before the signal.
-        let mut app = spawn_app_with(|s| s.server.drain_delay_ms = drain_delay_ms).await;
+        // Connections may be slow to come on a loaded machine: this is about draining, not
+        // about the pool's acquire timeout.
+        let mut app = spawn_app_with(|s| {
+            s.server.drain_delay_ms = drain_delay_ms;
+            s.database.acquire_timeout_ms = 10_000;
+        })
+        .await;
         let mut deal_body = new_deal("burst", 100_000, 8);
         deal_body["per_user_limit"] = 1.into();
         let deal = app.given_deal(&deal_body).await;
