@@ -318,6 +318,7 @@ impl Wiring {
             ("PAYMENTS__RECONCILE_INTERVAL_MS", "1000"),
             ("PAYMENTS__RECONCILE_AFTER_SECONDS", "2"),
             ("PAYMENTS__RETRY_BACKOFF_MS", "50"),
+            ("PAYMENTS__CHECK_BACKOFF_MAX_SECONDS", "5"),
             ("SERVER__DRAIN_DELAY_MS", "300"),
             ("SERVER__SHUTDOWN_GRACE_SECONDS", "5"),
             ("SWEEPER__INTERVAL_MS", "200"),
