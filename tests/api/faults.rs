@@ -1,7 +1,8 @@
 //! Faults that are not a crash of the gateway: one client holding every connection it can,
 //! Redis coming back with an old sold-out flag, PostgreSQL down for over a minute (the
 //! gateways stay up, answer 503 with `Retry-After`, recover) and deal changes announced
-//! again after PostgreSQL restarts.
+//! again after PostgreSQL restarts. In each, the provider delivers a payment's webhook
+//! meanwhile, and the payment still reaches its order.
 
 use std::time::{Duration, Instant};
 
@@ -12,8 +13,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::helpers::{
-    Api, EVENTUALLY, PrivatePostgres, eventually, new_deal, send, spawn_app_with, test_settings,
-    unique_suffix,
+    Api, EVENTUALLY, PrivatePostgres, SETTLE, Sim, eventually, intent_id, new_deal,
+    payment_settings, send, spawn_pay_app_with, test_settings, unique_suffix,
 };
 
 /// A connection from `local` that sent a request and got an answer, or was closed unheard.
@@ -33,28 +34,36 @@ async fn answered_from(local: &str, addr: std::net::SocketAddr) -> Option<tokio:
 
 #[tokio::test(flavor = "multi_thread")]
 async fn one_client_cannot_take_every_connection() {
-    // Arrange: at most 4 connections per client address, 6 in all.
-    let app = spawn_app_with(|s| {
+    // Arrange: at most 4 connections per client address, 8 in all; an order waiting for
+    // its payment.
+    let app = spawn_pay_app_with(|s| {
         s.server.connections_per_client_max = 4;
-        s.server.connections_max = 6;
+        s.server.connections_max = 8;
     })
     .await;
+    let deal = app.given_deal(&new_deal("capped", 10, 1)).await;
+    let alice = app.token("alice");
+    let order = app.place_order(&alice, &deal, "k1", 1).await.expect(201);
 
-    // Act: one client opens 4 connections and tries a fifth; another client comes.
+    // Act: one client tries to open every connection the gateway allows; another client
+    // comes, and the provider delivers the payment's webhook.
     let mut held = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..app.settings.server.connections_max {
         held.push(answered_from("127.0.0.2", app.addr).await);
     }
-    let fifth = answered_from("127.0.0.2", app.addr).await;
     let other = answered_from("127.0.0.3", app.addr).await;
+    let (status, body) = app.sim.pay(&intent_id(&order)).await;
+    assert_eq!(status, 200, "pay: {body}");
 
     // Assert
-    assert!(held.iter().all(Option::is_some), "the first 4 are served");
-    assert!(
-        fifth.is_none(),
-        "the fifth connection of one client is refused"
-    );
+    let served = held.iter().filter(|c| c.is_some()).count();
+    assert_eq!(served, 4, "one client gets its 4 connections and no more");
     assert!(other.is_some(), "another client is still served");
+    let order_id = order["order_id"].as_str().unwrap();
+    app.wait_for_order(&alice, order_id, &["PAID"], SETTLE)
+        .await;
+    let (_, delivered) = app.sim.succeeded_deliveries(&intent_id(&order)).await;
+    assert!(delivered > 0, "the webhook got through");
     drop(held);
     app.cleanup().await;
 }
@@ -63,9 +72,10 @@ async fn one_client_cannot_take_every_connection() {
 async fn an_old_sold_out_flag_restored_in_redis_does_not_stick() {
     // Arrange: a deal sold out, then restocked, then Redis comes back from an old snapshot
     // holding the sold-out flag.
-    let app = spawn_app_with(|s| s.sweeper.interval_ms = 100).await;
+    let app = spawn_pay_app_with(|s| s.sweeper.interval_ms = 100).await;
     let deal = app.given_deal(&new_deal("stale", 1, 1)).await;
-    app.order("first", &deal, 1).await.expect(201);
+    let first = app.token("first");
+    let order = app.place_order(&first, &deal, "k1", 1).await.expect(201);
     app.wait_for_deal_state(&deal, "sold_out").await;
     app.adjust_stock(&deal, 5).await.expect(200);
     app.wait_for_deal_state(&deal, "open").await;
@@ -81,7 +91,11 @@ async fn an_old_sold_out_flag_restored_in_redis_does_not_stick() {
         .await
         .unwrap();
 
-    // Assert: within a refresh or two the flag is gone and orders are taken.
+    let (status, body) = app.sim.pay(&intent_id(&order)).await;
+    assert_eq!(status, 200, "pay: {body}");
+
+    // Assert: within a refresh or two the flag is gone and orders are taken; the payment's
+    // webhook, sent while the flag was back, settled its order.
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(app.deal_state(&deal).await, "open");
     app.order("second", &deal, 1).await.expect(201);
@@ -92,6 +106,11 @@ async fn an_old_sold_out_flag_restored_in_redis_does_not_stick() {
         .await
         .unwrap();
     assert!(!flagged, "the stale flag was removed from Redis");
+    let order_id = order["order_id"].as_str().unwrap();
+    app.wait_for_order(&first, order_id, &["PAID"], SETTLE)
+        .await;
+    let (_, delivered) = app.sim.succeeded_deliveries(&intent_id(&order)).await;
+    assert!(delivered > 0, "the webhook got through");
     app.assert_invariants(&deal).await;
     app.cleanup().await;
 }
@@ -114,18 +133,26 @@ async fn start(settings: &Settings) -> (Api, CancellationToken, tokio::task::Joi
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_down_for_over_a_minute_then_back() {
     // Arrange: two gateways on a PostgreSQL of their own; deal settings cached for a
-    // minute, so only an announcement can spread a pause quickly.
+    // minute, so only an announcement can spread a pause quickly. An order waits for its
+    // payment, whose webhook goes to the first gateway.
     let postgres = PrivatePostgres::start().await;
+    let sim = Sim::start().await;
     let mut settings = test_settings(&postgres.url());
+    payment_settings(&mut settings, &sim.base);
     settings.deals.cache_ttl_ms = 60_000;
     settings.redis.key_prefix = format!("fgtest:{}:", unique_suffix());
     let (a, stop_a, server_a) = start(&settings).await;
     let (b, stop_b, server_b) = start(&settings).await;
+    sim.set_webhook_url(&a.public_url("/v1/webhooks/sim")).await;
     let deal = a.given_deal(&new_deal("outage", 1000, 4)).await;
-    b.order("before", &deal, 1).await.expect(201);
+    let payer = b.token("payer");
+    let order = b.place_order(&payer, &deal, "before", 1).await.expect(201);
+    let intent = intent_id(&order);
 
-    // Act 1: PostgreSQL is down for 65 s.
+    // Act 1: PostgreSQL is down for 65 s; the payer pays meanwhile.
     postgres.down();
+    let (status, body) = sim.pay(&intent).await;
+    assert_eq!(status, 200, "pay: {body}");
     let down_until = Instant::now() + Duration::from_secs(65);
     let mut orders = Vec::new();
     let mut n = 0;
@@ -146,9 +173,16 @@ async fn postgres_down_for_over_a_minute_then_back() {
         }
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
+    let (tries, acknowledged) = sim.succeeded_deliveries(&intent).await;
     postgres.up();
 
-    // Assert 1: every order during the outage was 503 with Retry-After, none stored.
+    // Assert 1: every order during the outage was 503 with Retry-After, none stored; the
+    // webhook was tried and never acknowledged, so it cannot have been lost.
+    assert!(tries > 0, "the webhook was sent during the outage");
+    assert_eq!(
+        acknowledged, 0,
+        "no webhook acknowledged without PostgreSQL"
+    );
     for reply in &orders {
         assert_eq!(reply.status, 503, "{}", reply.text);
         assert!(reply.header("retry-after").is_some(), "{:?}", reply.headers);
@@ -164,6 +198,17 @@ async fn postgres_down_for_over_a_minute_then_back() {
             api.base
         );
     }
+    let paid = eventually(Duration::from_secs(30), || async {
+        let reply = a
+            .get_order(&payer, order["order_id"].as_str().unwrap())
+            .await;
+        (reply.status == 200 && reply.json()["status"] == "PAID").then_some(())
+    })
+    .await;
+    assert!(
+        paid.is_some(),
+        "the payment made during the outage was lost"
+    );
 
     // Act 2: once listeners are back, a pause on one instance...
     tokio::time::sleep(Duration::from_secs(3)).await;

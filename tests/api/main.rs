@@ -44,6 +44,7 @@ mod payments_webhooks;
 mod rate_limits;
 mod redis_outage;
 mod shutdown;
+mod sweeper_crash;
 mod waiting_room;
 mod waiting_room_edge;
 mod waiting_room_keys;

@@ -141,12 +141,23 @@ pub struct Process {
 
 impl Process {
     fn spawn(command: &mut Command) -> Result<Self, String> {
+        Self::spawn_logging(command, Stdio::null())
+    }
+
+    fn spawn_logging(command: &mut Command, stderr: Stdio) -> Result<Self, String> {
         let child = command
             .stdin(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .map_err(|e| format!("{command:?}: {e}"))?;
         Ok(Self { child: Some(child) })
+    }
+
+    /// Whether the process has exited (or was never there).
+    fn exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_none_or(|child| !matches!(child.try_wait(), Ok(None)))
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -272,6 +283,8 @@ impl Gateway {
 /// Where the gateways find their stores and their provider.
 pub struct Wiring {
     pub flashgate: PathBuf,
+    /// Where each gateway's log goes (`gateway-<port>.log`), shown when one fails to start.
+    pub logs: PathBuf,
     pub database_url: String,
     pub redis_url: String,
     pub psp_base: String,
@@ -305,6 +318,7 @@ impl Wiring {
             ("PAYMENTS__RECONCILE_INTERVAL_MS", "1000"),
             ("PAYMENTS__RECONCILE_AFTER_SECONDS", "2"),
             ("PAYMENTS__RETRY_BACKOFF_MS", "50"),
+            ("PAYMENTS__CHECK_BACKOFF_MAX_SECONDS", "5"),
             ("SERVER__DRAIN_DELAY_MS", "300"),
             ("SERVER__SHUTDOWN_GRACE_SECONDS", "5"),
             ("SWEEPER__INTERVAL_MS", "200"),
@@ -323,7 +337,30 @@ impl Wiring {
                 )
                 .env(format!("FLASHGATE__LIMITS__{scope}__BURST"), "100000");
         }
-        gateway.process = Some(Process::spawn(&mut command)?);
-        wait_for_port(gateway.port).await
+        let log_path = self.logs.join(format!("gateway-{port}.log"));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| format!("{}: {e}", log_path.display()))?;
+        let process = gateway
+            .process
+            .insert(Process::spawn_logging(&mut command, log.into())?);
+        let deadline = Instant::now() + START_TIMEOUT;
+        while tokio::net::TcpStream::connect(("127.0.0.1", gateway.port))
+            .await
+            .is_err()
+        {
+            if process.exited() || Instant::now() > deadline {
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                return Err(format!(
+                    "gateway on port {port} did not start; its log ends:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
     }
 }

@@ -53,11 +53,20 @@ pub async fn check(
             violations.push(format!("order for {user}/{key} that no client asked for"));
         }
     }
+    let refunding = orders.iter().filter(|o| o.3 == "REFUND_PENDING").count();
+    if refunding > 0 {
+        violations.push(format!("{refunding} refunds still pending after settling"));
+    }
     let stock = stock_violations(db, deal).await?;
     violations.extend(stock.0);
     violations.extend(payment_violations(&orders, intents));
+    let mut statuses = std::collections::BTreeMap::new();
+    for (_, _, _, status, _) in &orders {
+        *statuses.entry(status.as_str()).or_insert(0) += 1;
+    }
     let figures = json!({
         "orders_stored": orders.len(),
+        "statuses": statuses,
         "acknowledged": acknowledged,
         "purchases": journal.purchases.len(),
         "requests": journal.requests,

@@ -23,8 +23,12 @@ use schedule::{Fault, Step};
 
 /// Gateways in every run.
 const GATEWAYS: usize = 3;
-/// How long the gateways get, once healed, to expire, refund and reconcile.
-const SETTLE_MAX: Duration = Duration::from_secs(40);
+/// How often a webhook storm moves delivery to the next gateway.
+const WEBHOOK_SWITCH: Duration = Duration::from_millis(150);
+/// How long the gateways get, once healed, to expire, refund and reconcile: a loaded
+/// machine has been seen to need about a minute for a backlog of webhooks the provider
+/// gave up on. A run that settles sooner goes on at once.
+const SETTLE_MAX: Duration = Duration::from_secs(90);
 
 /// What to run.
 #[derive(Debug, Clone, clap::Args)]
@@ -41,8 +45,9 @@ pub struct ChaosConfig {
     /// Units on sale.
     #[arg(long, default_value_t = 600)]
     pub stock: i64,
-    /// Seconds an unpaid order holds its units (at least the provider's session minimum).
-    #[arg(long, default_value_t = 60)]
+    /// Seconds an unpaid order holds its units: short, so abandoned orders expire during
+    /// the sale and its faults (the provider's checkout session still lasts its minimum).
+    #[arg(long, default_value_t = 10)]
     pub reservation_ttl_seconds: i64,
     /// The `flashgate` binary; defaults to the one next to this program.
     #[arg(long)]
@@ -61,9 +66,11 @@ pub async fn run(config: &ChaosConfig) -> Result<Value, String> {
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let outcome = sale(config, &flashgate, &steps, &dir).await;
     let _ = std::fs::remove_dir_all(&dir);
-    let mut report = outcome?;
+    let shown: Vec<String> = steps.iter().map(ToString::to_string).collect();
+    let mut report =
+        outcome.map_err(|error| format!("{error}\nschedule:\n  {}", shown.join("\n  ")))?;
     report["seed"] = json!(config.seed);
-    report["schedule"] = json!(steps.iter().map(ToString::to_string).collect::<Vec<_>>());
+    report["schedule"] = json!(shown);
     Ok(report)
 }
 
@@ -159,6 +166,7 @@ impl Cluster {
         let sim = PspSim::start(flashgate).await?;
         let wiring = Wiring {
             flashgate: flashgate.to_owned(),
+            logs: dir.to_owned(),
             database_url: postgres.url(),
             redis_url: redis.url(),
             psp_base: sim.base.clone(),
@@ -229,6 +237,19 @@ impl Cluster {
             .await
     }
 
+    /// Points webhooks at each gateway in turn, starting with `first`, for `lasts`: copies
+    /// of one event land on different gateways, in any order.
+    async fn spread_webhooks(&self, first: usize, lasts: Duration) -> Result<(), String> {
+        let until = Instant::now() + lasts;
+        let mut gateway = first;
+        while Instant::now() < until {
+            self.webhooks_to(gateway).await?;
+            gateway = (gateway + 1) % GATEWAYS;
+            tokio::time::sleep(WEBHOOK_SWITCH).await;
+        }
+        Ok(())
+    }
+
     async fn reset_provider(&self) -> Result<(), String> {
         let url = format!("{}/control/faults", self.sim.base);
         self.http
@@ -295,10 +316,9 @@ impl Cluster {
                 self.reset_provider().await?;
             }
             Fault::WebhookStorm { gateway } => {
-                self.webhooks_to(gateway).await?;
                 let faults = json!({ "webhook_duplicates": 2, "webhook_reorder": true });
                 self.sim_post("/control/faults", faults).await?;
-                pause().await;
+                self.spread_webhooks(gateway, step.lasts).await?;
                 self.reset_provider().await?;
             }
         }

@@ -53,7 +53,7 @@ pub enum Fault {
     ProviderLatency,
     /// Every provider API call answers 503 (after taking effect on half of the runs).
     ProviderOutage { after_effect: bool },
-    /// Webhooks duplicated and reordered, delivered to another gateway.
+    /// Webhooks duplicated and reordered, delivery moving from gateway to gateway.
     WebhookStorm { gateway: usize },
 }
 

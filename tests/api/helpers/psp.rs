@@ -200,6 +200,19 @@ impl SimClient {
         assert_eq!(status, 200, "events: {body}");
         body["data"].as_array().cloned().unwrap_or_default()
     }
+
+    /// `(attempts, answered 2xx)` of the `payment_intent.succeeded` webhook of `intent`.
+    pub async fn succeeded_deliveries(&self, intent_id: &str) -> (u64, u64) {
+        let events = self.events().await;
+        let record = events.iter().find(|record| {
+            record["event"]["type"] == "payment_intent.succeeded"
+                && record["event"]["data"]["object"]["id"] == intent_id
+        });
+        record.map_or((0, 0), |r| {
+            let count = |field: &str| r[field].as_u64().unwrap_or_default();
+            (count("deliveries"), count("successful_deliveries"))
+        })
+    }
 }
 
 /// A gateway with payments at a simulator of its own.
