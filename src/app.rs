@@ -31,7 +31,7 @@ pub enum AppError {
     #[error("cannot listen on {0}: {1}")]
     Bind(SocketAddr, std::io::Error),
     #[error("payment provider client: {0}")]
-    Provider(#[from] reqwest::Error),
+    Provider(#[from] crate::payments::http_provider::ClientError),
 }
 
 /// A built, bound, not yet running gateway.
@@ -308,6 +308,9 @@ async fn record_payment_backlog(pool: &PgPool) -> Result<(), StoreError> {
     let failed = crate::payments::refunds::failed_count(pool).await?;
     metrics::gauge!(telemetry::REFUNDS_GIVEN_UP).set(failed as f64);
     metrics::gauge!(telemetry::OUTBOX_BACKLOG).set(outbox as f64);
+    let (in_review, oldest) = crate::payments::review::backlog(pool).await?;
+    metrics::gauge!(telemetry::MANUAL_REVIEW_ORDERS).set(in_review as f64);
+    metrics::gauge!(telemetry::MANUAL_REVIEW_OLDEST).set(oldest);
     Ok(())
 }
 

@@ -233,6 +233,14 @@ pub struct PaymentSettings {
     /// many times in all, then marked FAILED and surfaced (`flashgate_refunds_failed`,
     /// `flashgate reconcile`) for a person to finish.
     pub refund_tries_max: u32,
+    /// PEM file of the certificate authorities trusted for an `https` `base_url`, instead of
+    /// the system's; empty to use the system's.
+    pub ca_file: String,
+    /// Provider calls failing or timing out one after another (each after its retries) that
+    /// open the circuit breaker.
+    pub breaker_failures_max: u32,
+    /// How long an open breaker refuses provider calls before letting one probe through.
+    pub breaker_open_ms: u64,
 }
 
 impl std::fmt::Debug for PaymentSettings {
@@ -666,6 +674,14 @@ impl Settings {
         check(
             (1..=100).contains(&p.refund_tries_max),
             "payments.refund_tries_max must be 1..=100",
+        )?;
+        check(
+            p.base_url.starts_with("http://") || p.base_url.starts_with("https://"),
+            "payments.base_url must start with http:// or https://",
+        )?;
+        check(
+            p.breaker_failures_max > 0 && p.breaker_open_ms > 0,
+            "payments.breaker_failures_max and payments.breaker_open_ms must be > 0",
         )
     }
 

@@ -22,8 +22,8 @@
 //! - [`waiting_room`]: the per-deal line in Redis, signed passes checked by admission, and
 //!   the advancer that admits buyers at a controlled rate.
 //! - [`payments`]: payment attempts at a provider, signed webhooks, the outbox, late
-//!   payments, refunds and the reconciler; [`psp_sim`]: a provider simulator to run
-//!   against (`flashgate psp-sim`), spoken to only over HTTP.
+//!   payments, refunds and the reconciler. The provider simulator to run against is a
+//!   workspace crate of its own (`psp-sim`), spoken to only over HTTP.
 //!
 //! PostgreSQL is the source of truth. Redis shares the sold-out flag between instances
 //! (without it flashgate is slower, never wrong) and holds the waiting-room lines (without
@@ -39,7 +39,6 @@ pub mod inventory;
 pub mod ops;
 pub mod orders;
 pub mod payments;
-pub mod psp_sim;
 pub mod redis_link;
 pub mod shutdown;
 pub mod store;

@@ -1,6 +1,5 @@
 //! The `flashgate` command: serve, migrate, run a demo sale, mint tokens.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -9,7 +8,7 @@ use flashgate::app::Application;
 use flashgate::config::Settings;
 use flashgate::deals::{self, DealError, NewDeal};
 use flashgate::domain::DealId;
-use flashgate::{auth, ops, psp_sim, shutdown, store, telemetry};
+use flashgate::{auth, ops, shutdown, store, telemetry};
 
 /// Exit code for a configuration that cannot be used (EX_USAGE).
 const EXIT_BAD_CONFIG: u8 = 64;
@@ -46,6 +45,11 @@ enum Command {
     Check,
     /// Compare payment attempts with the provider once, repair what is safe, print findings.
     Reconcile,
+    /// Work through late payments held for a person (late-payment policy `manual_review`).
+    Review {
+        #[command(subcommand)]
+        command: ReviewCommand,
+    },
     /// Print a user token (JWT) signed with the configured secret.
     Token {
         /// The user id (`sub`).
@@ -55,31 +59,19 @@ enum Command {
         #[arg(long, default_value_t = 3600)]
         ttl_seconds: i64,
     },
-    /// Run the payment-provider simulator (hosted checkout, signed webhooks, fault injection).
-    PspSim {
-        /// Address to listen on; port 0 picks a free one (printed on the first stdout line).
-        #[arg(long, default_value = "127.0.0.1:8090")]
-        listen: SocketAddr,
-        /// Where webhooks are POSTed; without it events are only recorded.
-        #[arg(long, env = "FLASHGATE_PSP_WEBHOOK_URL")]
-        webhook_url: Option<String>,
-        /// Shared secret for the `Flashgate-Signature` webhook header.
-        #[arg(
-            long,
-            env = "FLASHGATE_PSP_WEBHOOK_SECRET",
-            default_value = "psp-dev-webhook-secret",
-            hide_env_values = true
-        )]
-        webhook_secret: String,
-        /// Bearer token the simulator's API requires.
-        #[arg(
-            long,
-            env = "FLASHGATE_PSP_API_KEY",
-            default_value = "psp-dev-api-key",
-            hide_env_values = true
-        )]
-        api_key: String,
-    },
+    /// Run the payment-provider simulator (hosted checkout, signed webhooks, fault
+    /// injection): a launcher for the test tool `flashgate-psp-sim`.
+    PspSim(psp_sim::SimConfig),
+}
+
+#[derive(Subcommand)]
+enum ReviewCommand {
+    /// List the orders waiting for review, oldest first.
+    List,
+    /// Take the order's units again and keep the money; refused when the units are gone.
+    Fulfil { order_id: uuid::Uuid },
+    /// Give the money back.
+    Refund { order_id: uuid::Uuid },
 }
 
 fn main() -> ExitCode {
@@ -131,18 +123,8 @@ fn main() -> ExitCode {
             Command::Deals { command } => ops::cli::deals(&settings, command).await,
             Command::Check => ops::cli::check(&settings).await,
             Command::Reconcile => reconcile(&settings).await,
-            Command::PspSim {
-                listen,
-                webhook_url,
-                webhook_secret,
-                api_key,
-            } => {
-                let config = psp_sim::SimConfig {
-                    listen,
-                    webhook_url,
-                    webhook_secret,
-                    api_key,
-                };
+            Command::Review { command } => review(&settings, command).await,
+            Command::PspSim(config) => {
                 let token = tokio_util::sync::CancellationToken::new();
                 tokio::spawn(shutdown::cancel_on_signal(token.clone()));
                 psp_sim::run(config, token).await
@@ -195,6 +177,46 @@ async fn reconcile(settings: &Settings) -> Result<(), String> {
     println!(
         "{}",
         serde_json::to_string_pretty(&findings).unwrap_or_default()
+    );
+    Ok(())
+}
+
+async fn review(settings: &Settings, command: ReviewCommand) -> Result<(), String> {
+    use flashgate::payments::review::{self, ReviewOutcome};
+    let pools = store::Pools::new(&settings.database).map_err(|e| e.to_string())?;
+    let pool = &pools.admin;
+    let (order_id, outcome) = match command {
+        ReviewCommand::List => {
+            let orders = review::list(pool, u32::MAX)
+                .await
+                .map_err(|e| e.to_string())?;
+            let listing = serde_json::json!({ "orders": orders });
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&listing).unwrap_or_default()
+            );
+            return Ok(());
+        }
+        ReviewCommand::Fulfil { order_id } => (order_id, review::fulfil(pool, order_id).await),
+        ReviewCommand::Refund { order_id } => (order_id, review::refund(pool, order_id).await),
+    };
+    let status = match outcome.map_err(|e| e.to_string())? {
+        ReviewOutcome::Fulfilled => "PAID",
+        ReviewOutcome::RefundQueued => "REFUND_PENDING",
+        ReviewOutcome::NoStock => {
+            return Err(format!(
+                "order {order_id}: not enough units left; refund it instead"
+            ));
+        }
+        ReviewOutcome::NotFound => return Err(format!("no order {order_id}")),
+        ReviewOutcome::NotInReview(status) => {
+            return Err(format!("order {order_id} is {status}, not MANUAL_REVIEW"));
+        }
+    };
+    let settled = serde_json::json!({ "order_id": order_id, "status": status });
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&settled).unwrap_or_default()
     );
     Ok(())
 }

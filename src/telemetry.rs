@@ -30,6 +30,10 @@ pub const WEBHOOK_EVENTS: &str = "flashgate_webhook_events_total";
 pub const WEBHOOK_LAG: &str = "flashgate_webhook_lag_seconds";
 pub const PROVIDER_CALL_DURATION: &str = "flashgate_provider_call_duration_seconds";
 pub const PROVIDER_ERRORS: &str = "flashgate_provider_errors_total";
+pub const PROVIDER_BREAKER_STATE: &str = "flashgate_provider_breaker_state";
+pub const PROVIDER_BREAKER_OPENED: &str = "flashgate_provider_breaker_opened_total";
+pub const MANUAL_REVIEW_ORDERS: &str = "flashgate_manual_review_orders";
+pub const MANUAL_REVIEW_OLDEST: &str = "flashgate_manual_review_oldest_seconds";
 pub const PAYMENT_OUTCOMES: &str = "flashgate_payment_outcomes_total";
 pub const LATE_PAYMENTS: &str = "flashgate_late_payments_total";
 pub const REFUNDS_PENDING: &str = "flashgate_refunds_pending";
@@ -135,6 +139,7 @@ fn export_payment_zeroes() {
     }
     metrics::counter!(PAYMENT_OUTCOMES, "outcome" => "mismatch").increment(0);
     metrics::counter!(REFUNDS_FAILED).increment(0);
+    metrics::counter!(PROVIDER_BREAKER_OPENED).increment(0);
     for status in ["requires_payment", "requires_capture", "succeeded"] {
         metrics::counter!(PAYMENT_MISMATCHES, "status" => status).increment(0);
     }
@@ -156,6 +161,7 @@ fn export_payment_zeroes() {
         ProviderError::Conflict(String::new()),
         ProviderError::NotFound,
         ProviderError::Rejected(String::new()),
+        ProviderError::CircuitOpen,
     ];
     for op in ["create", "get", "capture", "void", "refund"] {
         for error in &errors {
@@ -254,6 +260,23 @@ fn describe() {
     describe_counter!(
         PROVIDER_ERRORS,
         "Provider calls that failed after their retries, by operation and kind."
+    );
+    describe_gauge!(
+        PROVIDER_BREAKER_STATE,
+        "Circuit breaker on provider calls: 0 closed, 1 half-open (probing), 2 open."
+    );
+    describe_counter!(
+        PROVIDER_BREAKER_OPENED,
+        "Times the circuit breaker on provider calls opened."
+    );
+    describe_gauge!(
+        MANUAL_REVIEW_ORDERS,
+        "Orders holding late money for an operator (late-payment policy manual_review)."
+    );
+    describe_gauge!(
+        MANUAL_REVIEW_OLDEST,
+        metrics::Unit::Seconds,
+        "How long the oldest order in manual review has waited; 0 when none waits."
     );
     describe_counter!(
         PAYMENT_OUTCOMES,

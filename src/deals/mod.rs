@@ -13,7 +13,7 @@ use sqlx::PgPool;
 pub use cache::DealCache;
 pub use waiting_room::WaitingRoomTerms;
 
-use crate::domain::DealId;
+use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};
 use crate::store::StoreError;
 
 /// A deal as stored. Prices are in minor units (cents) of `currency`.
@@ -32,10 +32,12 @@ pub struct Deal {
     /// The operators' kill switch: a paused deal takes no new orders (answered
     /// `sale-not-open`), whatever its window says.
     pub paused: bool,
-    /// `reserve_or_refund` or `refund`: what happens to money that arrives late.
-    pub late_payment_policy: String,
-    /// `automatic` (charge at once) or `manual` (authorise, capture when confirmed).
-    pub capture_method: String,
+    /// What happens to money that arrives late.
+    #[sqlx(try_from = "String")]
+    pub late_payment_policy: LatePaymentPolicy,
+    /// Charge at once, or authorise and capture when confirmed.
+    #[sqlx(try_from = "String")]
+    pub capture_method: CaptureMethod,
     /// The queue buyers pass through before ordering, when enabled.
     #[sqlx(flatten)]
     pub waiting_room: WaitingRoomTerms,
@@ -77,23 +79,13 @@ pub struct NewDeal {
 }
 
 /// How a deal takes money.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PaymentTerms {
-    /// `reserve_or_refund`: money arriving after the reservation expired takes the units
-    /// again if any are left, else is refunded; `refund`: it is always refunded.
-    pub late_payment_policy: String,
-    /// `automatic` charges at once; `manual` authorises and captures once the order is
-    /// confirmed (a late authorisation is voided instead of refunded).
-    pub capture_method: String,
-}
-
-impl Default for PaymentTerms {
-    fn default() -> Self {
-        Self {
-            late_payment_policy: "reserve_or_refund".into(),
-            capture_method: "automatic".into(),
-        }
-    }
+    /// What money arriving after the reservation expired does.
+    pub late_payment_policy: LatePaymentPolicy,
+    /// Charge at once, or authorise and capture once the order is confirmed (a late
+    /// authorisation is voided instead of refunded).
+    pub capture_method: CaptureMethod,
 }
 
 /// Bounds on what a deal may be created with.
@@ -138,16 +130,6 @@ impl NewDeal {
         }
         if self.per_user_limit < 1 {
             return invalid("per_user_limit must be at least 1");
-        }
-        let terms = &self.payment_terms;
-        if !matches!(
-            terms.late_payment_policy.as_str(),
-            "reserve_or_refund" | "refund"
-        ) {
-            return invalid("late_payment_policy must be reserve_or_refund or refund");
-        }
-        if !matches!(terms.capture_method.as_str(), "automatic" | "manual") {
-            return invalid("capture_method must be automatic or manual");
         }
         if !(1..=TTL_SECONDS_MAX).contains(&self.reservation_ttl_seconds) {
             return invalid("reservation_ttl_seconds must be 1-86400");
@@ -218,8 +200,8 @@ pub async fn create(pool: &PgPool, new: &NewDeal) -> Result<Deal, DealError> {
     .bind(new.reservation_ttl_seconds)
     .bind(new.starts_at)
     .bind(new.ends_at)
-    .bind(&new.payment_terms.late_payment_policy)
-    .bind(&new.payment_terms.capture_method)
+    .bind(new.payment_terms.late_payment_policy.as_str())
+    .bind(new.payment_terms.capture_method.as_str())
     .bind(new.waiting_room.enabled)
     .bind(new.waiting_room.admit_per_second)
     .bind(new.waiting_room.max_active)

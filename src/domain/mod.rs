@@ -4,7 +4,9 @@
 //! (`DealId::parse`, `Quantity::new`, …), so deeper layers can trust their inputs.
 
 mod ids;
+mod payment_terms;
 mod status;
 
 pub use ids::{DealId, IdempotencyKey, InvalidInput, Quantity, UserId};
+pub use payment_terms::{CaptureMethod, LatePaymentPolicy};
 pub use status::{InvalidTransition, OrderEvent, OrderStatus};

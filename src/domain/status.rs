@@ -20,6 +20,9 @@ pub enum OrderStatus {
     RefundPending,
     /// The money was returned.
     Refunded,
+    /// Money arrived for an order that no longer holds stock, on a deal whose late-payment
+    /// policy is `manual_review`: an operator fulfils it (if units are left) or refunds it.
+    ManualReview,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +33,10 @@ pub enum OrderEvent {
     PaymentFailed,
     RefundRequested,
     RefundCompleted,
+    /// Late money parked for an operator (policy `manual_review`).
+    HoldForReview,
+    /// Late money kept: the units were taken again.
+    ReserveAgain,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -40,13 +47,14 @@ pub struct InvalidTransition {
 }
 
 impl OrderStatus {
-    pub const ALL: [OrderStatus; 6] = [
+    pub const ALL: [OrderStatus; 7] = [
         Self::PendingPayment,
         Self::Paid,
         Self::Expired,
         Self::Cancelled,
         Self::RefundPending,
         Self::Refunded,
+        Self::ManualReview,
     ];
 
     pub fn transition(self, event: OrderEvent) -> Result<OrderStatus, InvalidTransition> {
@@ -57,7 +65,9 @@ impl OrderStatus {
             (S::PendingPayment, E::Expire) => Ok(S::Expired),
             (S::PendingPayment, E::PaymentSucceeded) => Ok(S::Paid),
             (S::Expired | S::Cancelled, E::PaymentSucceeded) => Ok(S::RefundPending),
-            (S::Paid, E::RefundRequested) => Ok(S::RefundPending),
+            (S::Expired | S::Cancelled, E::HoldForReview) => Ok(S::ManualReview),
+            (S::Expired | S::Cancelled | S::ManualReview, E::ReserveAgain) => Ok(S::Paid),
+            (S::Paid | S::ManualReview, E::RefundRequested) => Ok(S::RefundPending),
             (S::RefundPending, E::RefundCompleted) => Ok(S::Refunded),
             (from, event) => Err(InvalidTransition { from, event }),
         }
@@ -71,6 +81,7 @@ impl OrderStatus {
             Self::Cancelled => "CANCELLED",
             Self::RefundPending => "REFUND_PENDING",
             Self::Refunded => "REFUNDED",
+            Self::ManualReview => "MANUAL_REVIEW",
         }
     }
 
@@ -90,13 +101,15 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const EVENTS: [OrderEvent; 6] = [
+    const EVENTS: [OrderEvent; 8] = [
         OrderEvent::Cancel,
         OrderEvent::Expire,
         OrderEvent::PaymentSucceeded,
         OrderEvent::PaymentFailed,
         OrderEvent::RefundRequested,
         OrderEvent::RefundCompleted,
+        OrderEvent::HoldForReview,
+        OrderEvent::ReserveAgain,
     ];
 
     #[test]
@@ -117,6 +130,26 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn an_order_in_review_is_fulfilled_or_refunded_and_nothing_else() {
+        let review = OrderStatus::Expired
+            .transition(OrderEvent::HoldForReview)
+            .unwrap();
+        assert_eq!(review, OrderStatus::ManualReview);
+        for event in EVENTS {
+            let allowed = matches!(
+                event,
+                OrderEvent::ReserveAgain | OrderEvent::RefundRequested
+            );
+            assert_eq!(review.transition(event).is_ok(), allowed, "{event:?}");
+        }
+        assert!(
+            OrderStatus::PendingPayment
+                .transition(OrderEvent::HoldForReview)
+                .is_err()
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@ use super::problem::Problem;
 use super::public::deal_state;
 use crate::admission::token::{bearer, constant_time_eq};
 use crate::deals::{self, Deal, NewDeal, PaymentTerms};
-use crate::domain::DealId;
+use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};
 use crate::inventory;
 use crate::telemetry;
 
@@ -59,9 +59,9 @@ struct CreateDeal {
     #[serde(default)]
     ends_at: Option<DateTime<Utc>>,
     #[serde(default)]
-    late_payment_policy: Option<String>,
+    late_payment_policy: Option<LatePaymentPolicy>,
     #[serde(default)]
-    capture_method: Option<String>,
+    capture_method: Option<CaptureMethod>,
     #[serde(default)]
     waiting_room: Option<super::queue::WaitingRoomInput>,
 }

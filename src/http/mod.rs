@@ -14,6 +14,7 @@ mod payments;
 pub mod problem;
 mod public;
 mod queue;
+mod review;
 mod router;
 mod server;
 mod wait_page;

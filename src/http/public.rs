@@ -48,6 +48,9 @@ pub fn deal_state(deal: &Deal, sold_out: bool) -> &'static str {
 pub(super) struct OrderView<'a> {
     order_id: Uuid,
     deal_id: &'a str,
+    /// The deal's name when the order was placed (read back with the order).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    deal_name: Option<&'a str>,
     status: &'static str,
     quantity: i32,
     amount_minor: i64,
@@ -70,6 +73,7 @@ impl<'a> OrderView<'a> {
         Self {
             order_id: order.id,
             deal_id: &order.deal_id,
+            deal_name: order.deal_name.as_deref(),
             status: status.as_str(),
             quantity: order.quantity,
             amount_minor: order.amount_minor,

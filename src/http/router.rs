@@ -13,7 +13,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 
 use super::problem::Problem;
-use super::{State, admin, ops, payments, public, queue, wait_page};
+use super::{State, admin, ops, payments, public, queue, review, wait_page};
 use crate::telemetry;
 
 /// Which listener a request came in on.
@@ -52,6 +52,9 @@ pub enum Route<'a> {
     PassKeys,
     RevokeQueue(&'a str),
     WaitPage(&'a str),
+    ReviewQueue,
+    ReviewFulfil(&'a str),
+    ReviewRefund(&'a str),
     WrongMethod {
         template: &'static str,
         allow: &'static str,
@@ -123,6 +126,19 @@ impl<'a> Route<'a> {
                 ("/admin/deals/{id}/rebalance", "POST", Route::Rebalance(id))
             }
             ["admin", "audit"] => ("/admin/audit", "GET", Route::Audit),
+            ["admin", "payments", "review"] => {
+                ("/admin/payments/review", "GET", Route::ReviewQueue)
+            }
+            ["admin", "orders", id, "review", "fulfil"] => (
+                "/admin/orders/{id}/review/fulfil",
+                "POST",
+                Route::ReviewFulfil(id),
+            ),
+            ["admin", "orders", id, "review", "refund"] => (
+                "/admin/orders/{id}/review/refund",
+                "POST",
+                Route::ReviewRefund(id),
+            ),
             _ => return Route::Unknown,
         };
         let allowed = if allow.starts_with("GET") { get } else { post };
@@ -172,6 +188,9 @@ impl<'a> Route<'a> {
             Route::PassKeys => "/.well-known/flashgate-keys.json",
             Route::RevokeQueue(_) => "/admin/deals/{id}/queue/revoke",
             Route::WaitPage(_) => "/wait/{deal_id}",
+            Route::ReviewQueue => "/admin/payments/review",
+            Route::ReviewFulfil(_) => "/admin/orders/{id}/review/fulfil",
+            Route::ReviewRefund(_) => "/admin/orders/{id}/review/refund",
             Route::WrongMethod { template, .. } => template,
             Route::Unknown => "unknown",
         }
@@ -245,6 +264,9 @@ async fn dispatch(
         Route::PassKeys => queue::keys(state),
         Route::RevokeQueue(id) => queue::revoke(state, request, id).await,
         Route::WaitPage(id) => Ok(wait_page::page(state, id)),
+        Route::ReviewQueue => review::list(state, &request).await,
+        Route::ReviewFulfil(id) => review::fulfil(state, &request, id).await,
+        Route::ReviewRefund(id) => review::refund(state, &request, id).await,
         Route::WrongMethod { allow, .. } => Err(Problem::method_not_allowed(allow)),
         Route::Unknown => Err(Problem::not_found("no such resource")),
     }

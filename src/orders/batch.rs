@@ -201,6 +201,7 @@ fn order_of(row: Row) -> Result<Order, OrderError> {
         id: row.id.ok_or_else(missing)?,
         user_id: row.user_id.ok_or_else(missing)?,
         deal_id: row.deal_id.ok_or_else(missing)?,
+        deal_name: None,
         status: StatusColumn::try_from(status).map_err(|_| missing())?,
         quantity: row.quantity.ok_or_else(missing)?,
         amount_minor: row.amount_minor.ok_or_else(missing)?,

@@ -28,6 +28,9 @@ pub struct Order {
     pub id: Uuid,
     pub user_id: String,
     pub deal_id: String,
+    /// The deal's name when the order was placed, as stored with it; `None` for an order
+    /// just answered by the placing batch (whose row is not read back).
+    pub deal_name: Option<String>,
     #[sqlx(try_from = "String")]
     pub status: StatusColumn,
     pub quantity: i32,
@@ -87,7 +90,8 @@ impl From<sqlx::Error> for OrderError {
 }
 
 pub(crate) const ORDER_COLUMNS: &str =
-    "id, user_id, deal_id, status, quantity, amount_minor, currency, expires_at, created_at";
+    "id, user_id, deal_id, deal_name, status, quantity, amount_minor, currency, expires_at,
+     created_at";
 
 /// What the request asked for; a key replayed with a different fingerprint is a conflict.
 pub fn fingerprint(deal_id: &str, quantity: u32) -> Vec<u8> {

@@ -5,11 +5,12 @@
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::domain::{OrderEvent, OrderStatus};
+use crate::domain::{LatePaymentPolicy, OrderEvent, OrderStatus};
 use crate::inventory::{self, HeldOrder};
 use crate::store::StoreError;
 
-/// An order locked for a payment decision, with what its deal says about late payments.
+/// An order locked for a payment decision, with the late-payment policy it was placed
+/// under and where its deal keeps stock.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct LockedOrder {
     pub id: Uuid,
@@ -18,7 +19,8 @@ pub struct LockedOrder {
     pub quantity: i32,
     #[sqlx(try_from = "String")]
     pub status: super::StatusColumn,
-    pub late_payment_policy: String,
+    #[sqlx(try_from = "String")]
+    pub late_payment_policy: LatePaymentPolicy,
     pub bucket_count: i32,
     pub per_user_limit: i32,
 }
@@ -45,7 +47,7 @@ pub async fn lock(
     order_id: Uuid,
 ) -> Result<Option<LockedOrder>, StoreError> {
     Ok(sqlx::query_as::<_, LockedOrder>(
-        "SELECT o.id, o.deal_id, o.user_id, o.quantity, o.status, d.late_payment_policy,
+        "SELECT o.id, o.deal_id, o.user_id, o.quantity, o.status, o.late_payment_policy,
                 d.bucket_count, d.per_user_limit
            FROM orders o JOIN deals d ON d.id = o.deal_id
           WHERE o.id = $1 FOR NO KEY UPDATE OF o",
@@ -93,17 +95,16 @@ pub async fn fail(tx: &mut PgConnection, order: &LockedOrder) -> Result<bool, St
     Ok(true)
 }
 
-/// Money arrived for an order that had given its units back: take them again if the deal
-/// and the user's limit allow, and mark the order PAID. Returns false (changing nothing)
-/// when the units are gone.
+/// Money arrived for an order that had given its units back (or an operator fulfils an
+/// order in review): take them again if the deal and the user's limit allow, and mark the
+/// order PAID. Returns false (changing nothing) when the units are gone.
 pub async fn reserve_again_and_pay(
     tx: &mut PgConnection,
     order: &LockedOrder,
 ) -> Result<bool, StoreError> {
-    assert!(matches!(
-        order.status(),
-        OrderStatus::Expired | OrderStatus::Cancelled
-    ));
+    if order.status().transition(OrderEvent::ReserveAgain).is_err() {
+        return Ok(false);
+    }
     sqlx::query("SAVEPOINT late_payment")
         .execute(&mut *tx)
         .await?;
@@ -114,19 +115,29 @@ pub async fn reserve_again_and_pay(
             .await?;
         return Ok(false);
     }
-    let updated = sqlx::query(
-        "UPDATE orders SET status = 'PAID', updated_at = now() WHERE id = $1 AND status = $2",
-    )
-    .bind(order.id)
-    .bind(order.status().as_str())
-    .execute(&mut *tx)
-    .await?;
+    let moved = apply(tx, order, OrderEvent::ReserveAgain).await?;
     assert_eq!(
-        updated.rows_affected(),
-        1,
+        moved,
+        Some(OrderStatus::Paid),
         "the order row is locked by this transaction"
     );
     inventory::consume(tx, order.id, order.quantity).await?;
+    Ok(true)
+}
+
+/// Late money on a deal whose policy is `manual_review`: the order waits in MANUAL_REVIEW
+/// (holding no units) for an operator. False when the order had moved.
+pub async fn hold_for_review(
+    tx: &mut PgConnection,
+    order: &LockedOrder,
+) -> Result<bool, StoreError> {
+    if apply(tx, order, OrderEvent::HoldForReview).await?.is_none() {
+        return Ok(false);
+    }
+    sqlx::query("UPDATE orders SET review_since = now() WHERE id = $1")
+        .bind(order.id)
+        .execute(tx)
+        .await?;
     Ok(true)
 }
 

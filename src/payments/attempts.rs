@@ -4,6 +4,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use crate::domain::CaptureMethod;
 use crate::store::StoreError;
 
 /// An attempt as stored.
@@ -13,10 +14,12 @@ pub struct Attempt {
     pub order_id: Uuid,
     pub provider: String,
     pub provider_payment_id: Option<String>,
-    pub status: String,
+    #[sqlx(try_from = "String")]
+    pub status: AttemptStatus,
     pub amount_minor: i64,
     pub currency: String,
-    pub capture_method: String,
+    #[sqlx(try_from = "String")]
+    pub capture_method: CaptureMethod,
     pub checkout_url: Option<String>,
     pub provider_expires_at: Option<DateTime<Utc>>,
     pub accepted: bool,
@@ -26,8 +29,36 @@ pub struct Attempt {
     pub create_uncertain: bool,
 }
 
-pub const PENDING: &str = "PENDING";
-pub const SUCCEEDED: &str = "SUCCEEDED";
+/// Where an attempt stands; stored as its upper-case name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum AttemptStatus {
+    /// Open at the provider (or not yet created there): money may still come.
+    Pending,
+    Succeeded,
+    Failed,
+    Expired,
+}
+
+impl AttemptStatus {
+    pub const ALL: [Self; 4] = [Self::Pending, Self::Succeeded, Self::Failed, Self::Expired];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "PENDING",
+            Self::Succeeded => "SUCCEEDED",
+            Self::Failed => "FAILED",
+            Self::Expired => "EXPIRED",
+        }
+    }
+}
+
+impl TryFrom<String> for AttemptStatus {
+    type Error = String;
+    fn try_from(raw: String) -> Result<Self, String> {
+        Self::ALL.into_iter().find(|s| s.as_str() == raw).ok_or(raw)
+    }
+}
 
 const COLUMNS: &str = "id, order_id, provider, provider_payment_id, status, amount_minor, currency,
     capture_method, checkout_url, provider_expires_at, accepted, checks, created_at, create_uncertain";
@@ -123,8 +154,8 @@ async fn insert_next(
 ) -> Result<Attempt, StoreError> {
     let sql = format!(
         "INSERT INTO payment_attempts (id, order_id, provider, status, amount_minor, currency, capture_method, idempotency_key)
-         SELECT $1, o.id, $3, 'PENDING', o.amount_minor, o.currency, d.capture_method, $4
-           FROM orders o JOIN deals d ON d.id = o.deal_id
+         SELECT $1, o.id, $3, 'PENDING', o.amount_minor, o.currency, o.capture_method, $4
+           FROM orders o
           WHERE o.id = $2
          RETURNING {COLUMNS}"
     );
@@ -246,15 +277,15 @@ pub async fn lock_for_payment(
 pub async fn transition(
     tx: &mut PgConnection,
     attempt_id: Uuid,
-    from: &str,
-    to: &str,
+    from: AttemptStatus,
+    to: AttemptStatus,
 ) -> Result<bool, StoreError> {
     let updated = sqlx::query(
         "UPDATE payment_attempts SET status = $3, updated_at = now() WHERE id = $1 AND status = $2",
     )
     .bind(attempt_id)
-    .bind(from)
-    .bind(to)
+    .bind(from.as_str())
+    .bind(to.as_str())
     .execute(tx)
     .await?;
     Ok(updated.rows_affected() == 1)
@@ -315,7 +346,9 @@ pub async fn claim_capture(
     .await?;
     Ok(match row {
         Some((_, true)) => CaptureClaim::Claimed,
-        Some((status, false)) if status == PENDING => CaptureClaim::OrderGone,
+        Some((status, false)) if status == AttemptStatus::Pending.as_str() => {
+            CaptureClaim::OrderGone
+        }
         _ => CaptureClaim::Settled,
     })
 }

@@ -14,8 +14,9 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::Payments;
-use super::attempts::{self, Attempt, Keyed, PENDING};
+use super::attempts::{self, Attempt, AttemptStatus, Keyed};
 use super::provider::{CreatePayment, ProviderError, ProviderPayment};
+use crate::domain::CaptureMethod;
 use crate::store::StoreError;
 
 /// The payment block of an order response.
@@ -71,7 +72,7 @@ impl Payments {
             Err(error) => {
                 tracing::warn!(%error, attempt = %attempt.id, "payment not created yet; will retry with the same key");
                 // A refused connection sent nothing; anything else may have created it.
-                if !matches!(error, ProviderError::Refused(_)) && !attempt.create_uncertain {
+                if !error.never_sent() && !attempt.create_uncertain {
                     attempts::mark_create_uncertain(pool, attempt.id).await?;
                 }
                 Ok(attempt)
@@ -98,7 +99,7 @@ impl Payments {
             currency: attempt.currency.clone(),
             reference: attempt.id,
             order_id: attempt.order_id,
-            capture_manual: attempt.capture_method == "manual",
+            capture_manual: attempt.capture_method == CaptureMethod::Manual,
             expires_in_seconds: seconds.min(86_400),
         };
         self.provider.create_payment(&request).await
@@ -179,7 +180,7 @@ impl Payments {
         let keyed = attempts::insert_keyed(pool, order_id, self.provider.name(), key, max).await?;
         let attempt = match keyed {
             Keyed::Created(attempt) => attempt,
-            Keyed::Replayed(attempt, true) if attempt.status == PENDING => {
+            Keyed::Replayed(attempt, true) if attempt.status == AttemptStatus::Pending => {
                 return Ok((self.open(pool, attempt, expires_at).await?, true));
             }
             Keyed::Replayed(attempt, _) => return Ok((attempt, true)),

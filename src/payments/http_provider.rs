@@ -14,6 +14,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use super::breaker::{Breaker, CallOutcome};
 use super::provider::*;
 use super::signature;
 use crate::config::PaymentSettings;
@@ -28,14 +29,31 @@ pub struct HttpProvider {
     retries_max: u32,
     retry_backoff: Duration,
     client: reqwest::Client,
+    breaker: Breaker,
+}
+
+/// Why the provider client could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot read payments.ca_file {path}: {message}")]
+    CaFile { path: String, message: String },
+    #[error("{0}")]
+    Build(#[from] reqwest::Error),
 }
 
 impl HttpProvider {
-    pub fn new(settings: &PaymentSettings) -> Result<Self, reqwest::Error> {
-        let client = reqwest::Client::builder()
+    /// A client speaking HTTP or, for an `https` `base_url`, TLS through rustls, trusting
+    /// the system's certificate authorities or only those in `payments.ca_file`.
+    pub fn new(settings: &PaymentSettings) -> Result<Self, ClientError> {
+        let mut builder = reqwest::Client::builder()
+            .tls_backend_rustls()
+            .https_only(settings.base_url.starts_with("https://"))
             .connect_timeout(Duration::from_millis(settings.connect_timeout_ms))
-            .timeout(Duration::from_millis(settings.request_timeout_ms))
-            .build()?;
+            .timeout(Duration::from_millis(settings.request_timeout_ms));
+        if !settings.ca_file.is_empty() {
+            builder = builder.tls_certs_only(trusted_authorities(&settings.ca_file)?);
+        }
+        let client = builder.build()?;
         Ok(Self {
             name: settings.provider.clone(),
             base_url: settings.base_url.trim_end_matches('/').to_owned(),
@@ -45,11 +63,38 @@ impl HttpProvider {
             retries_max: settings.retries_max,
             retry_backoff: Duration::from_millis(settings.retry_backoff_ms),
             client,
+            breaker: Breaker::new(
+                settings.breaker_failures_max,
+                Duration::from_millis(settings.breaker_open_ms),
+            ),
         })
     }
 
-    /// One logical call: retried while the failure is transient, timed and counted.
+    /// One logical call: refused at once while the circuit breaker is open, otherwise
+    /// retried while the failure is transient; timed and counted.
     async fn call(
+        &self,
+        op: &'static str,
+        method: Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<Value>,
+    ) -> Result<Value, ProviderError> {
+        let Some(permit) = self.breaker.admit(Instant::now()) else {
+            metrics::counter!(telemetry::PROVIDER_ERRORS, "op" => op, "kind" => ProviderError::CircuitOpen.label())
+                .increment(1);
+            return Err(ProviderError::CircuitOpen);
+        };
+        let outcome = self.call_with_retries(op, method, path, key, body).await;
+        let health = match &outcome {
+            Err(error) if error.is_transient() => CallOutcome::Failed,
+            _ => CallOutcome::Answered,
+        };
+        self.breaker.record(permit, health, Instant::now());
+        outcome
+    }
+
+    async fn call_with_retries(
         &self,
         op: &'static str,
         method: Method,
@@ -132,6 +177,21 @@ impl HttpProvider {
         parse_payment(&value)
             .ok_or_else(|| ProviderError::Rejected(format!("unreadable payment: {value}")))
     }
+}
+
+/// The certificates of a PEM file, every one of them trusted as an authority.
+fn trusted_authorities(path: &str) -> Result<Vec<reqwest::Certificate>, ClientError> {
+    let failed = |message: String| ClientError::CaFile {
+        path: path.to_owned(),
+        message,
+    };
+    let pem = std::fs::read(path).map_err(|e| failed(e.to_string()))?;
+    let certificates =
+        reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| failed(e.to_string()))?;
+    if certificates.is_empty() {
+        return Err(failed("no certificate in it".to_owned()));
+    }
+    Ok(certificates)
 }
 
 /// `base × 2^attempt`, scaled by a random factor in [0.5, 1.5) so retries spread out.

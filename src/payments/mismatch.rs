@@ -10,7 +10,7 @@
 use serde_json::json;
 use sqlx::PgConnection;
 
-use super::attempts::{self, Attempt, PENDING};
+use super::attempts::{self, Attempt, AttemptStatus};
 use super::outbox::{self, Kind};
 use super::provider::{ProviderPayment, ProviderStatus};
 use super::refunds;
@@ -37,8 +37,9 @@ pub async fn reject(
         "the provider reports another amount or currency than the order's: payment rejected"
     );
     give_back(tx, &attempt, payment).await?;
-    let released = if attempt.status == PENDING {
-        assert!(attempts::transition(tx, attempt.id, PENDING, "FAILED").await?);
+    let released = if attempt.status == AttemptStatus::Pending {
+        let (from, to) = (AttemptStatus::Pending, AttemptStatus::Failed);
+        assert!(attempts::transition(tx, attempt.id, from, to).await?);
         release_if_last(tx, &attempt)
             .await?
             .released_deal()

@@ -8,13 +8,16 @@
 //! must reach the provider (refunds, captures, voids) go through the transactional
 //! [`outbox`].
 //!
-//! - [`provider`]: the provider abstraction; [`http_provider`]: its HTTP implementation.
+//! - [`provider`]: the provider abstraction; [`http_provider`]: its HTTP implementation,
+//!   behind a circuit [`breaker`].
 //! - [`attempts`], [`refunds`], [`outbox`]: the tables.
 //! - [`checkout`]: creating payments for orders; [`webhook`]: receiving events.
 //! - [`effects`]: the outbox worker; [`mismatch`]: money for another amount.
 //! - [`workers`]: overdue-payment checks before expiry, reconciler.
+//! - [`review`]: the queue of late payments held for an operator (`manual_review`).
 
 pub mod attempts;
+pub mod breaker;
 pub mod checkout;
 pub mod effects;
 pub mod http_provider;
@@ -22,6 +25,7 @@ pub mod mismatch;
 pub mod outbox;
 pub mod provider;
 pub mod refunds;
+pub mod review;
 pub mod settle;
 pub mod signature;
 pub mod webhook;

@@ -93,6 +93,10 @@ pub enum ProviderError {
     /// The request conflicts with the payment's state (e.g. capturing a cancelled payment).
     #[error("provider refused: {0}")]
     Conflict(String),
+    /// Not sent: the circuit breaker is open after repeated failures. Like `Refused`, the
+    /// call cannot have taken effect; ask again later.
+    #[error("provider circuit breaker open; call not sent")]
+    CircuitOpen,
     #[error("provider knows no such payment")]
     NotFound,
     /// Any other 4xx, or an answer we cannot read.
@@ -105,8 +109,16 @@ impl ProviderError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            ProviderError::Timeout | ProviderError::Refused(_) | ProviderError::Unavailable(_)
+            ProviderError::Timeout
+                | ProviderError::Refused(_)
+                | ProviderError::Unavailable(_)
+                | ProviderError::CircuitOpen
         )
+    }
+
+    /// Whether the call certainly never reached the provider.
+    pub fn never_sent(&self) -> bool {
+        matches!(self, ProviderError::Refused(_) | ProviderError::CircuitOpen)
     }
 
     pub fn label(&self) -> &'static str {
@@ -117,6 +129,7 @@ impl ProviderError {
             ProviderError::Conflict(_) => "conflict",
             ProviderError::NotFound => "not_found",
             ProviderError::Rejected(_) => "rejected",
+            ProviderError::CircuitOpen => "circuit_open",
         }
     }
 }

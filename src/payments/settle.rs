@@ -8,12 +8,12 @@
 use serde_json::json;
 use sqlx::{PgConnection, PgPool};
 
-use super::attempts::{self, Attempt, PENDING, SUCCEEDED};
+use super::attempts::{self, Attempt, AttemptStatus};
 use super::mismatch;
 use super::outbox::{self, Kind};
 use super::provider::{ProviderPayment, ProviderStatus};
 use super::refunds;
-use crate::domain::{OrderEvent, OrderStatus};
+use crate::domain::{CaptureMethod, LatePaymentPolicy, OrderEvent, OrderStatus};
 use crate::orders::settlement::{self, LockedOrder};
 use crate::orders::sweeper;
 use crate::store::StoreError;
@@ -39,6 +39,8 @@ pub enum Applied {
     LateReserved,
     /// Money for an order that had expired: refund queued, order REFUND_PENDING.
     LateRefunded,
+    /// Money for an order that had expired, on a `manual_review` deal: order MANUAL_REVIEW.
+    LateHeld,
     /// Authorisation for an order that no longer holds stock: void queued.
     LateVoided,
     /// The order was already paid by another attempt: this money is refunded.
@@ -68,6 +70,7 @@ impl Applied {
             Applied::Failed => "failed",
             Applied::LateReserved => "late_reserved",
             Applied::LateRefunded => "late_refunded",
+            Applied::LateHeld => "late_held",
             Applied::LateVoided => "late_voided",
             Applied::ExtraRefunded => "extra_refunded",
             Applied::Pending => "pending",
@@ -167,8 +170,10 @@ pub async fn apply_in(
     let applied = match payment.status {
         ProviderStatus::Succeeded => succeeded(tx, &attempt).await?,
         ProviderStatus::RequiresCapture => authorized(tx, &attempt).await?,
-        ProviderStatus::Failed | ProviderStatus::Canceled => failed(tx, &attempt, "FAILED").await?,
-        ProviderStatus::Expired => failed(tx, &attempt, "EXPIRED").await?,
+        ProviderStatus::Failed | ProviderStatus::Canceled => {
+            failed(tx, &attempt, AttemptStatus::Failed).await?
+        }
+        ProviderStatus::Expired => failed(tx, &attempt, AttemptStatus::Expired).await?,
         ProviderStatus::RequiresPayment => Applied::Pending,
     };
     metrics::counter!(telemetry::PAYMENT_OUTCOMES, "outcome" => applied.label()).increment(1);
@@ -182,24 +187,29 @@ fn late_resolution(applied: &Applied) -> Option<&'static str> {
     match applied {
         Applied::LateReserved => Some("reserved"),
         Applied::LateRefunded => Some("refunded"),
+        Applied::LateHeld => Some("review"),
         Applied::LateVoided => Some("voided"),
         _ => None,
     }
 }
 
-async fn lock_order(tx: &mut PgConnection, attempt: &Attempt) -> Result<LockedOrder, StoreError> {
+pub(super) async fn lock_order(
+    tx: &mut PgConnection,
+    attempt: &Attempt,
+) -> Result<LockedOrder, StoreError> {
     let order = settlement::lock(tx, attempt.order_id).await?;
     // The foreign key guarantees the order exists.
     Ok(order.expect("every attempt belongs to an order"))
 }
 
 async fn succeeded(tx: &mut PgConnection, attempt: &Attempt) -> Result<Applied, StoreError> {
-    if attempt.status == SUCCEEDED {
+    if attempt.status == AttemptStatus::Succeeded {
         return Ok(Applied::Duplicate);
     }
     // A payment reported failed or expired may still succeed later (a late capture, say):
     // the money is real, so the attempt follows the provider.
-    assert!(attempts::transition(tx, attempt.id, &attempt.status, SUCCEEDED).await?);
+    let to = AttemptStatus::Succeeded;
+    assert!(attempts::transition(tx, attempt.id, attempt.status, to).await?);
     let order = lock_order(tx, attempt).await?;
     match order.status() {
         OrderStatus::PendingPayment => {
@@ -212,7 +222,10 @@ async fn succeeded(tx: &mut PgConnection, attempt: &Attempt) -> Result<Applied, 
             Ok(Applied::Paid)
         }
         OrderStatus::Expired | OrderStatus::Cancelled => late(tx, &order, attempt).await,
-        OrderStatus::Paid | OrderStatus::RefundPending | OrderStatus::Refunded => {
+        OrderStatus::Paid
+        | OrderStatus::RefundPending
+        | OrderStatus::Refunded
+        | OrderStatus::ManualReview => {
             refunds::request(tx, attempt, "order_already_paid").await?;
             Ok(Applied::ExtraRefunded)
         }
@@ -228,8 +241,17 @@ async fn late(
     order: &LockedOrder,
     attempt: &Attempt,
 ) -> Result<Applied, StoreError> {
-    if attempt.capture_method != "manual"
-        && order.late_payment_policy == "reserve_or_refund"
+    let automatic = attempt.capture_method == CaptureMethod::Automatic;
+    if automatic && order.late_payment_policy == LatePaymentPolicy::ManualReview {
+        assert!(
+            settlement::hold_for_review(tx, order).await?,
+            "the order row is locked"
+        );
+        tracing::warn!(order = %order.id, attempt = %attempt.id, "late payment held for manual review");
+        return Ok(Applied::LateHeld);
+    }
+    if automatic
+        && order.late_payment_policy == LatePaymentPolicy::ReserveOrRefund
         && settlement::reserve_again_and_pay(tx, order).await?
     {
         accept(tx, attempt).await?;
@@ -247,7 +269,7 @@ async fn late(
 }
 
 async fn authorized(tx: &mut PgConnection, attempt: &Attempt) -> Result<Applied, StoreError> {
-    if attempt.status != PENDING {
+    if attempt.status != AttemptStatus::Pending {
         return Ok(Applied::Duplicate);
     }
     let order = lock_order(tx, attempt).await?;
@@ -267,11 +289,16 @@ async fn authorized(tx: &mut PgConnection, attempt: &Attempt) -> Result<Applied,
     Ok(Applied::LateVoided)
 }
 
-async fn failed(tx: &mut PgConnection, attempt: &Attempt, to: &str) -> Result<Applied, StoreError> {
-    if attempt.status != PENDING {
+async fn failed(
+    tx: &mut PgConnection,
+    attempt: &Attempt,
+    to: AttemptStatus,
+) -> Result<Applied, StoreError> {
+    if attempt.status != AttemptStatus::Pending {
         return Ok(Applied::Duplicate);
     }
-    assert!(attempts::transition(tx, attempt.id, PENDING, to).await?);
+    let from = AttemptStatus::Pending;
+    assert!(attempts::transition(tx, attempt.id, from, to).await?);
     release_if_last(tx, attempt).await
 }
 
@@ -309,7 +336,7 @@ async fn other_pending(tx: &mut PgConnection, attempt: &Attempt) -> Result<bool,
 }
 
 /// Marks `attempt` as the one that paid its order (unique per order).
-async fn accept(tx: &mut PgConnection, attempt: &Attempt) -> Result<(), StoreError> {
+pub(super) async fn accept(tx: &mut PgConnection, attempt: &Attempt) -> Result<(), StoreError> {
     sqlx::query("UPDATE payment_attempts SET accepted = true WHERE id = $1")
         .bind(attempt.id)
         .execute(tx)
@@ -317,8 +344,13 @@ async fn accept(tx: &mut PgConnection, attempt: &Attempt) -> Result<(), StoreErr
     Ok(())
 }
 
-async fn order_paid(tx: &mut PgConnection, attempt: &Attempt) -> Result<(), StoreError> {
-    let payload = json!({ "order_id": attempt.order_id, "attempt_id": attempt.id, "amount_minor": attempt.amount_minor, "currency": attempt.currency });
+pub(super) async fn order_paid(tx: &mut PgConnection, attempt: &Attempt) -> Result<(), StoreError> {
+    // The receipt names the deal as the order snapshotted it, never as it is now.
+    let deal_name: String = sqlx::query_scalar("SELECT deal_name FROM orders WHERE id = $1")
+        .bind(attempt.order_id)
+        .fetch_one(&mut *tx)
+        .await?;
+    let payload = json!({ "order_id": attempt.order_id, "attempt_id": attempt.id, "deal_name": deal_name, "amount_minor": attempt.amount_minor, "currency": attempt.currency });
     outbox::enqueue(
         tx,
         Kind::OrderPaid,

@@ -314,12 +314,16 @@ async fn recently_accepted(pool: &PgPool, batch_max: u32) -> Result<Vec<Attempt>
         .await?)
 }
 
-/// Successful attempts that did not pay their order and have no refund: refund them.
+/// Successful attempts that did not pay their order and have no refund: refund them. Money
+/// held for manual review is an operator's to decide (it moves to accepted or refunded in
+/// the same transaction as its order leaves review).
 async fn unrefunded_extras(pool: &PgPool, batch_max: u32) -> Result<Vec<Finding>, StoreError> {
     let sql = format!(
         "SELECT {ATTEMPT_COLUMNS} FROM payment_attempts a
           WHERE a.status = 'SUCCEEDED' AND NOT a.accepted
             AND NOT EXISTS (SELECT 1 FROM refunds r WHERE r.attempt_id = a.id)
+            AND NOT EXISTS (SELECT 1 FROM orders o
+                             WHERE o.id = a.order_id AND o.status = 'MANUAL_REVIEW')
           LIMIT $1"
     );
     let extras: Vec<Attempt> = sqlx::query_as(sqlx::AssertSqlSafe(sql))

@@ -56,6 +56,27 @@ impl Drop for Sim {
 
 impl Sim {
     pub async fn start() -> Sim {
+        Self::start_with(&[], reqwest::Client::builder()).await
+    }
+
+    /// Starts the simulator serving HTTPS with `certs`; the test's own client trusts their
+    /// authority.
+    pub async fn start_tls(certs: &TestCerts) -> Sim {
+        let args = [
+            "--tls-cert",
+            certs.cert_path(),
+            "--tls-key",
+            certs.key_path(),
+        ];
+        let authority = reqwest::Certificate::from_pem(certs.ca_pem.as_bytes()).expect("CA");
+        Self::start_with(
+            &args,
+            reqwest::Client::builder().tls_certs_only([authority]),
+        )
+        .await
+    }
+
+    async fn start_with(extra: &[&str], http: reqwest::ClientBuilder) -> Sim {
         let mut command = Command::new(env!("CARGO_BIN_EXE_flashgate"));
         command
             .args([
@@ -66,6 +87,7 @@ impl Sim {
                 SIM_API_KEY,
             ])
             .args(["--webhook-secret", SIM_WEBHOOK_SECRET])
+            .args(extra)
             .env_remove("FLASHGATE_PSP_WEBHOOK_URL")
             .env_remove("FLASHGATE_PSP_API_KEY")
             .env_remove("FLASHGATE_PSP_WEBHOOK_SECRET")
@@ -91,7 +113,7 @@ impl Sim {
             .strip_prefix("psp-sim listening on ")
             .unwrap_or_else(|| panic!("unexpected first line from psp-sim: {line:?}"))
             .to_owned();
-        let http = reqwest::Client::builder()
+        let http = http
             .no_proxy()
             .timeout(Duration::from_secs(30))
             .build()
@@ -215,6 +237,64 @@ impl SimClient {
     }
 }
 
+/// A certificate authority and a server certificate it signed for `localhost` and
+/// 127.0.0.1, made for one test and written to a directory removed on drop.
+pub struct TestCerts {
+    dir: std::path::PathBuf,
+    cert_path: String,
+    key_path: String,
+    pub ca_path: String,
+    pub ca_pem: String,
+}
+
+impl TestCerts {
+    pub fn generate() -> TestCerts {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate().expect("CA key");
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "flashgate test authority");
+        let ca = ca_params.self_signed(&ca_key).expect("self-sign the CA");
+        let issuer = Issuer::new(ca_params, ca_key);
+        let key = KeyPair::generate().expect("server key");
+        let names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
+        let cert = CertificateParams::new(names)
+            .expect("server params")
+            .signed_by(&key, &issuer)
+            .expect("sign the server certificate");
+        let dir = std::env::temp_dir().join(format!("flashgate-tls-{}", Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).expect("certificate directory");
+        let write = |name: &str, pem: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, pem).expect("write a PEM file");
+            path.to_str().expect("UTF-8 temp path").to_owned()
+        };
+        TestCerts {
+            cert_path: write("server.pem", &cert.pem()),
+            key_path: write("server.key", &key.serialize_pem()),
+            ca_path: write("ca.pem", &ca.pem()),
+            ca_pem: ca.pem(),
+            dir,
+        }
+    }
+
+    pub fn cert_path(&self) -> &str {
+        &self.cert_path
+    }
+
+    pub fn key_path(&self) -> &str {
+        &self.key_path
+    }
+}
+
+impl Drop for TestCerts {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// A gateway with payments at a simulator of its own.
 pub struct PayApp {
     pub app: TestApp,
@@ -247,7 +327,11 @@ pub async fn spawn_pay_app() -> PayApp {
 /// Starts a simulator, then a gateway using it (`configure` runs after the payment
 /// settings), then points the simulator's webhooks at the gateway.
 pub async fn spawn_pay_app_with(configure: impl FnOnce(&mut Settings)) -> PayApp {
-    let sim = Sim::start().await;
+    spawn_pay_app_at(Sim::start().await, configure).await
+}
+
+/// Like [`spawn_pay_app_with`], against a simulator already started (over TLS, say).
+pub async fn spawn_pay_app_at(sim: Sim, configure: impl FnOnce(&mut Settings)) -> PayApp {
     let base = sim.base.clone();
     let app = spawn_app_with(move |s| {
         payment_settings(s, &base);

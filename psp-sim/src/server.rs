@@ -12,10 +12,11 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use super::Sim;
@@ -208,7 +209,13 @@ async fn handle(
 }
 
 /// Serves until `shutdown`, then lets in-flight requests finish for a short grace period.
-pub async fn serve(listener: TcpListener, sim: Arc<Sim>, shutdown: CancellationToken) {
+/// With `tls`, every connection first completes a TLS handshake.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    sim: Arc<Sim>,
+    shutdown: CancellationToken,
+) {
     let connections = Arc::new(Semaphore::new(CONNECTIONS_MAX));
     let graceful = GracefulShutdown::new();
     let mut builder = http1::Builder::new();
@@ -216,6 +223,7 @@ pub async fn serve(listener: TcpListener, sim: Arc<Sim>, shutdown: CancellationT
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs(HEADER_READ_TIMEOUT_SECONDS))
         .keep_alive(true);
+    let builder = Arc::new(builder);
     loop {
         let accepted = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -233,12 +241,25 @@ pub async fn serve(listener: TcpListener, sim: Arc<Sim>, shutdown: CancellationT
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let sim = sim.clone();
-        let service = service_fn(move |request| handle(sim.clone(), request));
-        let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        let (sim, tls, watcher, builder) = (
+            sim.clone(),
+            tls.clone(),
+            graceful.watcher(),
+            builder.clone(),
+        );
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%error, "psp-sim connection ended with an error");
+            match tls {
+                None => serve_connection(stream, sim, watcher, &builder).await,
+                Some(tls) => {
+                    let handshake = Duration::from_secs(HEADER_READ_TIMEOUT_SECONDS);
+                    match tokio::time::timeout(handshake, tls.accept(stream)).await {
+                        Ok(Ok(stream)) => {
+                            serve_connection(stream, sim, watcher, &builder).await;
+                        }
+                        Ok(Err(error)) => tracing::debug!(%error, "psp-sim TLS handshake failed"),
+                        Err(_) => tracing::debug!("psp-sim TLS handshake timed out"),
+                    }
+                }
             }
             drop(permit);
         });
@@ -246,6 +267,18 @@ pub async fn serve(listener: TcpListener, sim: Arc<Sim>, shutdown: CancellationT
     drop(listener);
     let grace = Duration::from_secs(SHUTDOWN_GRACE_SECONDS);
     let _ = tokio::time::timeout(grace, graceful.shutdown()).await;
+}
+
+/// Serves HTTP/1.1 on one connection, plain or already through its TLS handshake.
+async fn serve_connection<I>(io: I, sim: Arc<Sim>, watcher: Watcher, builder: &http1::Builder)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = service_fn(move |request| handle(sim.clone(), request));
+    let connection = watcher.watch(builder.serve_connection(TokioIo::new(io), service));
+    if let Err(error) = connection.await {
+        tracing::debug!(%error, "psp-sim connection ended with an error");
+    }
 }
 
 #[cfg(test)]

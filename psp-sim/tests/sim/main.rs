@@ -1,8 +1,9 @@
 //! Integration tests of the payment-provider simulator: each test starts the real
-//! `flashgate psp-sim` process on a free port, with a webhook receiver of its own, and
+//! `flashgate-psp-sim` process on a free port, with a webhook receiver of its own, and
 //! drives it over HTTP. No database or Redis is needed.
 //!
-//! Run with `cargo test --test psp_sim`; set `TEST_LOG=1` to see the simulator's logs.
+//! Run with `cargo nextest run -p flashgate-psp-sim`; set `TEST_LOG=1` to see the
+//! simulator's logs.
 
 mod helpers;
 

@@ -1,4 +1,6 @@
-//! A payment-provider simulator, run as its own process with `flashgate psp-sim`.
+//! A payment-provider simulator, run as its own process (`flashgate-psp-sim`, or the
+//! `flashgate psp-sim` launcher). It is a test tool: the gateway's library does not contain
+//! it and speaks to it only over HTTP, as to any provider.
 //!
 //! It behaves like a hosted-checkout provider, so the gateway's payment code can be tested
 //! over real HTTP exactly as it would talk to a real one:
@@ -14,6 +16,7 @@
 //! - [`webhooks`]: records every event and delivers it signed, with retries and faults.
 //! - [`faults`]: what `/control/faults` can switch on.
 //! - [`server`] and [`handlers`]: routing and the three route groups; [`checkout`]: HTML.
+//! - [`tls`]: serving over TLS with a certificate from PEM files, as real providers do.
 //!
 //! Everything lives in memory and is gone when the process stops.
 
@@ -23,9 +26,11 @@ pub mod handlers;
 pub mod ledger;
 pub mod model;
 pub mod server;
+pub mod tls;
 pub mod webhooks;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -40,18 +45,38 @@ use webhooks::Outbox;
 /// How often the background ticker expires unpaid intents past `expires_at`.
 const EXPIRY_TICK_MS: u64 = 1_000;
 
-/// What `flashgate psp-sim` needs to run.
-#[derive(Debug, Clone)]
+/// What the simulator needs to run: its command-line arguments.
+#[derive(Debug, Clone, clap::Args)]
 pub struct SimConfig {
-    /// Address to listen on; port 0 picks a free port.
+    /// Address to listen on; port 0 picks a free one (printed on the first stdout line).
+    #[arg(long, default_value = "127.0.0.1:8090")]
     pub listen: SocketAddr,
-    /// Where events are POSTed (`http://` only); none means they are only recorded until
-    /// a test sets one with `POST /control/webhook_url`.
+    /// Where webhooks are POSTed (`http://` only); without it events are only recorded
+    /// until a test sets one with `POST /control/webhook_url`.
+    #[arg(long, env = "FLASHGATE_PSP_WEBHOOK_URL")]
     pub webhook_url: Option<String>,
-    /// Shared secret for the `Flashgate-Signature` header.
+    /// Shared secret for the `Flashgate-Signature` webhook header.
+    #[arg(
+        long,
+        env = "FLASHGATE_PSP_WEBHOOK_SECRET",
+        default_value = "psp-dev-webhook-secret",
+        hide_env_values = true
+    )]
     pub webhook_secret: String,
-    /// The bearer token every `/v1` call must present.
+    /// Bearer token the simulator's API requires.
+    #[arg(
+        long,
+        env = "FLASHGATE_PSP_API_KEY",
+        default_value = "psp-dev-api-key",
+        hide_env_values = true
+    )]
     pub api_key: String,
+    /// PEM certificate chain to serve HTTPS with (needs `--tls-key`); plain HTTP without.
+    #[arg(long, requires = "tls_key", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `--tls-cert`.
+    #[arg(long, requires = "tls_cert", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// The running simulator, shared by every connection.
@@ -62,7 +87,7 @@ pub struct Sim {
     api_key: String,
 }
 
-/// Binds, prints `psp-sim listening on http://ADDR` as the first stdout line, and serves
+/// Binds, prints `psp-sim listening on http(s)://ADDR` as the first stdout line, and serves
 /// until `shutdown` is cancelled.
 pub async fn run(config: SimConfig, shutdown: CancellationToken) -> Result<(), String> {
     let webhook_url = config
@@ -71,13 +96,18 @@ pub async fn run(config: SimConfig, shutdown: CancellationToken) -> Result<(), S
         .map(parse_webhook_url)
         .transpose()
         .map_err(|e| format!("webhook url: {}", e.body()["error"]["message"]))?;
+    let tls = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
+        _ => None,
+    };
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener
         .local_addr()
         .map_err(|e| format!("cannot read the bound address: {e}"))?;
-    let base_url = format!("http://{addr}");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let base_url = format!("{scheme}://{addr}");
     let faults = Arc::new(Mutex::new(Faults::default()));
     let outbox = Outbox::start(
         webhook_url,
@@ -94,7 +124,7 @@ pub async fn run(config: SimConfig, shutdown: CancellationToken) -> Result<(), S
     tokio::spawn(expire_in_background(sim.clone(), shutdown.clone()));
     println!("psp-sim listening on {base_url}");
     tracing::info!(%addr, "psp-sim listening");
-    server::serve(listener, sim, shutdown).await;
+    server::serve(listener, tls, sim, shutdown).await;
     Ok(())
 }
 
@@ -120,6 +150,26 @@ async fn expire_in_background(sim: Arc<Sim>, shutdown: CancellationToken) {
             }
         }
     }
+}
+
+/// Cancels `token` on the first SIGTERM or SIGINT.
+pub async fn cancel_on_signal(token: CancellationToken) {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut stream) => {
+                stream.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+    token.cancel();
 }
 
 /// Locks a mutex, carrying on after a panic elsewhere: every critical section leaves the

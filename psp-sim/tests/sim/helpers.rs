@@ -39,9 +39,9 @@ impl Drop for Sim {
 impl Sim {
     /// Starts the simulator on a free port, sending webhooks to `webhook_url` if given.
     pub async fn start(webhook_url: Option<&str>) -> Sim {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_flashgate"));
+        let mut command = Command::new(env!("CARGO_BIN_EXE_flashgate-psp-sim"));
         command
-            .args(["psp-sim", "--listen", "127.0.0.1:0", "--api-key", API_KEY])
+            .args(["--listen", "127.0.0.1:0", "--api-key", API_KEY])
             .args(["--webhook-secret", SECRET])
             .env_remove("FLASHGATE_PSP_WEBHOOK_URL")
             .stdin(Stdio::null())
@@ -54,7 +54,7 @@ impl Sim {
         if let Some(url) = webhook_url {
             command.args(["--webhook-url", url]);
         }
-        let mut child = command.spawn().expect("spawn flashgate psp-sim");
+        let mut child = command.spawn().expect("spawn flashgate-psp-sim");
         let stdout = child.stdout.take().expect("piped stdout");
         let (line, stdout) = tokio::task::spawn_blocking(move || {
             let mut stdout = BufReader::new(stdout);

@@ -1,0 +1,79 @@
+//! The manual-review queue for operators: list the late payments held for a person, and
+//! fulfil (when units are left) or refund each one.
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::State;
+use super::admin::require_admin;
+use super::body::{self, Caching};
+use super::problem::Problem;
+use crate::payments::review::{self, ReviewItem, ReviewOutcome};
+
+type Reply = Result<Response<Full<Bytes>>, Problem>;
+
+/// Most orders one listing returns, oldest first.
+const LIST_MAX: u32 = 500;
+
+#[derive(Serialize)]
+struct Queue {
+    orders: Vec<ReviewItem>,
+}
+
+#[derive(Serialize)]
+struct Settled {
+    order_id: Uuid,
+    status: &'static str,
+}
+
+/// `GET /admin/payments/review`.
+pub async fn list<B>(state: &State, request: &Request<B>) -> Reply {
+    require_admin(state, request)?;
+    let orders = review::list(&state.pools.admin, LIST_MAX).await?;
+    Ok(body::respond(
+        StatusCode::OK,
+        &Queue { orders },
+        Caching::Private,
+    ))
+}
+
+/// `POST /admin/orders/{id}/review/fulfil`.
+pub async fn fulfil<B>(state: &State, request: &Request<B>, raw_id: &str) -> Reply {
+    require_admin(state, request)?;
+    let id = order_id(raw_id)?;
+    answer(id, review::fulfil(&state.pools.admin, id).await?)
+}
+
+/// `POST /admin/orders/{id}/review/refund`.
+pub async fn refund<B>(state: &State, request: &Request<B>, raw_id: &str) -> Reply {
+    require_admin(state, request)?;
+    let id = order_id(raw_id)?;
+    answer(id, review::refund(&state.pools.admin, id).await?)
+}
+
+fn order_id(raw: &str) -> Result<Uuid, Problem> {
+    Uuid::parse_str(raw).map_err(|_| Problem::not_found("no such order"))
+}
+
+fn answer(order_id: Uuid, outcome: ReviewOutcome) -> Reply {
+    let status = match outcome {
+        ReviewOutcome::Fulfilled => "PAID",
+        ReviewOutcome::RefundQueued => "REFUND_PENDING",
+        ReviewOutcome::NoStock => {
+            return Err(Problem::conflict(
+                "not enough units left (or the buyer's limit is reached): refund instead",
+            ));
+        }
+        ReviewOutcome::NotFound => return Err(Problem::not_found("no such order")),
+        ReviewOutcome::NotInReview(status) => {
+            return Err(Problem::conflict(format!(
+                "the order is {status}, not MANUAL_REVIEW"
+            )));
+        }
+    };
+    let view = Settled { order_id, status };
+    Ok(body::respond(StatusCode::OK, &view, Caching::Private))
+}
