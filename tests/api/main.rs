@@ -12,6 +12,7 @@ mod bad_requests;
 mod cancel_expiry;
 mod concurrency;
 mod deals;
+mod failover;
 mod global_limits;
 mod grouping;
 mod health;
