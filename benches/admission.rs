@@ -15,7 +15,7 @@ use flashgate::config::{LimitSettings, RateSettings};
 use flashgate::domain::{OrderEvent, OrderStatus};
 use flashgate::http::problem::Problem;
 use flashgate::redis_link::RedisHandle;
-use flashgate::waiting_room::Passes;
+use flashgate::waiting_room::{Challenges, Passes, challenge};
 
 fn client_ip(c: &mut Criterion) {
     let resolver = ClientIp::new(vec![
@@ -67,7 +67,7 @@ fn limiters(c: &mut Criterion) {
 }
 
 fn tokens(c: &mut Criterion) {
-    let verifier = TokenVerifier::new("bench-secret", 0, 128);
+    let verifier = TokenVerifier::new("bench-secret", flashgate::auth::Audience::DEFAULT, 0, 128);
     let header = format!("Bearer {}", mint_token("bench-secret", "user-42", 3600)).into_bytes();
     c.bench_function("token/verify_hs256", |b| {
         b.iter(|| verifier.verify(black_box(Some(&header))))
@@ -81,6 +81,53 @@ fn passes(c: &mut Criterion) {
     let now = chrono::Utc::now().timestamp();
     c.bench_function("waiting_room/verify_pass", |b| {
         b.iter(|| passes.verify(black_box(Some(pass.as_bytes())), "concert", "user-42", now))
+    });
+    let signed = passes.mint_ed25519("concert", "user-42", expires, "pass-1");
+    c.bench_function("waiting_room/verify_pass_ed25519", |b| {
+        b.iter(|| {
+            passes.verify(
+                black_box(Some(signed.as_bytes())),
+                "concert",
+                "user-42",
+                now,
+            )
+        })
+    });
+    c.bench_function("waiting_room/mint_pass_ed25519", |b| {
+        b.iter(|| passes.mint_ed25519(black_box("concert"), "user-42", expires, "pass-1"))
+    });
+}
+
+/// The server's cost to check a proof of work, and a client's cost to find one: the mean of
+/// a solve is 2^bits hashes, so the per-hash figure (`pow/solve_8_bits` ÷ 256) gives the
+/// expected client time at any difficulty.
+fn proof_of_work(c: &mut Criterion) {
+    let challenges = Challenges::new("bench-pass-secret", 120);
+    let now = chrono::Utc::now().timestamp_millis();
+    let issued = challenges.issue("concert", "user-42", 12, now);
+    let solution = format!(
+        "{}:{}",
+        issued.challenge,
+        challenge::solve(&issued.challenge, 12)
+    );
+    c.bench_function("pow/check_solution", |b| {
+        b.iter(|| {
+            challenges.check(
+                black_box(Some(solution.as_bytes())),
+                "concert",
+                "user-42",
+                12,
+                now,
+            )
+        })
+    });
+    let mut round = 0u64;
+    c.bench_function("pow/solve_8_bits", |b| {
+        b.iter(|| {
+            round += 1;
+            let fresh = challenges.issue("concert", &round.to_string(), 8, now);
+            challenge::solve(black_box(&fresh.challenge), 8)
+        })
     });
 }
 
@@ -142,6 +189,7 @@ criterion_group!(
     limiters,
     tokens,
     passes,
+    proof_of_work,
     sold_out_mirror,
     problem_json,
     transitions

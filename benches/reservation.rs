@@ -1,5 +1,5 @@
-//! The reservation SQL against the real PostgreSQL: one order per transaction at 1, 8 and
-//! 32 buckets, and a group of 32 orders in one transaction (time per order).
+//! The reservation engine against the real PostgreSQL: a batch of one order per statement
+//! at 1, 8 and 32 buckets, and batches of 32 and 128 orders per statement (time per order).
 //!
 //! Needs PostgreSQL (`DATABASE_URL`, default the local `test` database); creates and drops
 //! its own database. Run with `cargo bench --bench reservation`.
@@ -9,16 +9,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use flashgate::admission::Admitted;
 use flashgate::config::Settings;
 use flashgate::deals::{self, NewDeal};
-use flashgate::domain::{DealId, IdempotencyKey, Quantity, UserId};
-use flashgate::orders::{self, fingerprint, group};
+use flashgate::domain::DealId;
+use flashgate::orders::batch::{BatchOptions, Request, place_batch};
+use flashgate::orders::fingerprint;
 use sqlx::PgPool;
 use tokio::runtime::Runtime;
 
 const STOCK: i64 = 100_000_000;
-const GROUP_SIZE: usize = 32;
 
 struct Bench {
     runtime: Runtime,
@@ -79,70 +78,68 @@ fn deal(bench: &Bench, id: &str, buckets: i32) -> Arc<deals::Deal> {
     )
 }
 
+fn requests(counter: &AtomicU64, deal: &str, size: usize) -> Vec<Request> {
+    (0..size)
+        .map(|_| {
+            let n = counter.fetch_add(1, Ordering::Relaxed);
+            Request {
+                user_id: format!("u{n}"),
+                key: "k".into(),
+                quantity: 1,
+                fingerprint: fingerprint(deal, 1),
+            }
+        })
+        .collect()
+}
+
 fn single(c: &mut Criterion, bench: &Bench) {
     let counter = AtomicU64::new(0);
     for buckets in [1, 8, 32] {
         let deal = deal(bench, &format!("single-{buckets}"), buckets);
+        c.bench_function(&format!("reservation/batch_of_1/{buckets}_buckets"), |b| {
+            b.iter(|| {
+                let batch = requests(&counter, &deal.id, 1);
+                let options = BatchOptions::default();
+                bench
+                    .runtime
+                    .block_on(place_batch(&bench.pool, &deal, &batch, &options))
+                    .unwrap()
+            })
+        });
+    }
+}
+
+fn batched(c: &mut Criterion, bench: &Bench) {
+    let counter = AtomicU64::new(0);
+    for size in [32usize, 128] {
+        let deal = deal(bench, &format!("batched-{size}"), 32);
         c.bench_function(
-            &format!("reservation/one_order_per_tx/{buckets}_buckets"),
+            &format!("reservation/batch_of_{size}/32_buckets (time per order)"),
             |b| {
-                b.iter(|| {
-                    let n = counter.fetch_add(1, Ordering::Relaxed);
-                    let admitted = Admitted {
-                        user: UserId::parse(&format!("u{n}"), 128).unwrap(),
-                        deal: deal.clone(),
-                        quantity: Quantity::new(1, 100).unwrap(),
-                        pass: None,
-                    };
-                    let key = IdempotencyKey::parse(b"k", 255).unwrap();
-                    bench
-                        .runtime
-                        .block_on(orders::place(&bench.pool, &admitted, &key, 3, None))
-                        .unwrap()
+                b.iter_custom(|iterations| {
+                    let batches = iterations.div_ceil(size as u64);
+                    let started = Instant::now();
+                    for _ in 0..batches {
+                        let batch = requests(&counter, &deal.id, size);
+                        let options = BatchOptions::default();
+                        bench
+                            .runtime
+                            .block_on(place_batch(&bench.pool, &deal, &batch, &options))
+                            .unwrap();
+                    }
+                    started
+                        .elapsed()
+                        .div_f64((batches * size as u64) as f64 / iterations as f64)
                 })
             },
         );
     }
 }
 
-fn grouped(c: &mut Criterion, bench: &Bench) {
-    let counter = AtomicU64::new(0);
-    let deal = deal(bench, "grouped-32", 32);
-    c.bench_function(
-        &format!("reservation/group_of_{GROUP_SIZE}_per_tx/32_buckets (time per order)"),
-        |b| {
-            b.iter_custom(|iterations| {
-                let groups = iterations.div_ceil(GROUP_SIZE as u64);
-                let started = Instant::now();
-                for _ in 0..groups {
-                    let requests: Vec<group::Request> = (0..GROUP_SIZE)
-                        .map(|_| {
-                            let n = counter.fetch_add(1, Ordering::Relaxed);
-                            group::Request {
-                                user_id: format!("g{n}"),
-                                key: "k".into(),
-                                quantity: 1,
-                                fingerprint: fingerprint(&deal.id, 1),
-                            }
-                        })
-                        .collect();
-                    bench
-                        .runtime
-                        .block_on(group::place_group(&bench.pool, &deal, &requests, None))
-                        .unwrap();
-                }
-                started
-                    .elapsed()
-                    .div_f64((groups * GROUP_SIZE as u64) as f64 / iterations as f64)
-            })
-        },
-    );
-}
-
 fn reservation(c: &mut Criterion) {
     let bench = setup();
     single(c, &bench);
-    grouped(c, &bench);
+    batched(c, &bench);
     bench.runtime.block_on(async {
         bench.pool.close().await;
         let admin = PgPool::connect(&bench.admin_url).await.unwrap();

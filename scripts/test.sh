@@ -16,6 +16,7 @@ step() { printf '\ntest: == %s\n' "$*" >&2; }
 
 step "services"
 bash scripts/services.sh
+bash scripts/browser.sh
 
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
 export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
@@ -73,6 +74,14 @@ if [[ $# -eq 0 ]]; then
     step "schemathesis: docs/openapi.yaml against a live gateway"
     cargo build --bin flashgate
     bash scripts/schemathesis.sh
+
+    # Whole sales under seeded fault schedules (private PostgreSQL and Redis; about 30 s a
+    # seed). A failure prints the seed and the schedule to replay it.
+    step "chaos: seeded fault schedules over whole sales"
+    cargo build --workspace --bins
+    for seed in ${CHAOS_SEEDS:-1 2 3}; do
+        target/debug/flashgate-loadtest chaos --seed "$seed" --duration-seconds 20
+    done
 fi
 
 step "all checks passed"

@@ -13,6 +13,7 @@ use tokio_util::task::TaskTracker;
 use crate::admission::Admission;
 use crate::config::{Settings, millis};
 use crate::http::{self, State};
+use crate::inventory::{self, StockChange, StockEvents};
 use crate::ops;
 use crate::orders::sweeper;
 use crate::payments::http_provider::HttpProvider;
@@ -35,8 +36,9 @@ pub enum AppError {
 
 /// A built, bound, not yet running gateway.
 pub struct Application {
-    listener: TcpListener,
+    listeners: http::Listeners,
     local_addr: SocketAddr,
+    ops_addr: SocketAddr,
     state: Arc<State>,
     shutdown: CancellationToken,
 }
@@ -57,18 +59,15 @@ impl Application {
         );
         redis.connect().await;
         let admission = Admission::new(&settings, redis.clone());
-        let listen = settings.server.listen;
-        let listener = TcpListener::bind(listen)
-            .await
-            .map_err(|e| AppError::Bind(listen, e))?;
-        let local_addr = listener
-            .local_addr()
-            .map_err(|e| AppError::Bind(listen, e))?;
+        let (public, local_addr) = bind(settings.server.listen).await?;
+        let (ops, ops_addr) = bind(settings.server.ops_listen).await?;
         let payments = build_payments(&settings)?;
-        let state = State::new(settings, pools, redis, admission, payments);
+        let stock_events = subscribe_stock_events(&admission, &pools);
+        let state = State::new(settings, pools, redis, admission, payments, stock_events);
         Ok(Self {
-            listener,
+            listeners: http::Listeners { public, ops },
             local_addr,
+            ops_addr,
             state,
             shutdown: CancellationToken::new(),
         })
@@ -76,6 +75,11 @@ impl Application {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Where `/metrics` and the admin API are served.
+    pub fn ops_addr(&self) -> SocketAddr {
+        self.ops_addr
     }
 
     /// Cancel it to shut the gateway down gracefully.
@@ -95,13 +99,23 @@ impl Application {
         let background = CancellationToken::new();
         let tasks = TaskTracker::new();
         spawn_background(&tasks, &self.state, &background);
-        http::serve(self.listener, self.state, self.shutdown.clone()).await;
+        http::serve(self.listeners, self.state, self.shutdown.clone()).await;
         background.cancel();
         tasks.close();
         tasks.wait().await;
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+async fn bind(listen: SocketAddr) -> Result<(TcpListener, SocketAddr), AppError> {
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|e| AppError::Bind(listen, e))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| AppError::Bind(listen, e))?;
+    Ok((listener, bound))
 }
 
 /// The payment provider client, when payments are enabled.
@@ -116,6 +130,24 @@ pub fn build_payments(settings: &Settings) -> Result<Option<Payments>, AppError>
     )))
 }
 
+/// The one handler of stock changes: the sold-out mirror follows them, and the waiting room
+/// (which reads stock through the mirror and inventory totals) sees them from there.
+fn subscribe_stock_events(admission: &Admission, pools: &Pools) -> StockEvents {
+    let events = StockEvents::default();
+    let sold_out = admission.sold_out().clone();
+    let pool = pools.background.clone();
+    events.subscribe(move |change| {
+        let (sold_out, pool) = (sold_out.clone(), pool.clone());
+        async move {
+            match change {
+                StockChange::Freed(deal) => sold_out.clear(&deal).await,
+                StockChange::RanOut(deal) => sold_out.mark(&pool, &deal).await,
+            }
+        }
+    });
+    events
+}
+
 fn spawn_background(tasks: &TaskTracker, state: &Arc<State>, shutdown: &CancellationToken) {
     let settings = &state.settings;
     let background = state.pools.background.clone();
@@ -128,19 +160,16 @@ fn spawn_background(tasks: &TaskTracker, state: &Arc<State>, shutdown: &Cancella
         millis(settings.soldout.refresh_interval_ms),
         shutdown.clone(),
     ));
-    let sold_out = state.admission.sold_out().clone();
+    let events = state.stock_events.clone();
     tasks.spawn(sweeper::run(
         background,
         millis(settings.sweeper.interval_ms),
         settings.sweeper.batch_max,
+        Duration::from_secs(u64::from(settings.payments.expiry_grace_seconds)),
         shutdown.clone(),
         move |deals| {
-            let sold_out = sold_out.clone();
-            async move {
-                for deal in deals {
-                    sold_out.clear(&deal).await;
-                }
-            }
+            let events = events.clone();
+            async move { events.freed(deals).await }
         },
     ));
     tasks.spawn(state.pools.primary.clone().keep_primary(
@@ -162,6 +191,10 @@ fn spawn_background(tasks: &TaskTracker, state: &Arc<State>, shutdown: &Cancella
         state.pools.background.clone(),
         shutdown.clone(),
     ));
+    tasks.spawn(crate::waiting_room::revocation::follow(
+        state.admission.waiting_room().clone(),
+        shutdown.clone(),
+    ));
     spawn_ops(tasks, state, shutdown);
     spawn_payments(tasks, state, shutdown);
 }
@@ -174,14 +207,10 @@ fn spawn_payments(tasks: &TaskTracker, state: &Arc<State>, shutdown: &Cancellati
     let settings = &state.settings;
     let pool = state.pools.background.clone();
     let clear = {
-        let sold_out = state.admission.sold_out().clone();
+        let events = state.stock_events.clone();
         move |deals: Vec<String>| {
-            let sold_out = sold_out.clone();
-            async move {
-                for deal in deals {
-                    sold_out.clear(&deal).await;
-                }
-            }
+            let events = events.clone();
+            async move { events.freed(deals).await }
         }
     };
     let (p, db) = (payments.clone(), pool.clone());
@@ -268,19 +297,16 @@ async fn sample_metrics(state: Arc<State>, shutdown: CancellationToken) {
 
 /// Deals still on sale, or ended within the last day, get inventory gauges.
 async fn record_inventory(pool: &PgPool) -> Result<(), StoreError> {
-    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
-        "SELECT b.deal_id, sum(b.available)::bigint, sum(b.reserved)::bigint, sum(b.sold)::bigint
-           FROM inventory_buckets b JOIN deals d ON d.id = b.deal_id
-          WHERE d.ends_at IS NULL OR d.ends_at > now() - interval '1 day'
-          GROUP BY b.deal_id",
+    let deals: Vec<String> = sqlx::query_scalar(
+        "SELECT id FROM deals WHERE ends_at IS NULL OR ends_at > now() - interval '1 day'",
     )
     .fetch_all(pool)
     .await?;
-    for (deal, available, reserved, sold) in rows {
+    for (deal, totals) in inventory::totals(pool, &deals).await? {
         for (state, units) in [
-            ("available", available),
-            ("reserved", reserved),
-            ("sold", sold),
+            ("available", totals.available),
+            ("reserved", totals.reserved),
+            ("sold", totals.sold),
         ] {
             metrics::gauge!(telemetry::INVENTORY_UNITS, "deal" => deal.clone(), "state" => state)
                 .set(units as f64);
@@ -294,6 +320,8 @@ async fn record_payment_backlog(pool: &PgPool) -> Result<(), StoreError> {
     let refunds = crate::payments::refunds::pending(pool).await?;
     let outbox = crate::payments::outbox::backlog(pool).await?;
     metrics::gauge!(telemetry::REFUNDS_PENDING).set(refunds as f64);
+    let failed = crate::payments::refunds::failed_count(pool).await?;
+    metrics::gauge!(telemetry::REFUNDS_GIVEN_UP).set(failed as f64);
     metrics::gauge!(telemetry::OUTBOX_BACKLOG).set(outbox as f64);
     Ok(())
 }

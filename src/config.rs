@@ -17,11 +17,12 @@ use serde::Deserialize;
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
 /// Environment variables with fixed names, and the key each one sets.
-const NAMED_ENV: [(&str, &str); 6] = [
+const NAMED_ENV: [(&str, &str); 7] = [
     ("DATABASE_URL", "database.url"),
     ("DATABASE_DIRECT_URL", "database.direct_url"),
     ("REDIS_URL", "redis.url"),
     ("FLASHGATE_LISTEN", "server.listen"),
+    ("FLASHGATE_OPS_LISTEN", "server.ops_listen"),
     ("FLASHGATE_ADMIN_TOKEN", "auth.admin_token"),
     ("FLASHGATE_JWT_SECRET", "auth.jwt_secret"),
 ];
@@ -56,12 +57,21 @@ pub struct Settings {
 #[serde(deny_unknown_fields)]
 pub struct ServerSettings {
     pub listen: SocketAddr,
+    /// The operations listener: `/metrics`, `/admin/*`, health. Keep it off the internet.
+    pub ops_listen: SocketAddr,
     pub header_bytes_max: usize,
     pub body_bytes_max: usize,
     pub header_read_timeout_ms: u64,
     pub request_timeout_ms: u64,
     pub connections_max: usize,
     pub shutdown_grace_seconds: u64,
+    /// After the signal, how long `/readyz` fails while requests are still served, so load
+    /// balancers stop sending traffic before the listener closes.
+    pub drain_delay_ms: u64,
+    /// Open connections one client address may hold; more are closed at once.
+    pub connections_per_client_max: usize,
+    /// A request body not fully received within this is answered 408.
+    pub body_read_timeout_ms: u64,
     pub trusted_proxies: Vec<IpNet>,
     pub client_ip_header: String,
     pub public_cache_max_age_seconds: u32,
@@ -103,6 +113,10 @@ pub struct RedisSettings {
 pub struct AuthSettings {
     pub jwt_secret: String,
     pub jwt_leeway_seconds: u64,
+    /// The `iss` every user token must carry.
+    pub jwt_issuer: String,
+    /// The `aud` every user token must carry.
+    pub jwt_audience: String,
     pub admin_token: String,
     pub user_id_bytes_max: usize,
 }
@@ -152,9 +166,11 @@ pub struct OrderSettings {
     pub quantity_max: u32,
     pub idempotency_key_bytes_max: usize,
     pub retries_max: u32,
-    pub grouping: bool,
-    pub group_window_us: u64,
-    pub group_size_max: usize,
+    /// Batches of one deal in flight at once on this instance, each with its own share of
+    /// the buckets.
+    pub lanes: usize,
+    /// Most orders placed in one batch (one statement, one transaction).
+    pub batch_max: usize,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -177,6 +193,9 @@ pub struct SoldOutSettings {
 pub struct DealSettings {
     pub cache_ttl_ms: u64,
     pub cache_entries_max: usize,
+    /// Most deal ids kept in memory to answer unknown ids without PostgreSQL; with more
+    /// deals than this, each unknown id is looked up (and its absence cached) on its own.
+    pub catalogue_ids_max: usize,
     pub metrics_interval_ms: u64,
 }
 
@@ -202,6 +221,18 @@ pub struct PaymentSettings {
     pub reconcile_interval_ms: u64,
     pub reconcile_after_seconds: u32,
     pub reconcile_batch_max: u32,
+    /// Most payment attempts one order may have, its first included; one more is answered
+    /// 409 `payment-attempts-exhausted`.
+    pub attempts_per_order_max: u32,
+    /// After `expires_at`, how long an order with a payment still open at the provider is
+    /// held while the provider is asked about it; at `expires_at` plus this the reservation
+    /// is released whatever the provider says, and later money follows the late-payment
+    /// policy. Shown in every order as `hold_ends_at`.
+    pub expiry_grace_seconds: u32,
+    /// A refund the provider refuses is retried with backoff (2, 4, … up to 60 s apart) this
+    /// many times in all, then marked FAILED and surfaced (`flashgate_refunds_failed`,
+    /// `flashgate reconcile`) for a person to finish.
+    pub refund_tries_max: u32,
 }
 
 impl std::fmt::Debug for PaymentSettings {
@@ -259,6 +290,34 @@ pub struct WaitingRoomSettings {
     pub shuffle_tickets_max: u32,
     /// A line's Redis keys expire this long after its last ticket was taken.
     pub keys_ttl_seconds: u64,
+    /// A stock snapshot older than this admits nobody (the advancer could not re-read it).
+    pub stock_age_max_ms: u64,
+    /// How often each instance reads the revocation stream: the most a revoked pass keeps
+    /// working on another instance.
+    pub revocation_poll_ms: u64,
+    /// Revocations kept in the Redis stream (approximately), for instances catching up.
+    pub revocations_max: u64,
+    /// `ed25519` (anyone holding the published key set can verify) or `hmac` (only holders
+    /// of `pass_secret` can). Both are always accepted; this picks what is minted.
+    pub pass_format: String,
+    /// Ed25519 signing keys as base64url 32-byte seeds (FLASHGATE__WAITING_ROOM__PASS_SIGNING_KEYS):
+    /// the first signs, all are published and verify, so a key is rotated in by listing it
+    /// second, then first, then dropping the old one after `pass_ttl_seconds`. Empty: one key
+    /// derived from `pass_secret`.
+    pub pass_signing_keys: Vec<String>,
+    /// How long a CDN may cache the published key set.
+    pub keys_max_age_seconds: u64,
+    /// A proof-of-work challenge must be solved and used within this.
+    pub pow_challenge_ttl_seconds: u64,
+    /// The hardest challenge ever asked, however large the crowd.
+    pub pow_bits_max: u32,
+    /// The crowd size from which each doubling of the people waiting adds one bit.
+    pub pow_crowd_step: u64,
+    /// The waiting page's title and optional stylesheet: the shop's branding.
+    pub page_title: String,
+    pub page_stylesheet_url: String,
+    /// How long a CDN may cache the waiting page.
+    pub page_max_age_seconds: u64,
 }
 
 impl std::fmt::Debug for WaitingRoomSettings {
@@ -354,6 +413,47 @@ impl Settings {
         check(
             w.keys_ttl_seconds >= 3600,
             "waiting_room.keys_ttl_seconds must be at least 3600",
+        )?;
+        self.validate_waiting_room_edge()
+    }
+
+    fn validate_waiting_room_edge(&self) -> Result<(), ConfigError> {
+        let w = &self.waiting_room;
+        check(
+            w.stock_age_max_ms >= 2 * w.stock_refresh_ms && w.stock_age_max_ms <= 600_000,
+            "waiting_room.stock_age_max_ms must be 2 × stock_refresh_ms..=600000",
+        )?;
+        check(
+            (1..=1000).contains(&w.revocation_poll_ms),
+            "waiting_room.revocation_poll_ms must be 1..=1000",
+        )?;
+        check(
+            (1000..=10_000_000).contains(&w.revocations_max),
+            "waiting_room.revocations_max must be 1000..=10000000",
+        )?;
+        check(
+            matches!(w.pass_format.as_str(), "ed25519" | "hmac"),
+            "waiting_room.pass_format must be ed25519 or hmac",
+        )?;
+        check(
+            crate::waiting_room::pass::signing_keys(w).is_ok(),
+            "waiting_room.pass_signing_keys must be base64url 32-byte seeds",
+        )?;
+        check(
+            (10..=600).contains(&w.pow_challenge_ttl_seconds),
+            "waiting_room.pow_challenge_ttl_seconds must be 10..=600",
+        )?;
+        check(
+            (1..=32).contains(&w.pow_bits_max),
+            "waiting_room.pow_bits_max must be 1..=32",
+        )?;
+        check(
+            w.pow_crowd_step >= 1,
+            "waiting_room.pow_crowd_step must be at least 1",
+        )?;
+        check(
+            w.page_title.len() <= 200 && w.page_stylesheet_url.len() <= 2000,
+            "waiting_room.page_title must be at most 200 bytes, page_stylesheet_url 2000",
         )
     }
 
@@ -376,6 +476,18 @@ impl Settings {
             "server.request_timeout_ms must be > 0",
         )?;
         check(s.connections_max > 0, "server.connections_max must be > 0")?;
+        check(
+            s.connections_per_client_max > 0,
+            "server.connections_per_client_max must be > 0",
+        )?;
+        check(
+            s.drain_delay_ms < s.shutdown_grace_seconds.saturating_mul(1000),
+            "server.drain_delay_ms must be shorter than server.shutdown_grace_seconds",
+        )?;
+        check(
+            s.body_read_timeout_ms > 0 && s.body_read_timeout_ms < s.request_timeout_ms,
+            "server.body_read_timeout_ms must be > 0 and below server.request_timeout_ms",
+        )?;
         check(
             http::HeaderName::from_bytes(s.client_ip_header.as_bytes()).is_ok(),
             "server.client_ip_header must be a header name",
@@ -433,6 +545,10 @@ impl Settings {
             "auth.jwt_secret must not be empty",
         )?;
         check(
+            !self.auth.jwt_issuer.is_empty() && !self.auth.jwt_audience.is_empty(),
+            "auth.jwt_issuer and auth.jwt_audience must not be empty",
+        )?;
+        check(
             self.auth.admin_token.len() >= 16,
             "auth.admin_token must be at least 16 bytes",
         )?;
@@ -472,12 +588,13 @@ impl Settings {
             "orders.quantity_max must be 1..=1000000",
         )?;
         check(
-            (1..=1024).contains(&o.group_size_max),
-            "orders.group_size_max must be 1..=1024",
+            (1..=1024).contains(&o.batch_max),
+            "orders.batch_max must be 1..=1024",
         )?;
+        check((1..=64).contains(&o.lanes), "orders.lanes must be 1..=64")?;
         check(
-            (1..=100_000).contains(&o.group_window_us),
-            "orders.group_window_us must be 1..=100000",
+            o.lanes < self.database.request_pool_max as usize,
+            "orders.lanes must be below database.request_pool_max, so reads still get connections",
         )?;
         check(
             (1..=255).contains(&o.idempotency_key_bytes_max),
@@ -488,8 +605,8 @@ impl Settings {
             "deals.cache_ttl_ms must be > 0",
         )?;
         check(
-            self.deals.cache_entries_max > 0,
-            "deals.cache_entries_max must be > 0",
+            self.deals.cache_entries_max > 0 && self.deals.catalogue_ids_max > 0,
+            "deals.cache_entries_max and deals.catalogue_ids_max must be > 0",
         )
     }
 
@@ -537,6 +654,18 @@ impl Settings {
         check(
             p.reconcile_interval_ms > 0 && p.reconcile_batch_max > 0,
             "payments reconcile interval and batch must be > 0",
+        )?;
+        check(
+            (1..=100).contains(&p.attempts_per_order_max),
+            "payments.attempts_per_order_max must be 1..=100",
+        )?;
+        check(
+            p.expiry_grace_seconds <= 300,
+            "payments.expiry_grace_seconds must be at most 300",
+        )?;
+        check(
+            (1..=100).contains(&p.refund_tries_max),
+            "payments.refund_tries_max must be 1..=100",
         )
     }
 
@@ -568,11 +697,85 @@ impl Settings {
         )
     }
 
-    pub fn uses_default_secrets(&self) -> bool {
+    /// Outside `demo`, every secret must be set to a value of its own, at least
+    /// [`SECRET_BYTES_MIN`] long: the shipped defaults are public. The payment provider's
+    /// API key and webhook secret count only when payments are enabled. The error names
+    /// the first offending setting and how to set it.
+    pub fn check_secrets(&self) -> Result<(), ConfigError> {
         let defaults = Self::defaults();
-        self.auth.jwt_secret == defaults.auth.jwt_secret
-            || self.auth.admin_token == defaults.auth.admin_token
-            || self.waiting_room.pass_secret == defaults.waiting_room.pass_secret
+        let mut secrets = vec![
+            Secret::new(
+                "auth.jwt_secret",
+                "FLASHGATE_JWT_SECRET",
+                &self.auth.jwt_secret,
+                &defaults.auth.jwt_secret,
+            ),
+            Secret::new(
+                "auth.admin_token",
+                "FLASHGATE_ADMIN_TOKEN",
+                &self.auth.admin_token,
+                &defaults.auth.admin_token,
+            ),
+            Secret::new(
+                "waiting_room.pass_secret",
+                "FLASHGATE__WAITING_ROOM__PASS_SECRET",
+                &self.waiting_room.pass_secret,
+                &defaults.waiting_room.pass_secret,
+            ),
+        ];
+        if self.payments.enabled {
+            secrets.push(Secret::new(
+                "payments.webhook_secret",
+                "FLASHGATE__PAYMENTS__WEBHOOK_SECRET",
+                &self.payments.webhook_secret,
+                &defaults.payments.webhook_secret,
+            ));
+            secrets.push(Secret::new(
+                "payments.api_key",
+                "FLASHGATE__PAYMENTS__API_KEY",
+                &self.payments.api_key,
+                &defaults.payments.api_key,
+            ));
+        }
+        secrets.iter().try_for_each(Secret::check)
+    }
+}
+
+/// Shortest secret `serve` accepts, in bytes (256 bits).
+pub const SECRET_BYTES_MIN: usize = 32;
+
+/// One secret setting, for [`Settings::check_secrets`].
+struct Secret<'a> {
+    key: &'static str,
+    env: &'static str,
+    value: &'a str,
+    default: &'a str,
+}
+
+impl<'a> Secret<'a> {
+    fn new(key: &'static str, env: &'static str, value: &'a str, default: &'a str) -> Self {
+        Self {
+            key,
+            env,
+            value,
+            default,
+        }
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let problem = if self.value == self.default {
+            "is left at its public development default".to_owned()
+        } else if self.value.len() < SECRET_BYTES_MIN {
+            format!("is {} bytes long", self.value.len())
+        } else {
+            return Ok(());
+        };
+        Err(ConfigError::Invalid(format!(
+            "{} {problem}; `serve` needs a secret of its own of at least {SECRET_BYTES_MIN} bytes: \
+             set {} (or {} in the --config file), e.g. to the output of `openssl rand -hex 32`; \
+             only `flashgate demo` runs with the development defaults",
+            self.key, self.env, self.key
+        )))
     }
 }
 
@@ -586,6 +789,16 @@ fn check(ok: bool, message: &str) -> Result<(), ConfigError> {
 
 pub fn millis(ms: u64) -> Duration {
     Duration::from_millis(ms)
+}
+
+impl AuthSettings {
+    /// The issuer and audience user tokens must name.
+    pub fn audience(&self) -> crate::admission::token::Audience<'_> {
+        crate::admission::token::Audience {
+            issuer: &self.jwt_issuer,
+            audience: &self.jwt_audience,
+        }
+    }
 }
 
 /// Secrets never reach logs.
@@ -647,6 +860,34 @@ mod tests {
             "postgres://<redacted>@h:5432/db"
         );
         assert_eq!(redact_url("redis://127.0.0.1"), "redis://127.0.0.1");
+    }
+
+    #[test]
+    fn serve_refuses_default_and_short_secrets() {
+        let mut settings = Settings::defaults();
+        let error = settings.check_secrets().unwrap_err().to_string();
+        assert!(error.contains("auth.jwt_secret") && error.contains("FLASHGATE_JWT_SECRET"));
+        settings.auth.jwt_secret = "j".repeat(32);
+        settings.auth.admin_token = "a".repeat(32);
+        settings.waiting_room.pass_secret = "p".repeat(31);
+        let error = settings.check_secrets().unwrap_err().to_string();
+        assert!(
+            error.contains("waiting_room.pass_secret is 31 bytes long"),
+            "{error}"
+        );
+        settings.waiting_room.pass_secret = "p".repeat(32);
+        settings.check_secrets().unwrap();
+        settings.payments.enabled = true;
+        let error = settings.check_secrets().unwrap_err().to_string();
+        assert!(
+            error.contains("FLASHGATE__PAYMENTS__WEBHOOK_SECRET"),
+            "{error}"
+        );
+        settings.payments.webhook_secret = "w".repeat(32);
+        let error = settings.check_secrets().unwrap_err().to_string();
+        assert!(error.contains("payments.api_key"), "{error}");
+        settings.payments.api_key = "k".repeat(32);
+        settings.check_secrets().unwrap();
     }
 
     #[test]

@@ -91,10 +91,21 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_BAD_CONFIG);
         }
     };
+    if matches!(cli.command, Command::Serve)
+        && let Err(error) = settings.check_secrets()
+    {
+        eprintln!("flashgate: {error}");
+        return ExitCode::from(EXIT_BAD_CONFIG);
+    }
     if let Command::Token { user, ttl_seconds } = &cli.command {
         println!(
             "{}",
-            auth::mint_token(&settings.auth.jwt_secret, user, *ttl_seconds)
+            auth::mint_token_for(
+                &settings.auth.jwt_secret,
+                settings.auth.audience(),
+                user,
+                *ttl_seconds
+            )
         );
         return ExitCode::SUCCESS;
     }
@@ -152,22 +163,21 @@ async fn serve(mut settings: Settings, demo: bool) -> Result<(), String> {
     if demo {
         settings.database.migrate_on_start = true;
     }
-    if settings.uses_default_secrets() && !demo {
-        tracing::warn!(
-            "FLASHGATE_JWT_SECRET, FLASHGATE_ADMIN_TOKEN or FLASHGATE__WAITING_ROOM__PASS_SECRET \
-             is left at its development default"
-        );
-    }
-    let secret = settings.auth.jwt_secret.clone();
+    let demo_token = auth::mint_token_for(
+        &settings.auth.jwt_secret,
+        settings.auth.audience(),
+        "alice",
+        3600,
+    );
     let admin_token = settings.auth.admin_token.clone();
     let app = Application::build(settings)
         .await
         .map_err(|e| e.to_string())?;
     if demo {
         create_demo_deal(&app).await?;
-        print_demo_help(&app, &secret, &admin_token);
+        print_demo_help(&app, &demo_token, &admin_token);
     }
-    tracing::info!(addr = %app.local_addr(), "flashgate listening");
+    tracing::info!(addr = %app.local_addr(), ops = %app.ops_addr(), "flashgate listening");
     tokio::spawn(shutdown::cancel_on_signal(app.shutdown_token()));
     app.run().await.map_err(|e| e.to_string())
 }
@@ -210,9 +220,9 @@ async fn create_demo_deal(app: &Application) -> Result<(), String> {
     }
 }
 
-fn print_demo_help(app: &Application, secret: &str, admin_token: &str) {
+fn print_demo_help(app: &Application, token: &str, admin_token: &str) {
     let base = format!("http://{}", app.local_addr());
-    let token = auth::mint_token(secret, "alice", 3600);
+    let ops = format!("http://{}", app.ops_addr());
     println!(
         "\nflashgate demo sale is live at {base}\n\n\
          Deal status:\n  curl -s {base}/v1/deals/demo\n\n\
@@ -220,8 +230,8 @@ fn print_demo_help(app: &Application, secret: &str, admin_token: &str) {
          curl -s -X POST {base}/v1/deals/demo/orders \\\n    \
          -H 'Authorization: Bearer {token}' \\\n    \
          -H 'Idempotency-Key: first-try' -d '{{\"quantity\": 2}}'\n\n\
-         Inventory (admin):\n  curl -s {base}/admin/deals/demo/inventory -H 'Authorization: Bearer {admin_token}'\n\n\
-         Metrics:\n  curl -s {base}/metrics\n\n\
+         Inventory (admin, on the operations listener):\n  curl -s {ops}/admin/deals/demo/inventory -H 'Authorization: Bearer {admin_token}'\n\n\
+         Metrics:\n  curl -s {ops}/metrics\n\n\
          Press Ctrl-C to stop.\n"
     );
 }

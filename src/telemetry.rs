@@ -24,6 +24,8 @@ pub const CONNECTIONS_REFUSED: &str = "flashgate_connections_refused_total";
 pub const SWEEPER_RUNS: &str = "flashgate_sweeper_runs_total";
 pub const RESERVATION_GROUPS: &str = "flashgate_reservation_groups_total";
 pub const GROUPED_ORDERS: &str = "flashgate_grouped_orders_total";
+pub const RESERVATION_BATCH_SIZE: &str = "flashgate_reservation_batch_size";
+pub const LANES_BUSY: &str = "flashgate_reservation_lanes_busy";
 pub const WEBHOOK_EVENTS: &str = "flashgate_webhook_events_total";
 pub const WEBHOOK_LAG: &str = "flashgate_webhook_lag_seconds";
 pub const PROVIDER_CALL_DURATION: &str = "flashgate_provider_call_duration_seconds";
@@ -34,6 +36,9 @@ pub const REFUNDS_PENDING: &str = "flashgate_refunds_pending";
 pub const OUTBOX_BACKLOG: &str = "flashgate_outbox_backlog";
 pub const OUTBOX_PROCESSED: &str = "flashgate_outbox_processed_total";
 pub const RECONCILER_FINDINGS: &str = "flashgate_reconciler_findings_total";
+pub const PAYMENT_MISMATCHES: &str = "flashgate_payment_mismatches_total";
+pub const REFUNDS_FAILED: &str = "flashgate_refunds_failed_total";
+pub const REFUNDS_GIVEN_UP: &str = "flashgate_refunds_failed";
 pub const INVARIANT_VIOLATIONS: &str = "flashgate_invariant_violations";
 pub const OVERDUE_RESERVATIONS: &str = "flashgate_overdue_reservations";
 pub const AUDIT_RUNS: &str = "flashgate_audit_runs_total";
@@ -44,11 +49,18 @@ pub const WAITING_ROOM_PASSES_ACTIVE: &str = "flashgate_waiting_room_passes_acti
 pub const WAITING_ROOM_ABANDONED: &str = "flashgate_waiting_room_abandoned_total";
 pub const WAITING_ROOM_ESTIMATED_WAIT: &str = "flashgate_waiting_room_estimated_wait_seconds";
 pub const WAITING_ROOM_PASS_REJECTIONS: &str = "flashgate_waiting_room_pass_rejections_total";
+pub const WAITING_ROOM_REVOKED: &str = "flashgate_waiting_room_passes_revoked_total";
+pub const WAITING_ROOM_CHALLENGES: &str = "flashgate_waiting_room_challenges_total";
 
 /// Latency buckets in seconds: fine below 10 ms where the hot path lives, coarse above.
 const LATENCY_BUCKETS_SECONDS: [f64; 16] = [
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
     10.0,
+];
+
+/// Orders per reservation batch: 1 at low load, up to `orders.batch_max` under a stampede.
+const BATCH_SIZE_BUCKETS: [f64; 16] = [
+    1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 256.0, 1024.0,
 ];
 
 /// Webhook lag buckets in seconds: providers deliver within seconds, retries within minutes.
@@ -75,6 +87,12 @@ pub fn prometheus() -> &'static PrometheusHandle {
                 b.set_buckets_for_metric(
                     Matcher::Full(WEBHOOK_LAG.to_owned()),
                     &LAG_BUCKETS_SECONDS,
+                )
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full(RESERVATION_BATCH_SIZE.to_owned()),
+                    &BATCH_SIZE_BUCKETS,
                 )
             })
             .and_then(|builder| builder.install_recorder())
@@ -116,6 +134,10 @@ fn export_payment_zeroes() {
         metrics::counter!(WEBHOOK_EVENTS, "result" => result).increment(0);
     }
     metrics::counter!(PAYMENT_OUTCOMES, "outcome" => "mismatch").increment(0);
+    metrics::counter!(REFUNDS_FAILED).increment(0);
+    for status in ["requires_payment", "requires_capture", "succeeded"] {
+        metrics::counter!(PAYMENT_MISMATCHES, "status" => status).increment(0);
+    }
     for kind in [
         "paid_at_provider_pending_locally",
         "amount_mismatch",
@@ -123,11 +145,13 @@ fn export_payment_zeroes() {
         "paid_locally_unknown_at_provider",
         "unrefunded_extra_payment",
         "refund_stuck",
+        "refund_failed",
     ] {
         metrics::counter!(RECONCILER_FINDINGS, "kind" => kind).increment(0);
     }
     let errors = [
         ProviderError::Timeout,
+        ProviderError::Refused(String::new()),
         ProviderError::Unavailable(String::new()),
         ProviderError::Conflict(String::new()),
         ProviderError::NotFound,
@@ -187,12 +211,36 @@ fn describe() {
         "TCP connections closed at once over the limit."
     );
     describe_counter!(SWEEPER_RUNS, "Expiry sweeper passes, by outcome.");
-    describe_counter!(RESERVATION_GROUPS, "Group reservation transactions run.");
+    describe_counter!(
+        RESERVATION_GROUPS,
+        "Reservation batches run (one statement each)."
+    );
     describe_counter!(
         GROUPED_ORDERS,
-        "Orders reserved through a group transaction (any outcome)."
+        "Orders placed in a batch of more than one (any outcome)."
+    );
+    describe_histogram!(
+        RESERVATION_BATCH_SIZE,
+        metrics::Unit::Count,
+        "Orders per reservation batch."
+    );
+    describe_gauge!(
+        LANES_BUSY,
+        "Reservation batches in flight on this instance, over every deal."
     );
     describe_counter!(WEBHOOK_EVENTS, "Provider webhooks received, by result.");
+    describe_counter!(
+        REFUNDS_FAILED,
+        "Refunds given up after payments.refund_tries_max refusals by the provider."
+    );
+    describe_gauge!(
+        REFUNDS_GIVEN_UP,
+        "Refunds in state FAILED: money owed back that a person must return."
+    );
+    describe_counter!(
+        PAYMENT_MISMATCHES,
+        "Payments the provider reports with another amount or currency than the order's, voided or refunded, by provider status."
+    );
     describe_histogram!(
         WEBHOOK_LAG,
         metrics::Unit::Seconds,
@@ -270,6 +318,14 @@ fn describe_waiting_room() {
     describe_counter!(
         WAITING_ROOM_PASS_REJECTIONS,
         "Orders refused for a missing or invalid Flashgate-Pass, by reason."
+    );
+    describe_counter!(
+        WAITING_ROOM_REVOKED,
+        "Waiting-room sessions ended by an operator or by a paid or cancelled order."
+    );
+    describe_counter!(
+        WAITING_ROOM_CHALLENGES,
+        "Proof-of-work solutions checked when joining a line, by outcome."
     );
 }
 

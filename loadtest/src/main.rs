@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use flashgate_loadtest::{bare, chart, sale};
+use flashgate_loadtest::{bare, chaos, chart, sale};
 
 #[derive(Parser)]
 #[command(about = "Flash sales against flashgate on loopback, bounded in count and time")]
@@ -28,6 +28,12 @@ enum Command {
         #[arg(long)]
         chart: Option<PathBuf>,
     },
+    /// A whole sale under a seeded fault schedule; exits non-zero on any ledger violation
+    /// and prints the seed and the schedule to replay it.
+    Chaos {
+        #[command(flatten)]
+        config: chaos::ChaosConfig,
+    },
     /// Serve a tiny JSON body on every request: the baseline for rejection cost.
     BareServer {
         #[arg(long, default_value = "127.0.0.1:8099")]
@@ -39,6 +45,7 @@ enum Command {
 async fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Sale { config, out, chart } => run_sale(&config, out, chart).await,
+        Command::Chaos { config } => run_chaos(&config).await,
         Command::BareServer { listen } => match bare::serve(listen).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
@@ -94,4 +101,29 @@ fn write_outputs(
         std::fs::write(path, chart::svg(&title, &timeline))?;
     }
     Ok(())
+}
+
+async fn run_chaos(config: &chaos::ChaosConfig) -> ExitCode {
+    match chaos::run(config).await {
+        Ok(report) => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report).unwrap_or_default()
+            );
+            if report["ok"] == true {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!(
+                    "chaos: violations with seed {} (replay: flashgate-loadtest chaos --seed {} \
+                     --duration-seconds {}); schedule above",
+                    config.seed, config.seed, config.duration_seconds
+                );
+                ExitCode::FAILURE
+            }
+        }
+        Err(error) => {
+            eprintln!("chaos run with seed {} could not run: {error}", config.seed);
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -23,6 +23,9 @@ pub struct SaleConfig {
     /// Gateway base URL; must be a loopback address.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     pub base_url: String,
+    /// The gateway's operations listener (admin API); must be a loopback address.
+    #[arg(long, default_value = "http://127.0.0.1:8081")]
+    pub ops_url: String,
     #[arg(
         long,
         env = "FLASHGATE_ADMIN_TOKEN",
@@ -133,6 +136,7 @@ pub fn ensure_loopback(base_url: &str) -> Result<(), String> {
 /// Runs the sale and returns the report (its `verdict.ok` says whether it passed).
 pub async fn run(config: &SaleConfig) -> Result<Value, String> {
     ensure_loopback(&config.base_url)?;
+    ensure_loopback(&config.ops_url)?;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(config.concurrency)
         .timeout(Duration::from_secs(10))
@@ -146,6 +150,13 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
         created_per_second: Vec::new(),
         order_ids: Vec::new(),
     }));
+    // Every token is minted before the clock starts, so signing costs the run nothing.
+    let tokens: Arc<Vec<String>> = Arc::new(
+        (0..config.users)
+            .map(|u| flashgate::auth::mint_token(&config.jwt_secret, &format!("lt-user-{u}"), 3600))
+            .collect(),
+    );
+    let cpu_before = process_cpu_seconds();
     let started = Instant::now();
     let stock_samples = Arc::new(Mutex::new(Vec::<(usize, i64)>::new()));
     let sampler = tokio::spawn(sample_stock(
@@ -155,9 +166,20 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
         started,
         stock_samples.clone(),
     ));
-    let paid = drive(&client, config, &deal_id, started, recorder.clone()).await;
+    let paid = drive(
+        &client,
+        config,
+        &deal_id,
+        &tokens,
+        started,
+        recorder.clone(),
+    )
+    .await;
     sampler.abort();
     let elapsed = started.elapsed();
+    let cpu_used = process_cpu_seconds()
+        .zip(cpu_before)
+        .map(|(after, before)| after - before);
     let inventory = get_inventory(&client, config, &deal_id).await?;
     let recorder = Arc::try_unwrap(recorder)
         .map_err(|_| "workers still running")?
@@ -179,7 +201,20 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
         db.as_ref(),
     );
     report["paid_at_checkout"] = json!(paid);
+    report["load_generator_cpu_seconds"] = json!(cpu_used);
     Ok(report)
+}
+
+/// CPU time (user + system) this process used so far, from `/proc/self/stat` (Linux; the
+/// kernel counts in ticks of 1/100 s for user space).
+fn process_cpu_seconds() -> Option<f64> {
+    const TICKS_PER_SECOND: f64 = 100.0;
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) start at the state, field 3.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let user: f64 = fields.get(11)?.parse().ok()?;
+    let system: f64 = fields.get(12)?.parse().ok()?;
+    Some((user + system) / TICKS_PER_SECOND)
 }
 
 fn deal_body(config: &SaleConfig, deal_id: &str) -> Value {
@@ -203,7 +238,7 @@ async fn create_deal(
     deal_id: &str,
 ) -> Result<(), String> {
     let response = client
-        .post(format!("{}/admin/deals", config.base_url))
+        .post(format!("{}/admin/deals", config.ops_url))
         .bearer_auth(&config.admin_token)
         .json(&deal_body(config, deal_id))
         .send()
@@ -221,14 +256,10 @@ async fn drive(
     client: &reqwest::Client,
     config: &SaleConfig,
     deal_id: &str,
+    tokens: &Arc<Vec<String>>,
     started: Instant,
     recorder: Arc<Mutex<Recorder>>,
 ) -> u64 {
-    let tokens: Arc<Vec<String>> = Arc::new(
-        (0..config.users)
-            .map(|u| flashgate::auth::mint_token(&config.jwt_secret, &format!("lt-user-{u}"), 3600))
-            .collect(),
-    );
     let deadline = started + Duration::from_secs(config.duration_max_seconds);
     let total = config.users * config.attempts;
     let permits = Arc::new(Semaphore::new(config.concurrency.max(1)));
@@ -328,10 +359,7 @@ async fn wait_for_pass(
     token: &str,
     deadline: Instant,
 ) -> Result<String, String> {
-    let joined: Value = client
-        .post(queue_url)
-        .bearer_auth(token)
-        .send()
+    let joined: Value = crate::pow::join(client, queue_url, token)
         .await
         .map_err(|_| "queue_error".to_owned())?
         .json()
@@ -442,7 +470,7 @@ async fn get_inventory(
     client
         .get(format!(
             "{}/admin/deals/{deal_id}/inventory",
-            config.base_url
+            config.ops_url
         ))
         .bearer_auth(&config.admin_token)
         .send()

@@ -43,6 +43,7 @@ async fn drop_database(name: &str) {
 struct Gateway {
     settings: Settings,
     base_url: String,
+    ops_url: String,
     database: String,
     stop: Box<dyn FnOnce() + Send>,
     server: tokio::task::JoinHandle<Result<(), flashgate::app::AppError>>,
@@ -53,6 +54,8 @@ impl Gateway {
         let (url, database) = fresh_database().await;
         let mut settings = Settings::defaults();
         settings.server.listen = "127.0.0.1:0".parse().unwrap();
+        settings.server.ops_listen = "127.0.0.1:0".parse().unwrap();
+        settings.server.drain_delay_ms = 0;
         settings.database.url = url;
         settings.database.request_pool_max = 8;
         settings.redis.key_prefix = format!("fglt:{database}:");
@@ -64,11 +67,13 @@ impl Gateway {
             .await
             .expect("gateway starts");
         let base_url = format!("http://{}", app.local_addr());
+        let ops_url = format!("http://{}", app.ops_addr());
         let token = app.shutdown_token();
         let server = tokio::spawn(app.run());
         Self {
             settings,
             base_url,
+            ops_url,
             database,
             stop: Box::new(move || token.cancel()),
             server,
@@ -78,6 +83,7 @@ impl Gateway {
     fn sale(&self) -> SaleConfig {
         SaleConfig {
             base_url: self.base_url.clone(),
+            ops_url: self.ops_url.clone(),
             admin_token: self.settings.auth.admin_token.clone(),
             jwt_secret: self.settings.auth.jwt_secret.clone(),
             stock: 50,

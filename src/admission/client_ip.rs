@@ -17,7 +17,9 @@ impl ClientIp {
         Self { trusted_proxies }
     }
 
-    fn is_trusted(&self, ip: IpAddr) -> bool {
+    /// True when `ip` is one of the proxies trusted to name the client.
+    pub fn is_trusted(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
         self.trusted_proxies.iter().any(|net| net.contains(&ip))
     }
 

@@ -104,6 +104,7 @@ impl Admission {
             global: GlobalLimits::new(&settings.limits, redis.clone()),
             tokens: TokenVerifier::new(
                 &settings.auth.jwt_secret,
+                settings.auth.audience(),
                 settings.auth.jwt_leeway_seconds,
                 settings.auth.user_id_bytes_max,
             ),
@@ -115,6 +116,7 @@ impl Admission {
             deals: DealCache::new(
                 crate::config::millis(settings.deals.cache_ttl_ms),
                 settings.deals.cache_entries_max,
+                settings.deals.catalogue_ids_max,
             ),
             waiting_room: WaitingRoom::new(&settings.waiting_room, redis),
         }
@@ -147,6 +149,11 @@ impl Admission {
         header_values: impl DoubleEndedIterator<Item = &'a [u8]>,
     ) -> IpAddr {
         self.client_ip.resolve(peer, header_values)
+    }
+
+    /// True when `peer` is a trusted proxy carrying many clients' connections.
+    pub fn is_trusted_proxy(&self, peer: IpAddr) -> bool {
+        self.client_ip.is_trusted(peer)
     }
 
     pub fn check_ip(&self, ip: IpAddr) -> Result<(), Rejection> {
@@ -200,11 +207,6 @@ impl Admission {
         } else {
             None
         };
-        if i64::from(quantity.get()) > i64::from(deal.per_user_limit) {
-            return Err(counted(Rejection::PerUserLimit {
-                limit: deal.per_user_limit,
-            }));
-        }
         Ok(Admitted {
             user,
             deal,

@@ -242,18 +242,32 @@ async fn unbacked(pool: &PgPool, flagged: &[String]) -> Result<HashSet<String>, 
     if flagged.is_empty() {
         return Ok(HashSet::new());
     }
-    let ids: Vec<String> = sqlx::query_scalar(
-        "SELECT m FROM unnest($1::text[]) AS m
-          WHERE NOT EXISTS (
-                SELECT 1 FROM deals d
-                 WHERE d.id = m AND (d.ends_at IS NULL OR d.ends_at > now())
-                   AND NOT EXISTS (SELECT 1 FROM inventory_buckets b
-                                    WHERE b.deal_id = d.id AND b.available > 0))",
+    let backed = sold_out_among(pool, Some(flagged)).await?;
+    Ok(flagged
+        .iter()
+        .filter(|deal| !backed.contains(*deal))
+        .cloned()
+        .collect())
+}
+
+/// Of `deals` (every deal when `None`), those still on sale (or upcoming) with no units left.
+async fn sold_out_among(
+    pool: &PgPool,
+    deals: Option<&[String]>,
+) -> Result<HashSet<String>, StoreError> {
+    let on_sale: Vec<String> = sqlx::query_scalar(
+        "SELECT id FROM deals
+          WHERE (ends_at IS NULL OR ends_at > now()) AND ($1::text[] IS NULL OR id = ANY($1))",
     )
-    .bind(flagged)
+    .bind(deals)
     .fetch_all(pool)
     .await?;
-    Ok(ids.into_iter().collect())
+    let totals = inventory::totals(pool, &on_sale).await?;
+    Ok(totals
+        .into_iter()
+        .filter(|(_, t)| t.available == 0)
+        .map(|(deal, _)| deal)
+        .collect())
 }
 
 /// Users who ever ordered `deal_id`; empty when there are more than `users_max`.
@@ -277,12 +291,5 @@ async fn holders(
 
 /// Every deal still on sale (or upcoming) with no units left.
 async fn sold_out_in_postgres(pool: &PgPool) -> Result<HashSet<String>, StoreError> {
-    let ids: Vec<String> = sqlx::query_scalar(
-        "SELECT b.deal_id FROM inventory_buckets b JOIN deals d ON d.id = b.deal_id
-          WHERE d.ends_at IS NULL OR d.ends_at > now()
-          GROUP BY b.deal_id HAVING sum(b.available) = 0",
-    )
-    .fetch_all(pool)
-    .await?;
-    Ok(ids.into_iter().collect())
+    sold_out_among(pool, None).await
 }

@@ -1,4 +1,6 @@
-//! User tokens: HS256 JWTs whose `sub` is the user id and whose `exp` is enforced.
+//! User tokens: HS256 JWTs whose `sub` is the user id, whose `exp` and `nbf` are enforced,
+//! and whose `iss` and `aud` must name this deployment: a service that shares the secret
+//! but signs tokens for another purpose (another issuer or audience) cannot make users.
 //!
 //! Verification is an HMAC over a few hundred bytes, with no Redis or PostgreSQL round
 //! trip, so it can run before anything expensive.
@@ -8,12 +10,36 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::UserId;
 
+/// The `iss` and `aud` that `config/default.toml` requires (checked by a unit test), used
+/// by [`mint_token`].
+pub const DEFAULT_ISSUER: &str = "flashgate";
+pub const DEFAULT_AUDIENCE: &str = "flashgate";
+
 #[derive(Debug, Serialize, Deserialize)]
 struct Claims {
     sub: String,
     exp: i64,
+    iss: String,
+    aud: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     iat: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    nbf: Option<i64>,
+}
+
+/// Who signs user tokens and for whom; both must match for a token to be accepted.
+#[derive(Debug, Clone, Copy)]
+pub struct Audience<'a> {
+    pub issuer: &'a str,
+    pub audience: &'a str,
+}
+
+impl Audience<'static> {
+    /// The issuer and audience of the default configuration.
+    pub const DEFAULT: Self = Self {
+        issuer: DEFAULT_ISSUER,
+        audience: DEFAULT_AUDIENCE,
+    };
 }
 
 /// Why a bearer token was refused. The detail is deliberately vague towards clients.
@@ -34,11 +60,19 @@ pub struct TokenVerifier {
 }
 
 impl TokenVerifier {
-    pub fn new(secret: &str, leeway_seconds: u64, user_id_bytes_max: usize) -> Self {
+    pub fn new(
+        secret: &str,
+        expected: Audience<'_>,
+        leeway_seconds: u64,
+        user_id_bytes_max: usize,
+    ) -> Self {
         let mut validation = Validation::new(Algorithm::HS256);
         validation.leeway = leeway_seconds;
         validation.validate_exp = true;
-        validation.set_required_spec_claims(&["exp", "sub"]);
+        validation.validate_nbf = true;
+        validation.set_issuer(&[expected.issuer]);
+        validation.set_audience(&[expected.audience]);
+        validation.set_required_spec_claims(&["exp", "sub", "iss", "aud"]);
         Self {
             key: DecodingKey::from_secret(secret.as_bytes())
                 .expect("validated: secret is not empty"),
@@ -70,16 +104,36 @@ pub fn bearer(authorization: Option<&[u8]>) -> Option<&[u8]> {
     Some(value[scheme_len..].trim_ascii())
 }
 
-/// Mints a token for `user_id` valid for `ttl_seconds` (negative: already expired).
+/// Mints a token for `user_id` valid for `ttl_seconds` (negative: already expired), for
+/// the default issuer and audience.
 pub fn mint_token(secret: &str, user_id: &str, ttl_seconds: i64) -> String {
+    mint_token_for(secret, Audience::DEFAULT, user_id, ttl_seconds)
+}
+
+/// Mints a token for `user_id` as `expected` issuer and audience.
+pub fn mint_token_for(
+    secret: &str,
+    expected: Audience<'_>,
+    user_id: &str,
+    ttl_seconds: i64,
+) -> String {
     let now = chrono::Utc::now().timestamp();
-    let claims = Claims {
-        sub: user_id.to_owned(),
-        exp: now + ttl_seconds,
-        iat: Some(now),
-    };
+    sign(
+        secret,
+        &Claims {
+            sub: user_id.to_owned(),
+            exp: now + ttl_seconds,
+            iss: expected.issuer.to_owned(),
+            aud: expected.audience.to_owned(),
+            iat: Some(now),
+            nbf: Some(now),
+        },
+    )
+}
+
+fn sign(secret: &str, claims: &Claims) -> String {
     let key = EncodingKey::from_secret(secret.as_bytes()).expect("a non-empty secret");
-    jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &key)
+    jsonwebtoken::encode(&Header::new(Algorithm::HS256), claims, &key)
         .expect("HS256 signing cannot fail")
 }
 
@@ -99,7 +153,53 @@ mod tests {
     const SECRET: &str = "test-secret";
 
     fn verifier() -> TokenVerifier {
-        TokenVerifier::new(SECRET, 0, 128)
+        TokenVerifier::new(SECRET, Audience::DEFAULT, 0, 128)
+    }
+
+    fn claims(iss: &str, aud: &str, nbf_in_seconds: i64) -> Claims {
+        let now = chrono::Utc::now().timestamp();
+        Claims {
+            sub: "alice".into(),
+            exp: now + 600,
+            iss: iss.into(),
+            aud: aud.into(),
+            iat: None,
+            nbf: Some(now + nbf_in_seconds),
+        }
+    }
+
+    #[test]
+    fn refuses_other_issuers_audiences_and_early_tokens() {
+        let accepted = sign(SECRET, &claims(DEFAULT_ISSUER, DEFAULT_AUDIENCE, -1));
+        assert!(verifier().verify(Some(&header(&accepted))).is_ok());
+        for token in [
+            sign(SECRET, &claims("billing", DEFAULT_AUDIENCE, 0)),
+            sign(SECRET, &claims(DEFAULT_ISSUER, "billing", 0)),
+            sign(SECRET, &claims(DEFAULT_ISSUER, DEFAULT_AUDIENCE, 120)),
+        ] {
+            assert_eq!(
+                verifier().verify(Some(&header(&token))),
+                Err(TokenError::Invalid)
+            );
+        }
+        let custom = Audience {
+            issuer: "shop",
+            audience: "sale",
+        };
+        let token = mint_token_for(SECRET, custom, "bob", 60);
+        assert!(verifier().verify(Some(&header(&token))).is_err());
+        let verifier = TokenVerifier::new(SECRET, custom, 0, 128);
+        assert_eq!(
+            verifier.verify(Some(&header(&token))).unwrap().as_str(),
+            "bob"
+        );
+    }
+
+    #[test]
+    fn the_default_configuration_names_the_default_issuer_and_audience() {
+        let settings = crate::config::Settings::defaults();
+        assert_eq!(settings.auth.jwt_issuer, DEFAULT_ISSUER);
+        assert_eq!(settings.auth.jwt_audience, DEFAULT_AUDIENCE);
     }
 
     fn header(token: &str) -> Vec<u8> {

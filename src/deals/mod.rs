@@ -169,18 +169,12 @@ impl NewDeal {
     }
 }
 
-pub fn split_evenly(units: i64, buckets: i32) -> Vec<i64> {
-    assert!(buckets >= 1 && units >= 0);
-    let n = i64::from(buckets);
-    (0..n)
-        .map(|i| units / n + i64::from(i < units % n))
-        .collect()
-}
+pub use crate::inventory::split_evenly;
 
 const SELECT_DEAL: &str = "SELECT id, name, stock_total, bucket_count, unit_price_minor, currency,
         per_user_limit, reservation_ttl_seconds, starts_at, ends_at, paused,
         late_payment_policy, capture_method, wr_enabled, wr_admit_per_second, wr_max_active,
-        wr_pass_ttl_seconds, wr_queue_order, wr_prequeue_opens_at
+        wr_pass_ttl_seconds, wr_queue_order, wr_prequeue_opens_at, wr_pow_bits, wr_checkout_url
     FROM deals WHERE id = $1";
 
 pub async fn load(pool: &PgPool, id: &str) -> Result<Option<Deal>, StoreError> {
@@ -190,7 +184,17 @@ pub async fn load(pool: &PgPool, id: &str) -> Result<Option<Deal>, StoreError> {
         .await?)
 }
 
-/// Creates the deal and its bucket rows in one transaction.
+/// Up to `limit` deal ids, for the cache's catalogue.
+pub async fn all_ids(pool: &PgPool, limit: usize) -> Result<Vec<String>, StoreError> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    Ok(sqlx::query_scalar("SELECT id FROM deals LIMIT $1")
+        .bind(limit)
+        .fetch_all(pool)
+        .await?)
+}
+
+/// Creates the deal and its bucket rows in one transaction, and announces it to every
+/// instance (their catalogues of deal ids learn it at once).
 pub async fn create(pool: &PgPool, new: &NewDeal) -> Result<Deal, DealError> {
     new.validate()?;
     let mut tx = pool.begin().await.map_err(StoreError::from)?;
@@ -198,9 +202,10 @@ pub async fn create(pool: &PgPool, new: &NewDeal) -> Result<Deal, DealError> {
         "INSERT INTO deals (id, name, stock_total, bucket_count, unit_price_minor, currency,
              per_user_limit, reservation_ttl_seconds, starts_at, ends_at,
              late_payment_policy, capture_method, wr_enabled, wr_admit_per_second,
-             wr_max_active, wr_pass_ttl_seconds, wr_queue_order, wr_prequeue_opens_at)
+             wr_max_active, wr_pass_ttl_seconds, wr_queue_order, wr_prequeue_opens_at,
+             wr_pow_bits, wr_checkout_url)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
-                 $13, $14, $15, $16, $17, $18)
+                 $13, $14, $15, $16, $17, $18, $19, $20)
          ON CONFLICT (id) DO NOTHING",
     )
     .bind(new.id.as_str())
@@ -221,26 +226,21 @@ pub async fn create(pool: &PgPool, new: &NewDeal) -> Result<Deal, DealError> {
     .bind(new.waiting_room.pass_ttl_seconds)
     .bind(&new.waiting_room.queue_order)
     .bind(new.waiting_room.prequeue_opens_at)
+    .bind(new.waiting_room.pow_bits)
+    .bind(&new.waiting_room.checkout_url)
     .execute(&mut *tx)
     .await
     .map_err(StoreError::from)?;
     if inserted.rows_affected() == 0 {
         return Err(DealError::AlreadyExists(new.id.to_string()));
     }
-    sqlx::query(
-        "INSERT INTO inventory_buckets (deal_id, bucket, available)
-         SELECT $1, b - 1, units FROM unnest($2::bigint[]) WITH ORDINALITY AS t(units, b)",
-    )
-    .bind(new.id.as_str())
-    .bind(new.bucket_split())
-    .execute(&mut *tx)
-    .await
-    .map_err(StoreError::from)?;
+    crate::inventory::create_buckets(&mut tx, new.id.as_str(), &new.bucket_split()).await?;
     let deal = sqlx::query_as::<_, Deal>(SELECT_DEAL)
         .bind(new.id.as_str())
         .fetch_one(&mut *tx)
         .await
         .map_err(StoreError::from)?;
+    crate::ops::changes::announce(&mut tx, new.id.as_str()).await?;
     tx.commit().await.map_err(StoreError::from)?;
     Ok(deal)
 }

@@ -8,6 +8,8 @@ use serde::Serialize;
 pub const ADMIT_PER_SECOND_MAX: i32 = 100_000;
 pub const MAX_ACTIVE_MAX: i32 = 10_000_000;
 pub const PASS_TTL_SECONDS_MAX: i32 = 86_400;
+pub const POW_BITS_MAX: i32 = 32;
+pub const CHECKOUT_URL_CHARS_MAX: usize = 2000;
 
 /// How a deal's line behaves; stored in the `wr_*` columns of `deals`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
@@ -31,6 +33,13 @@ pub struct WaitingRoomTerms {
     /// When tickets may first be taken; without it, from `starts_at`.
     #[sqlx(rename = "wr_prequeue_opens_at")]
     pub prequeue_opens_at: Option<DateTime<Utc>>,
+    /// Leading zero bits of the proof of work asked when joining (0: none); raised with the
+    /// crowd's size (`waiting_room.pow_crowd_step`).
+    #[sqlx(rename = "wr_pow_bits")]
+    pub pow_bits: i32,
+    /// Where the waiting page sends an admitted buyer, with the pass in the fragment.
+    #[sqlx(rename = "wr_checkout_url")]
+    pub checkout_url: Option<String>,
 }
 
 impl Default for WaitingRoomTerms {
@@ -42,6 +51,8 @@ impl Default for WaitingRoomTerms {
             pass_ttl_seconds: 120,
             queue_order: "fifo".into(),
             prequeue_opens_at: None,
+            pow_bits: 0,
+            checkout_url: None,
         }
     }
 }
@@ -64,6 +75,20 @@ impl WaitingRoomTerms {
         }
         if !matches!(self.queue_order.as_str(), "fifo" | "random") {
             return Err("waiting_room.queue_order must be fifo or random".into());
+        }
+        if !(0..=POW_BITS_MAX).contains(&self.pow_bits) {
+            return Err("waiting_room.pow_bits must be 0-32".into());
+        }
+        if let Some(url) = &self.checkout_url
+            && (url.chars().count() > CHECKOUT_URL_CHARS_MAX
+                || !(url.starts_with("https://") || url.starts_with("http://"))
+                || url.len() <= "http://".len()
+                || url.chars().any(|c| c.is_whitespace() || c.is_control()))
+        {
+            return Err(
+                "waiting_room.checkout_url must be an http(s) URL of at most 2000 characters"
+                    .into(),
+            );
         }
         if let (Some(opens), Some(starts)) = (self.prequeue_opens_at, starts_at)
             && opens > starts
@@ -105,6 +130,14 @@ mod tests {
             },
             WaitingRoomTerms {
                 queue_order: "lifo".into(),
+                ..Default::default()
+            },
+            WaitingRoomTerms {
+                pow_bits: 33,
+                ..Default::default()
+            },
+            WaitingRoomTerms {
+                checkout_url: Some("javascript:alert(1)".into()),
                 ..Default::default()
             },
             WaitingRoomTerms {

@@ -143,7 +143,7 @@ pub(super) async fn admin_json<T: DeserializeOwned>(
     request: Request<Incoming>,
 ) -> Result<T, Problem> {
     require_admin(state, &request)?;
-    let (_, bytes) = body::split(request, state.settings.server.body_bytes_max).await?;
+    let (_, bytes) = body::split(request, &state.settings.server).await?;
     body::json(&bytes)
 }
 

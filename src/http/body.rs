@@ -1,5 +1,7 @@
 //! Reading bounded request bodies and writing JSON responses.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use http::{Response, StatusCode};
@@ -9,13 +11,15 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::problem::Problem;
+use crate::config::ServerSettings;
 
 /// The whole body, refused with 413 past `bytes_max` (before reading it when the client
-/// declared its length).
+/// declared its length), and with 408 when it has not arrived within `timeout`.
 pub async fn read(
     body: Incoming,
     headers: &http::HeaderMap,
     bytes_max: usize,
+    timeout: Duration,
 ) -> Result<Bytes, Problem> {
     let declared = headers
         .get(CONTENT_LENGTH)
@@ -24,7 +28,10 @@ pub async fn read(
     if declared.is_some_and(|length| length > bytes_max as u64) {
         return Err(Problem::payload_too_large(bytes_max));
     }
-    match Limited::new(body, bytes_max).collect().await {
+    let collected = tokio::time::timeout(timeout, Limited::new(body, bytes_max).collect())
+        .await
+        .map_err(|_| Problem::request_timeout("the request body did not arrive in time"))?;
+    match collected {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(error)
             if error
@@ -40,16 +47,22 @@ pub async fn read(
 /// The request's head and its whole body, bounded as `read` is.
 pub async fn split(
     request: http::Request<Incoming>,
-    bytes_max: usize,
+    server: &ServerSettings,
 ) -> Result<(http::request::Parts, Bytes), Problem> {
     let (parts, incoming) = request.into_parts();
-    let bytes = read(incoming, &parts.headers, bytes_max).await?;
+    let timeout = Duration::from_millis(server.body_read_timeout_ms);
+    let bytes = read(incoming, &parts.headers, server.body_bytes_max, timeout).await?;
     Ok((parts, bytes))
 }
 
 /// Parses a JSON object body into `T`, answering 400 with serde's reason otherwise.
-/// Only objects are accepted: serde would also read a struct from an array.
+/// Only objects are accepted: serde would also read a struct from an array. JSON is UTF-8
+/// (RFC 8259), and serde skips the bytes of fields it ignores without looking at them, so
+/// the whole body is checked first: invalid bytes anywhere make the body invalid.
 pub fn json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
+    if std::str::from_utf8(bytes).is_err() {
+        return Err(Problem::invalid("the body is not valid UTF-8"));
+    }
     if bytes.trim_ascii_start().first() != Some(&b'{') {
         return Err(Problem::invalid("the body must be a JSON object"));
     }

@@ -1,12 +1,14 @@
 //! The HTTP front end: the only module that knows hyper.
 //!
-//! `server` accepts connections with limits on head size, head read time and connection
-//! count, and drains in-flight requests on shutdown. `router` maps a request to a handler
+//! `server` accepts connections on the public and the operations listener with limits on
+//! head size, head read time and connection counts, and drains every request that has
+//! arrived on shutdown (`connection`). `router` maps a request to a handler
 //! and records its metrics; handlers parse input into domain types, call admission and the
 //! order service, and turn results into JSON or problem+json (`problem`).
 
 mod admin;
 mod body;
+mod connection;
 mod ops;
 mod payments;
 pub mod problem;
@@ -14,6 +16,7 @@ mod public;
 mod queue;
 mod router;
 mod server;
+mod wait_page;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -22,12 +25,14 @@ use http::HeaderName;
 
 use crate::admission::Admission;
 use crate::config::Settings;
-use crate::orders::group::{GroupSettings, Grouper};
+use crate::inventory::StockEvents;
+use crate::orders::lanes::{Engine, LaneSettings};
 use crate::payments::Payments;
+use crate::payments::attempts::InitialAttempt;
 use crate::redis_link::RedisHandle;
 use crate::store::Pools;
 
-pub use server::serve;
+pub use server::{Listeners, serve};
 
 /// Everything a request handler can reach.
 pub struct State {
@@ -37,11 +42,15 @@ pub struct State {
     pub admission: Admission,
     /// The payment provider and its settings; `None` when payments are disabled.
     pub payments: Option<Payments>,
-    /// Places admitted orders, alone or grouped with concurrent ones.
-    pub orders: Grouper,
+    /// Places admitted orders in batches, and cancels orders.
+    pub orders: Engine,
+    /// Where stock that became free or ran out is reported.
+    pub stock_events: StockEvents,
     pub client_ip_header: HeaderName,
     /// False once shutdown has begun, so load balancers stop sending traffic.
     pub ready: AtomicBool,
+    /// True once shutdown has begun: every answer closes its connection.
+    pub draining: AtomicBool,
 }
 
 impl State {
@@ -51,16 +60,18 @@ impl State {
         redis: RedisHandle,
         admission: Admission,
         payments: Option<Payments>,
+        stock_events: StockEvents,
     ) -> Arc<Self> {
         let o = &settings.orders;
-        let group = GroupSettings {
-            enabled: o.grouping,
-            window: std::time::Duration::from_micros(o.group_window_us),
-            size_max: o.group_size_max,
+        let lanes = LaneSettings {
+            lanes: o.lanes,
+            batch_max: o.batch_max,
             retries_max: o.retries_max,
         };
-        let provider = payments.as_ref().map(|p| p.provider.name().to_owned());
-        let orders = Grouper::new(group, pools.request.clone(), provider);
+        let hook = payments
+            .as_ref()
+            .map(|p| InitialAttempt::hook(p.provider.name()));
+        let orders = Engine::new(lanes, pools.request.clone(), hook, stock_events.clone());
         let client_ip_header = HeaderName::from_bytes(settings.server.client_ip_header.as_bytes())
             .expect("validated: client_ip_header is a header name");
         Arc::new(Self {
@@ -70,8 +81,10 @@ impl State {
             admission,
             payments,
             orders,
+            stock_events,
             client_ip_header,
             ready: AtomicBool::new(true),
+            draining: AtomicBool::new(false),
         })
     }
 }

@@ -43,7 +43,7 @@ pub async fn start_payment(
         key.as_bytes(),
         state.settings.orders.idempotency_key_bytes_max,
     )?;
-    let (_, bytes) = body::split(request, state.settings.server.body_bytes_max).await?;
+    let (_, bytes) = body::split(request, &state.settings.server).await?;
     if !bytes.trim_ascii().is_empty() {
         body::json::<serde_json::Map<String, serde_json::Value>>(&bytes)?;
     }
@@ -82,7 +82,7 @@ pub async fn webhook(state: &State, request: Request<Incoming>, provider: &str) 
         .payments
         .as_ref()
         .ok_or_else(|| Problem::not_found("payments are not enabled"))?;
-    let (parts, raw) = body::split(request, state.settings.server.body_bytes_max).await?;
+    let (parts, raw) = body::split(request, &state.settings.server).await?;
     let signature = parts
         .headers
         .get("flashgate-signature")
@@ -91,13 +91,12 @@ pub async fn webhook(state: &State, request: Request<Incoming>, provider: &str) 
         .receive(&state.pools.webhook, provider, signature, &raw)
         .await?;
     let released = match &received {
-        Received::Accepted(crate::payments::settle::Applied::Released { deal_id }) => {
-            Some(deal_id.clone())
-        }
-        _ => None,
+        Received::Accepted(applied) => applied.released_deal().map(str::to_owned),
+        Received::Duplicate => None,
     };
     if let Some(deal_id) = released {
-        state.admission.sold_out().clear(&deal_id).await;
+        let freed = crate::inventory::StockChange::Freed(deal_id);
+        state.stock_events.emit(freed).await;
     }
     let answer = match &received {
         Received::Accepted(applied) => {

@@ -40,6 +40,9 @@ pub enum Kind {
     IdempotencyConflict,
     Overloaded,
     WaitingRoomRequired,
+    ReservationExpired,
+    PaymentAttemptsExhausted,
+    ChallengeRequired,
 }
 
 impl Kind {
@@ -56,6 +59,11 @@ impl Kind {
             Kind::IdempotencyConflict => ("idempotency-conflict", "Idempotency key reused"),
             Kind::Overloaded => ("overloaded", "Overloaded"),
             Kind::WaitingRoomRequired => ("waiting-room-required", "Waiting room pass required"),
+            Kind::ReservationExpired => ("reservation-expired", "Reservation expired"),
+            Kind::PaymentAttemptsExhausted => {
+                ("payment-attempts-exhausted", "Too many payment attempts")
+            }
+            Kind::ChallengeRequired => ("challenge-required", "Proof of work required"),
         }
     }
 }
@@ -101,6 +109,20 @@ impl Problem {
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("request body exceeds {bytes_max} bytes"),
         )
+    }
+
+    /// The client did not send its body in time: its fault, not an overload.
+    pub fn request_timeout(detail: impl Into<String>) -> Self {
+        Self::new(Kind::InvalidRequest, StatusCode::REQUEST_TIMEOUT, detail)
+            .with_header(http::header::CONNECTION, HeaderValue::from_static("close"))
+    }
+
+    /// Lets shared caches keep this answer for `seconds` (a 404 for an unknown deal, say).
+    pub fn cacheable(self, seconds: u32) -> Self {
+        match HeaderValue::from_str(&format!("public, max-age={seconds}")) {
+            Ok(value) => self.with_header(CACHE_CONTROL, value),
+            Err(_) => self,
+        }
     }
 
     pub fn method_not_allowed(allow: &'static str) -> Self {
@@ -303,6 +325,16 @@ impl From<CheckoutError> for Problem {
         match error {
             CheckoutError::NotFound => Problem::not_found("no such order"),
             CheckoutError::NotPending => Problem::conflict("the order is not waiting for payment"),
+            error @ CheckoutError::Expired => Problem::new(
+                Kind::ReservationExpired,
+                StatusCode::CONFLICT,
+                error.to_string(),
+            ),
+            error @ CheckoutError::AttemptsExhausted(_) => Problem::new(
+                Kind::PaymentAttemptsExhausted,
+                StatusCode::CONFLICT,
+                error.to_string(),
+            ),
             CheckoutError::Store(error) => error.into(),
         }
     }

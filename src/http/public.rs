@@ -14,9 +14,10 @@ use uuid::Uuid;
 use super::State;
 use super::body::{self, Caching};
 use super::problem::Problem;
+use crate::admission::Rejection;
 use crate::deals::{Deal, Window};
 use crate::domain::{DealId, IdempotencyKey, OrderStatus, Quantity, UserId};
-use crate::orders::{self, Order, OrderError};
+use crate::orders::{self, Order};
 use crate::payments::attempts::{self, Attempt};
 use crate::payments::checkout::PaymentView;
 
@@ -56,6 +57,10 @@ pub(super) struct OrderView<'a> {
     /// Present when payments are enabled: where and until when to pay.
     #[serde(skip_serializing_if = "Option::is_none")]
     payment: Option<PaymentView>,
+    /// Present when payments are enabled: the latest moment the units stay held, `expires_at`
+    /// plus `payments.expiry_grace_seconds` (while a payment already under way is confirmed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hold_ends_at: Option<DateTime<Utc>>,
 }
 
 impl<'a> OrderView<'a> {
@@ -72,7 +77,17 @@ impl<'a> OrderView<'a> {
             expires_at: session_end.map_or(order.expires_at, |end| end.min(order.expires_at)),
             created_at: order.created_at,
             payment: attempt.map(PaymentView::of),
+            hold_ends_at: None,
         }
+    }
+
+    /// Shows when the hold ends at the latest, for an order of a gateway taking payments.
+    pub(super) fn with_hold_end(mut self, state: &State) -> Self {
+        if let Some(payments) = &state.payments {
+            let grace = chrono::Duration::seconds(payments.settings.expiry_grace_seconds.into());
+            self.hold_ends_at = Some(self.expires_at + grace);
+        }
+        self
     }
 }
 
@@ -124,11 +139,17 @@ pub async fn get_deal(
     raw_id: &str,
 ) -> Reply {
     check_ip(state, peer, request)?;
-    let id = parse_deal_id(raw_id)?;
+    let max_age = state.settings.server.public_cache_max_age_seconds;
+    // "No such deal" is the same for everyone: a CDN may keep it as briefly as a deal.
+    let id = parse_deal_id(raw_id).map_err(|p| p.cacheable(max_age))?;
     let deal = state
         .admission
         .deal(&state.pools.request, id.as_str())
-        .await?;
+        .await
+        .map_err(|rejection| match rejection {
+            Rejection::UnknownDeal => Problem::from(rejection).cacheable(max_age),
+            other => Problem::from(other),
+        })?;
     let view = DealView {
         id: &deal.id,
         name: &deal.name,
@@ -138,7 +159,6 @@ pub async fn get_deal(
         starts_at: deal.starts_at,
         ends_at: deal.ends_at,
     };
-    let max_age = state.settings.server.public_cache_max_age_seconds;
     Ok(body::respond(
         StatusCode::OK,
         &view,
@@ -158,7 +178,7 @@ pub async fn place_order(
     state
         .admission
         .check_sold_out(deal_id.as_str(), authorization)?;
-    let (parts, bytes) = body::split(request, state.settings.server.body_bytes_max).await?;
+    let (parts, bytes) = body::split(request, &state.settings.server).await?;
     let request = Request::from_parts(parts, ());
     let orders_settings = &state.settings.orders;
     let key = header(&request, "idempotency-key")
@@ -178,48 +198,33 @@ pub async fn place_order(
         )
         .await?;
     let pass = admitted.pass.clone();
-    match state.orders.place(admitted, key).await {
-        Ok(placed) => {
-            if placed.emptied_a_bucket {
-                let sold_out = state.admission.sold_out();
-                sold_out.check_soon(&state.pools.background, &placed.order.deal_id);
-            }
-            if let Some(pass) = pass.as_ref().filter(|_| !placed.replayed) {
-                let room = state.admission.waiting_room();
-                room.release(&placed.order.deal_id, &pass.pass_id).await;
-            }
-            let attempt = match &state.payments {
-                Some(payments) => {
-                    payments
-                        .for_new_order(
-                            pool,
-                            placed.order.id,
-                            placed.order.expires_at,
-                            placed.order.status() == OrderStatus::PendingPayment,
-                        )
-                        .await?
-                }
-                None => None,
-            };
-            let view = OrderView::new(&placed.order, OrderStatus::PendingPayment, attempt.as_ref());
-            let mut response = body::respond(StatusCode::CREATED, &view, Caching::Private);
-            if placed.replayed {
-                response
-                    .headers_mut()
-                    .insert("idempotent-replayed", HeaderValue::from_static("true"));
-            }
-            Ok(response)
-        }
-        Err(OrderError::SoldOut { available: 0 }) => {
-            state
-                .admission
-                .sold_out()
-                .mark(pool, deal_id.as_str())
-                .await;
-            Err(OrderError::SoldOut { available: 0 }.into())
-        }
-        Err(error) => Err(error.into()),
+    let placed = state.orders.place(admitted, key).await?;
+    if let Some(pass) = pass.as_ref().filter(|_| !placed.replayed) {
+        let room = state.admission.waiting_room();
+        room.release(&placed.order.deal_id, &pass.pass_id).await;
     }
+    let attempt = match &state.payments {
+        Some(payments) => {
+            payments
+                .for_new_order(
+                    pool,
+                    placed.order.id,
+                    placed.order.expires_at,
+                    placed.order.status() == OrderStatus::PendingPayment,
+                )
+                .await?
+        }
+        None => None,
+    };
+    let view = OrderView::new(&placed.order, OrderStatus::PendingPayment, attempt.as_ref())
+        .with_hold_end(state);
+    let mut response = body::respond(StatusCode::CREATED, &view, Caching::Private);
+    if placed.replayed {
+        response
+            .headers_mut()
+            .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    Ok(response)
 }
 
 pub async fn get_order(
@@ -237,7 +242,7 @@ pub async fn get_order(
     };
     Ok(body::respond(
         StatusCode::OK,
-        &OrderView::new(&order, order.status(), attempt.as_ref()),
+        &OrderView::new(&order, order.status(), attempt.as_ref()).with_hold_end(state),
         Caching::Private,
     ))
 }
@@ -250,8 +255,9 @@ pub async fn cancel_order(
 ) -> Reply {
     let user = authenticate(state, peer, request)?;
     let order_id = parse_order_id(raw_id)?;
-    let order = orders::cancel(&state.pools.request, &user, order_id).await?;
-    state.admission.sold_out().clear(&order.deal_id).await;
+    let order = state.orders.cancel(&user, order_id).await?;
+    let room = state.admission.waiting_room();
+    room.end_session(&order.deal_id, user.as_str()).await;
     if let Some(payments) = &state.payments
         && let Err(error) = payments
             .close_open_attempts(&state.pools.request, order.id)

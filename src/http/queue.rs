@@ -1,4 +1,6 @@
-//! Waiting-room endpoints: take a ticket, poll it, and the public state of a line.
+//! Waiting-room endpoints: take a ticket (after a proof of work when the deal asks one),
+//! poll it, the public state of a line, the published pass keys, and an operator's
+//! revocation.
 //!
 //! Polls are answered from Redis and the in-memory deal cache, never from PostgreSQL. The
 //! public line status is the same for everyone, so a CDN may cache it for a second; ticket
@@ -27,6 +29,9 @@ type Reply = Result<Response<Full<Bytes>>, Problem>;
 /// The request header that carries a pass on `POST /v1/deals/{id}/orders`.
 pub const PASS_HEADER: &str = "flashgate-pass";
 
+/// The request header that carries a proof-of-work solution on `POST /v1/deals/{id}/queue`.
+pub const POW_HEADER: &str = "flashgate-pow";
+
 /// Longest ticket id accepted in a path; real ones are 32 hex digits.
 const TICKET_BYTES_MAX: usize = 64;
 
@@ -46,6 +51,10 @@ pub(super) struct WaitingRoomInput {
     queue_order: Option<String>,
     #[serde(default)]
     prequeue_opens_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pow_bits: Option<i32>,
+    #[serde(default)]
+    checkout_url: Option<String>,
 }
 
 impl WaitingRoomInput {
@@ -59,6 +68,8 @@ impl WaitingRoomInput {
             pass_ttl_seconds: self.pass_ttl_seconds.unwrap_or(defaults.pass_ttl_seconds),
             queue_order: self.queue_order.unwrap_or(defaults.queue_order),
             prequeue_opens_at: self.prequeue_opens_at,
+            pow_bits: self.pow_bits.unwrap_or(defaults.pow_bits),
+            checkout_url: self.checkout_url,
         }
     }
 }
@@ -76,6 +87,18 @@ struct TicketView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pass_expires_at: Option<DateTime<Utc>>,
     refresh_after_seconds: u64,
+    /// Units of the last stock snapshot not promised to an outstanding pass.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    units_left: Option<u64>,
+    /// `units_left / (ahead + 1)`, at most 1: the chance a unit is left at this ticket's
+    /// turn if everyone admitted before it buys one and nothing returns.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    chance_of_units: Option<f64>,
+    /// True when more people wait ahead than units are left.
+    likely_sold_out: bool,
+    /// Where an admitted buyer goes to order (the deal's checkout URL), when configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    checkout_url: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -101,6 +124,13 @@ impl From<QueueError> for Problem {
     fn from(error: QueueError) -> Self {
         if let QueueError::Closed = error {
             return sale_not_open("the waiting room is closed");
+        }
+        if let QueueError::Challenge(challenge) = error {
+            return Problem::new(
+                super::problem::Kind::ChallengeRequired,
+                StatusCode::FORBIDDEN,
+                challenge.to_string(),
+            );
         }
         tracing::debug!(%error, "waiting room unavailable");
         Problem::overloaded("the waiting room is unavailable right now; retry shortly")
@@ -143,6 +173,8 @@ pub async fn join(
         return Err(sale_not_open("the waiting room is not open yet"));
     }
     let room = state.admission.waiting_room();
+    let solution = request.headers().get(POW_HEADER).map(|v| v.as_bytes());
+    room.check_solution(&deal, user.as_str(), solution).await?;
     let status = room.join(&deal, user.as_str()).await?;
     Ok(ticket_reply(
         state,
@@ -244,6 +276,11 @@ fn ticket_reply(
         room.passes()
             .mint(&deal.id, user.as_str(), expires_s, &status.ticket)
     });
+    let waiting = matches!(ticket_state, TicketState::Waiting);
+    let units_left = status.units_left.filter(|_| waiting);
+    let chance = units_left.map(|left| (left as f64 / (status.ahead + 1) as f64).min(1.0));
+    let likely_sold_out =
+        units_left.is_some_and(|left| status.ahead >= left) || ticket_state == TicketState::SoldOut;
     let view = TicketView {
         ticket: &status.ticket,
         position: status.position,
@@ -256,10 +293,85 @@ fn ticket_reply(
             .then(|| DateTime::from_timestamp(expires_s, 0))
             .flatten(),
         refresh_after_seconds: refresh,
+        units_left,
+        chance_of_units: chance,
+        likely_sold_out,
+        checkout_url: terms.checkout_url.as_deref().filter(|_| admitted),
     };
     let mut response = body::respond(code, &view, Caching::Private);
     response
         .headers_mut()
         .insert(VARY, HeaderValue::from_static("authorization"));
     response
+}
+
+/// `GET /v1/deals/{id}/queue/challenge`: a proof-of-work challenge for the user's join.
+pub async fn challenge(
+    state: &State,
+    peer: SocketAddr,
+    request: &Request<Incoming>,
+    raw_id: &str,
+) -> Reply {
+    let user = user(state, peer, request)?;
+    let deal = deal_with_room(state, raw_id).await?;
+    let room = state.admission.waiting_room();
+    let challenge = room.challenge(&deal, user.as_str()).await?;
+    let view = ChallengeView {
+        algorithm: "sha256-leading-zero-bits",
+        difficulty_bits: challenge.difficulty_bits,
+        expires_at: DateTime::from_timestamp_millis(challenge.expires_at_ms),
+        challenge: challenge.challenge,
+    };
+    Ok(body::respond(StatusCode::OK, &view, Caching::Private))
+}
+
+#[derive(Serialize)]
+struct ChallengeView {
+    challenge: String,
+    algorithm: &'static str,
+    difficulty_bits: u32,
+    expires_at: Option<DateTime<Utc>>,
+}
+
+/// `GET /.well-known/flashgate-keys.json`: the Ed25519 keys that verify passes.
+pub fn keys(state: &State) -> Reply {
+    let room = state.admission.waiting_room();
+    let max_age = u32::try_from(room.settings().keys_max_age_seconds).unwrap_or(u32::MAX);
+    Ok(body::respond(
+        StatusCode::OK,
+        &room.passes().key_set(),
+        Caching::Public(max_age),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RevokeRequest {
+    user_id: String,
+}
+
+#[derive(Serialize)]
+struct RevokeView {
+    deal_id: String,
+    user_id: String,
+    revoked: bool,
+}
+
+/// `POST /admin/deals/{id}/queue/revoke`: ends a user's session on the line; their pass
+/// stops working on every instance within `revocation_poll_ms`.
+pub async fn revoke(state: &State, request: Request<Incoming>, raw_id: &str) -> Reply {
+    super::admin::require_admin(state, &request)?;
+    let deal = deal_with_room(state, raw_id).await?;
+    let (_, bytes) = body::split(request, &state.settings.server).await?;
+    let asked: RevokeRequest = body::json(&bytes)?;
+    let user = UserId::parse(&asked.user_id, state.settings.auth.user_id_bytes_max)
+        .map_err(|_| Problem::invalid("user_id must be a user id"))?;
+    let room = state.admission.waiting_room();
+    let ticket = room.revoke(&deal.id, user.as_str()).await?;
+    let view = RevokeView {
+        deal_id: deal.id.clone(),
+        user_id: user.as_str().to_owned(),
+        revoked: ticket.is_some(),
+    };
+    Ok(body::respond(StatusCode::OK, &view, Caching::Private))
 }

@@ -3,16 +3,27 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use bytes::Bytes;
+use http::header::{CONNECTION, HeaderValue};
 use http::{Method, Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
 
 use super::problem::Problem;
-use super::{State, admin, ops, payments, public, queue};
+use super::{State, admin, ops, payments, public, queue, wait_page};
 use crate::telemetry;
+
+/// Which listener a request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Face {
+    /// Sale traffic: the public API only.
+    Public,
+    /// Operators: metrics, the admin API, the audit.
+    Ops,
+}
 
 /// A matched route. Ids are raw path segments, parsed by the handlers.
 #[derive(Debug, PartialEq, Eq)]
@@ -37,6 +48,10 @@ pub enum Route<'a> {
     Rebalance(&'a str),
     Audit,
     OpenApi,
+    QueueChallenge(&'a str),
+    PassKeys,
+    RevokeQueue(&'a str),
+    WaitPage(&'a str),
     WrongMethod {
         template: &'static str,
         allow: &'static str,
@@ -62,6 +77,20 @@ impl<'a> Route<'a> {
             ["v1", "deals", id, "queue"] => {
                 ("/v1/deals/{id}/queue", "GET, POST", Route::QueueStatus(id))
             }
+            ["v1", "deals", id, "queue", "challenge"] => (
+                "/v1/deals/{id}/queue/challenge",
+                "GET",
+                Route::QueueChallenge(id),
+            ),
+            [".well-known", "flashgate-keys.json"] => {
+                ("/.well-known/flashgate-keys.json", "GET", Route::PassKeys)
+            }
+            ["wait", id] => ("/wait/{deal_id}", "GET", Route::WaitPage(id)),
+            ["admin", "deals", id, "queue", "revoke"] => (
+                "/admin/deals/{id}/queue/revoke",
+                "POST",
+                Route::RevokeQueue(id),
+            ),
             ["v1", "deals", id, "queue", ticket] => (
                 "/v1/deals/{id}/queue/{ticket}",
                 "GET",
@@ -104,6 +133,19 @@ impl<'a> Route<'a> {
         }
     }
 
+    /// Whether a listener serves this route. Health checks and the API description are
+    /// on both; anything else on one only, and the other answers 404 as for any unknown
+    /// path (the public listener never tells a scanner that an admin API exists).
+    fn served_on(&self, face: Face) -> bool {
+        let template = self.template();
+        let operator = template == "/metrics" || template.starts_with("/admin/");
+        match self {
+            Route::Healthz | Route::Readyz | Route::OpenApi => true,
+            Route::Unknown => face == Face::Public,
+            _ => operator == (face == Face::Ops),
+        }
+    }
+
     /// The bounded metric label.
     pub fn template(&self) -> &'static str {
         match self {
@@ -126,6 +168,10 @@ impl<'a> Route<'a> {
             Route::Rebalance(_) => "/admin/deals/{id}/rebalance",
             Route::Audit => "/admin/audit",
             Route::OpenApi => "/openapi.json",
+            Route::QueueChallenge(_) => "/v1/deals/{id}/queue/challenge",
+            Route::PassKeys => "/.well-known/flashgate-keys.json",
+            Route::RevokeQueue(_) => "/admin/deals/{id}/queue/revoke",
+            Route::WaitPage(_) => "/wait/{deal_id}",
             Route::WrongMethod { template, .. } => template,
             Route::Unknown => "unknown",
         }
@@ -136,11 +182,15 @@ impl<'a> Route<'a> {
 pub async fn handle(
     state: Arc<State>,
     peer: SocketAddr,
+    face: Face,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let started = Instant::now();
     let path = request.uri().path().to_owned();
-    let route = Route::of(request.method(), &path);
+    let mut route = Route::of(request.method(), &path);
+    if !route.served_on(face) {
+        route = Route::Unknown;
+    }
     let template = route.template();
     let timeout = crate::config::millis(state.settings.server.request_timeout_ms);
     let response = match tokio::time::timeout(timeout, dispatch(&state, peer, route, request)).await
@@ -149,6 +199,13 @@ pub async fn handle(
         Ok(Err(problem)) => problem.into_response(),
         Err(_) => Problem::overloaded("the request took too long").into_response(),
     };
+    let mut response = response;
+    if state.draining.load(Ordering::Relaxed) {
+        // Draining: each connection ends after this answer, so clients reconnect elsewhere.
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    }
     let status = response.status().as_u16().to_string();
     metrics::counter!(telemetry::HTTP_REQUESTS, "route" => template, "status" => status)
         .increment(1);
@@ -184,6 +241,10 @@ async fn dispatch(
         Route::Rebalance(id) => ops::rebalance(state, request, id).await,
         Route::Audit => ops::audit(state, &request).await,
         Route::OpenApi => Ok(ops::openapi()),
+        Route::QueueChallenge(id) => queue::challenge(state, peer, &request, id).await,
+        Route::PassKeys => queue::keys(state),
+        Route::RevokeQueue(id) => queue::revoke(state, request, id).await,
+        Route::WaitPage(id) => Ok(wait_page::page(state, id)),
         Route::WrongMethod { allow, .. } => Err(Problem::method_not_allowed(allow)),
         Route::Unknown => Err(Problem::not_found("no such resource")),
     }
@@ -227,6 +288,13 @@ mod tests {
             }
         ));
         assert_eq!(Route::of(&Method::GET, "/v1/deals/d1/x"), Route::Unknown);
+        assert!(!Route::of(&Method::GET, "/metrics").served_on(Face::Public));
+        assert!(Route::of(&Method::GET, "/metrics").served_on(Face::Ops));
+        assert!(!Route::of(&Method::GET, "/admin/audit").served_on(Face::Public));
+        assert!(!Route::of(&Method::DELETE, "/admin/deals").served_on(Face::Public));
+        assert!(!Route::of(&Method::GET, "/v1/deals/d1").served_on(Face::Ops));
+        assert!(Route::of(&Method::GET, "/readyz").served_on(Face::Public));
+        assert!(Route::of(&Method::GET, "/readyz").served_on(Face::Ops));
         assert_eq!(Route::of(&Method::GET, "/"), Route::Unknown);
         assert!(matches!(
             Route::of(&Method::DELETE, "/v1/deals/d1"),

@@ -1,70 +1,202 @@
-//! The accept loop: connection limits, HTTP/1.1 with bounded heads, graceful drain.
+//! The accept loops of the public and the operations listener: connection limits (in all
+//! and per client address), HTTP/1.1 with bounded heads, and the drain on shutdown.
+//!
+//! The drain has one path. The signal turns readiness false while both listeners keep
+//! serving for `server.drain_delay_ms`, every answer saying `Connection: close`, so a load
+//! balancer sees `/readyz` fail and moves traffic away without a refused request. Then
+//! the listeners stop accepting (after taking the connections the kernel already
+//! completed), every request whose bytes have arrived is answered, and what is still
+//! open when `server.shutdown_grace_seconds` (counted from the signal) ends is dropped.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use dashmap::DashMap;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::State;
-use super::router;
+use super::connection::{self, Drain, SharedStream};
+use super::router::{self, Face};
 use crate::telemetry;
 
-/// Serves `listener` until `shutdown`, then stops accepting, lets in-flight requests finish
-/// for up to `server.shutdown_grace_seconds`, and returns.
-pub async fn serve(listener: TcpListener, state: Arc<State>, shutdown: CancellationToken) {
+/// The two bound listeners: sale traffic, and operators (metrics, admin API).
+pub struct Listeners {
+    pub public: TcpListener,
+    pub ops: TcpListener,
+}
+
+/// Serves both listeners until `shutdown`, then drains (see the module comment).
+pub async fn serve(listeners: Listeners, state: Arc<State>, shutdown: CancellationToken) {
     let server = &state.settings.server;
-    let connections = Arc::new(Semaphore::new(server.connections_max));
-    let graceful = GracefulShutdown::new();
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(server.header_read_timeout_ms))
-        .max_buf_size(server.header_bytes_max)
-        .keep_alive(true);
-    loop {
-        let accepted = tokio::select! {
-            () = shutdown.cancelled() => break,
-            accepted = listener.accept() => accepted,
-        };
-        let (stream, peer) = match accepted {
-            Ok(pair) => pair,
-            Err(error) => {
-                // Usually out of file descriptors: back off instead of spinning.
-                tracing::warn!(%error, "accept failed");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            metrics::counter!(telemetry::CONNECTIONS_REFUSED).increment(1);
-            drop(stream);
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        let state = state.clone();
-        let service = service_fn(move |request| router::handle(state.clone(), peer, request));
-        let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%error, "connection ended with an error");
-            }
-            drop(permit);
-        });
-    }
-    state.ready.store(false, Ordering::Relaxed);
-    drop(listener);
+    let drain_delay = Duration::from_millis(server.drain_delay_ms);
     let grace = Duration::from_secs(server.shutdown_grace_seconds);
-    if tokio::time::timeout(grace, graceful.shutdown())
+    let accepter = Arc::new(Accepter::new(state.clone()));
+    let public = tokio::spawn(accept(listeners.public, Face::Public, accepter.clone()));
+    let ops = tokio::spawn(accept(listeners.ops, Face::Ops, accepter.clone()));
+    shutdown.cancelled().await;
+    state.ready.store(false, Ordering::Relaxed);
+    state.draining.store(true, Ordering::Relaxed);
+    tracing::info!(?drain_delay, "draining: not ready, still serving");
+    tokio::time::sleep(drain_delay).await;
+    accepter.drain.closing.cancel();
+    let _ = tokio::join!(public, ops);
+    accepter.connections.close();
+    let remaining = grace.saturating_sub(drain_delay);
+    if tokio::time::timeout(remaining, accepter.connections.wait())
         .await
         .is_err()
     {
         tracing::warn!("shutdown grace period over; closing remaining connections");
+        accepter.drain.abort.cancel();
+        accepter.connections.wait().await;
+    }
+}
+
+/// Accepts on `listener` until the drain closes it, then takes the connections the kernel
+/// had already completed, so a request written on one of them is answered, not reset.
+async fn accept(listener: TcpListener, face: Face, accepter: Arc<Accepter>) {
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            () = accepter.drain.closing.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, peer)) => accepter.start(stream, peer, face),
+            Err(error) => {
+                // Usually out of file descriptors: back off instead of spinning.
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+    let Ok(listener) = listener.into_std() else {
+        return;
+    };
+    // Non-blocking: stops at the first `WouldBlock`.
+    while let Ok((stream, peer)) = listener.accept() {
+        let adopted = stream
+            .set_nonblocking(true)
+            .and_then(|()| TcpStream::from_std(stream));
+        if let Ok(stream) = adopted {
+            accepter.start(stream, peer, face);
+        }
+    }
+}
+
+/// What every accepted connection shares: limits, the HTTP settings and the drain.
+struct Accepter {
+    state: Arc<State>,
+    builder: http1::Builder,
+    connections_all: Arc<Semaphore>,
+    per_client: Arc<PerClient>,
+    connections: TaskTracker,
+    drain: Drain,
+}
+
+impl Accepter {
+    fn new(state: Arc<State>) -> Self {
+        let server = &state.settings.server;
+        let mut builder = http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(Duration::from_millis(server.header_read_timeout_ms))
+            .max_buf_size(server.header_bytes_max)
+            .keep_alive(true);
+        Self {
+            connections_all: Arc::new(Semaphore::new(server.connections_max)),
+            per_client: Arc::new(PerClient {
+                open: DashMap::new(),
+                max: server.connections_per_client_max,
+            }),
+            builder,
+            connections: TaskTracker::new(),
+            drain: Drain {
+                closing: CancellationToken::new(),
+                abort: CancellationToken::new(),
+            },
+            state,
+        }
+    }
+
+    /// Serves one connection in its own task, or closes it at once when over a limit.
+    fn start(&self, stream: TcpStream, peer: SocketAddr, face: Face) {
+        let Some(permits) = self.admit(peer.ip(), face) else {
+            metrics::counter!(telemetry::CONNECTIONS_REFUSED).increment(1);
+            drop(stream);
+            return;
+        };
+        let _ = stream.set_nodelay(true);
+        let stream = SharedStream::new(stream);
+        let state = self.state.clone();
+        let service = service_fn(move |request| router::handle(state.clone(), peer, face, request));
+        let connection = self
+            .builder
+            .serve_connection(TokioIo::new(stream.clone()), service);
+        let drain = self.drain.clone();
+        self.connections.spawn(async move {
+            connection::drive(connection, stream, drain).await;
+            drop(permits);
+        });
+    }
+
+    /// Permits for one more connection from `client`, if under both limits. Proxies the
+    /// gateway trusts carry many users' connections, and operators are few: both are only
+    /// held to the overall limit.
+    fn admit(
+        &self,
+        client: IpAddr,
+        face: Face,
+    ) -> Option<(OwnedSemaphorePermit, Option<ClientSlot>)> {
+        let slot = if face == Face::Ops || self.state.admission.is_trusted_proxy(client) {
+            None
+        } else {
+            Some(PerClient::take(&self.per_client, client)?)
+        };
+        let permit = self.connections_all.clone().try_acquire_owned().ok()?;
+        Some((permit, slot))
+    }
+}
+
+/// Open connections per client address, so one client cannot take them all.
+struct PerClient {
+    open: DashMap<IpAddr, usize>,
+    max: usize,
+}
+
+impl PerClient {
+    fn take(this: &Arc<Self>, client: IpAddr) -> Option<ClientSlot> {
+        let mut open = this.open.entry(client).or_insert(0);
+        if *open >= this.max {
+            return None;
+        }
+        *open += 1;
+        Some(ClientSlot {
+            owner: this.clone(),
+            client,
+        })
+    }
+}
+
+/// One connection counted against its client; given back on drop.
+struct ClientSlot {
+    owner: Arc<PerClient>,
+    client: IpAddr,
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        self.owner.open.remove_if_mut(&self.client, |_, open| {
+            *open -= 1;
+            *open == 0
+        });
     }
 }

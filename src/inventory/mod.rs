@@ -1,243 +1,117 @@
-//! Bucketed inventory: a deal's stock split over `bucket_count` rows.
+//! Bucketed inventory: a deal's stock split over `bucket_count` rows, the per-user unit
+//! counters and the reservation lines. This module is the only writer of those tables.
 //!
 //! One hot row serialises every purchase behind a single lock. Splitting it lets concurrent
-//! reservations take different rows. Each reservation is a conditional decrement that can
-//! never drive a row below zero (`available >= q`, backed by `CHECK (available >= 0)`), and
-//! it runs inside the caller's short order transaction.
+//! reservations take different rows. Every decrement is conditional and backed by
+//! `CHECK (available >= 0)`, so no path can oversell.
 //!
-//! Lock order, everywhere: a user's `user_deal_units` row first, then buckets in
-//! ascending order. A reservation follows a [`Plan`]: the first choice takes one bucket
-//! with `SKIP LOCKED` and never waits, so a request does not queue behind a locked bucket
-//! while another has stock. Only when that fails does it wait, in a fresh transaction that
-//! holds no bucket yet: on one named bucket, or on every non-empty bucket in ascending
-//! order. No transaction ever waits for a bucket while holding another out of order, so
-//! reservations, releases and stock changes cannot deadlock.
+//! **The one way to reserve** is the SQL function `inventory_reserve_batch` (see the
+//! reservation engine migration): it takes a batch of requests of one deal (a single order
+//! is a batch of one), decides each in arrival order exactly as if it had run alone, and
+//! writes buckets, counters and lines in the caller's statement. The order engine calls it
+//! from `orders_place_batch`; a late payment calls it through [`reserve_again`].
+//!
+//! Lock order, everywhere: a user's `user_deal_units` row first, then buckets in ascending
+//! order. A batch locks its lane's [`share`] of the buckets with `SKIP LOCKED`, and more
+//! buckets (also `SKIP LOCKED`) only when its share cannot serve a request; a request that
+//! could only be decided by waiting is handed back undecided and runs again locking every
+//! non-empty bucket in ascending order while holding no bucket. No transaction ever waits
+//! for a bucket while holding another out of order, so reservations, releases and stock
+//! changes cannot deadlock.
 
+mod events;
+mod layout;
 mod release;
 mod stock;
 
-use sqlx::{PgConnection, PgPool};
+use std::collections::HashMap;
 
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+pub use events::{StockChange, StockEvents};
+pub use layout::{create_buckets, lock_for_rebalance, set_available, split_evenly};
 pub use release::{HeldOrder, consume, release};
 pub use stock::{StockError, adjust};
 
 use crate::store::StoreError;
 
-/// Units taken from one bucket for one order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Line {
-    pub bucket: i32,
-    pub quantity: i32,
+/// The buckets lane `lane` of `lanes` draws from first: every `lanes`-th bucket, so the
+/// lanes of one instance never contend with each other for a row.
+pub fn share(lane: usize, lanes: usize, bucket_count: i32) -> Vec<i32> {
+    assert!(lanes >= 1 && lane < lanes);
+    (0..bucket_count.max(0))
+        .filter(|bucket| *bucket as usize % lanes == lane)
+        .collect()
 }
 
-/// A successful reservation inside an open transaction.
-#[derive(Debug)]
-pub struct Reserved {
-    pub lines: Vec<Line>,
-    /// Some bucket reached zero: the deal may now be sold out and is worth checking.
-    pub emptied_a_bucket: bool,
-}
-
-/// How a reservation looks for units.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Plan {
-    /// One bucket that covers the order, tried from `start` on, skipping locked rows.
-    AnyFree { start: i32 },
-    /// Every bucket that fits was busy: wait for this one.
-    Bucket(i32),
-    /// No single bucket covers the order: lock every non-empty bucket, ascending.
-    Spread,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ReserveError {
-    /// Fewer than the requested units remain; `available` is what the deal still has.
-    #[error("not enough stock: {available} available")]
-    Insufficient { available: i64 },
-    /// The plan found nothing without waiting. Roll back (releasing any lock the attempt
-    /// took) and run the order again with this plan.
-    #[error("retry the reservation with {0:?}")]
-    Retry(Plan),
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-/// Takes `quantity` units of `deal_id` inside `tx`, following `plan`.
-pub async fn reserve(
+/// Takes `quantity` units again for an order that had given them back (a late payment),
+/// inside the caller's transaction, through the batch function as a batch of one that
+/// waits for every bucket. False when the user's limit or the stock does not allow it;
+/// then nothing was written.
+pub async fn reserve_again(
     tx: &mut PgConnection,
+    order_id: Uuid,
     deal_id: &str,
+    user_id: &str,
     quantity: i32,
-    bucket_count: i32,
-    plan: Plan,
-) -> Result<Reserved, ReserveError> {
-    assert!(quantity >= 1 && bucket_count >= 1);
-    let taken = match plan {
-        Plan::AnyFree { start } => take_free(tx, deal_id, quantity, bucket_count, start).await?,
-        Plan::Bucket(bucket) => take_bucket(tx, deal_id, quantity, bucket).await?,
-        Plan::Spread => return take_spread(tx, deal_id, quantity).await,
-    };
-    match taken {
-        Some(reserved) => Ok(reserved),
-        None => Err(next_plan(tx, deal_id, quantity).await?),
-    }
-}
-
-/// Nothing was taken: decide from committed stock whether the deal is sold out, or which
-/// plan can still succeed.
-async fn next_plan(
-    tx: &mut PgConnection,
-    deal_id: &str,
-    quantity: i32,
-) -> Result<ReserveError, StoreError> {
-    let buckets: Vec<(i32, i64)> = sqlx::query_as(
-        "SELECT bucket, available FROM inventory_buckets WHERE deal_id = $1 AND available > 0",
+    per_user_limit: i32,
+) -> Result<bool, StoreError> {
+    assert!(quantity >= 1);
+    let outcome: Option<String> = sqlx::query_scalar(
+        "SELECT outcome FROM inventory_reserve_batch($1, ARRAY[$2::uuid], ARRAY[$3::text],
+                ARRAY[$4::int], ARRAY[0], $5, '{}', true)",
     )
     .bind(deal_id)
-    .fetch_all(&mut *tx)
+    .bind(order_id)
+    .bind(user_id)
+    .bind(quantity)
+    .bind(per_user_limit)
+    .fetch_one(tx)
     .await?;
-    let available: i64 = buckets.iter().map(|(_, units)| units).sum();
-    if available < i64::from(quantity) {
-        return Ok(ReserveError::Insufficient { available });
-    }
-    let fitting: Vec<i32> = buckets
-        .iter()
-        .filter(|(_, units)| *units >= i64::from(quantity))
-        .map(|(bucket, _)| *bucket)
-        .collect();
-    Ok(match fitting.as_slice() {
-        [] => ReserveError::Retry(Plan::Spread),
-        some => ReserveError::Retry(Plan::Bucket(some[rand::random_range(0..some.len())])),
-    })
+    Ok(outcome.as_deref() == Some("reserved"))
 }
 
-/// One conditional decrement on the first unlocked bucket, from `start`, that covers
-/// `quantity`. Never waits.
-async fn take_free(
-    tx: &mut PgConnection,
-    deal_id: &str,
-    quantity: i32,
-    bucket_count: i32,
-    start: i32,
-) -> Result<Option<Reserved>, StoreError> {
-    let row: Option<(i32, i64)> = sqlx::query_as(
-        "UPDATE inventory_buckets b
-            SET available = b.available - $2, reserved = b.reserved + $2
-           FROM (SELECT bucket FROM inventory_buckets
-                  WHERE deal_id = $1 AND available >= $2
-                  ORDER BY (bucket + $3) % $4
-                  LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED) pick
-          WHERE b.deal_id = $1 AND b.bucket = pick.bucket AND b.available >= $2
-         RETURNING b.bucket, b.available",
+/// A deal's units by state, summed over its buckets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub available: i64,
+    pub reserved: i64,
+    pub sold: i64,
+}
+
+/// Stock totals of `deal_ids` (deals without buckets are absent). The one place that
+/// computes units per deal; everything that needs them calls this.
+pub async fn totals(
+    pool: &PgPool,
+    deal_ids: &[String],
+) -> Result<HashMap<String, Totals>, StoreError> {
+    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT deal_id, sum(available)::bigint, sum(reserved)::bigint, sum(sold)::bigint
+           FROM inventory_buckets WHERE deal_id = ANY($1) GROUP BY deal_id",
     )
-    .bind(deal_id)
-    .bind(i64::from(quantity))
-    .bind(start)
-    .bind(bucket_count)
-    .fetch_optional(&mut *tx)
+    .bind(deal_ids)
+    .fetch_all(pool)
     .await?;
-    Ok(row.map(|(bucket, after)| single(bucket, quantity, after)))
-}
-
-/// One conditional decrement on `bucket`, waiting for its lock if need be.
-async fn take_bucket(
-    tx: &mut PgConnection,
-    deal_id: &str,
-    quantity: i32,
-    bucket: i32,
-) -> Result<Option<Reserved>, StoreError> {
-    let row: Option<(i32, i64)> = sqlx::query_as(
-        "UPDATE inventory_buckets
-            SET available = available - $3, reserved = reserved + $3
-          WHERE deal_id = $1 AND bucket = $2 AND available >= $3
-         RETURNING bucket, available",
-    )
-    .bind(deal_id)
-    .bind(bucket)
-    .bind(i64::from(quantity))
-    .fetch_optional(&mut *tx)
-    .await?;
-    Ok(row.map(|(bucket, after)| single(bucket, quantity, after)))
-}
-
-fn single(bucket: i32, quantity: i32, available_after: i64) -> Reserved {
-    assert!(available_after >= 0, "CHECK (available >= 0) holds");
-    Reserved {
-        lines: vec![Line { bucket, quantity }],
-        emptied_a_bucket: available_after == 0,
-    }
-}
-
-/// The deal has the units but no single bucket does: lock every non-empty bucket in
-/// ascending order and take from the fullest first.
-async fn take_spread(
-    tx: &mut PgConnection,
-    deal_id: &str,
-    quantity: i32,
-) -> Result<Reserved, ReserveError> {
-    let buckets: Vec<(i32, i64)> = sqlx::query_as(
-        "SELECT bucket, available FROM inventory_buckets
-          WHERE deal_id = $1 AND available > 0 ORDER BY bucket FOR NO KEY UPDATE",
-    )
-    .bind(deal_id)
-    .fetch_all(&mut *tx)
-    .await
-    .map_err(StoreError::from)?;
-    let lines = allocate(&buckets, quantity).ok_or(ReserveError::Insufficient {
-        available: buckets.iter().map(|(_, available)| available).sum(),
-    })?;
-    let (ids, units): (Vec<i32>, Vec<i32>) = lines.iter().map(|l| (l.bucket, l.quantity)).unzip();
-    let emptied: Vec<bool> = sqlx::query_scalar(
-        "UPDATE inventory_buckets b
-            SET available = b.available - t.q, reserved = b.reserved + t.q
-           FROM unnest($2::int[], $3::int[]) AS t(bucket, q)
-          WHERE b.deal_id = $1 AND b.bucket = t.bucket AND b.available >= t.q
-         RETURNING b.available = 0",
-    )
-    .bind(deal_id)
-    .bind(&ids)
-    .bind(&units)
-    .fetch_all(&mut *tx)
-    .await
-    .map_err(StoreError::from)?;
-    // The rows are locked by this transaction, so every line must have applied.
-    assert_eq!(emptied.len(), lines.len());
-    Ok(Reserved {
-        emptied_a_bucket: emptied.iter().any(|e| *e),
-        lines,
-    })
-}
-
-/// Splits `quantity` over `buckets` (id, available), fullest first; `None` if they cannot cover it.
-pub(crate) fn allocate(buckets: &[(i32, i64)], quantity: i32) -> Option<Vec<Line>> {
-    let mut by_size: Vec<(i32, i64)> = buckets.to_vec();
-    by_size.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    let mut wanted = i64::from(quantity);
-    let mut lines = Vec::new();
-    for (bucket, available) in by_size {
-        if wanted == 0 {
-            break;
-        }
-        let take = available.min(wanted);
-        if take > 0 {
-            lines.push(Line {
-                bucket,
-                quantity: i32::try_from(take).ok()?,
-            });
-            wanted -= take;
-        }
-    }
-    (wanted == 0).then_some(lines)
+    Ok(rows
+        .into_iter()
+        .map(|(deal, available, reserved, sold)| {
+            (
+                deal,
+                Totals {
+                    available,
+                    reserved,
+                    sold,
+                },
+            )
+        })
+        .collect())
 }
 
 /// Units still available for `deal_id`, as committed.
 pub async fn available(pool: &PgPool, deal_id: &str) -> Result<i64, StoreError> {
-    let total: i64 = sqlx::query_scalar(
-        "SELECT COALESCE(sum(available), 0)::bigint FROM inventory_buckets WHERE deal_id = $1",
-    )
-    .bind(deal_id)
-    .fetch_one(pool)
-    .await?;
-    Ok(total)
+    let totals = totals(pool, &[deal_id.to_owned()]).await?;
+    Ok(totals.get(deal_id).map_or(0, |t| t.available))
 }
 
 /// A consistent picture of one deal's inventory, checked against the orders that explain it.
@@ -307,42 +181,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn allocate_takes_fullest_first_and_covers_exactly() {
-        let lines = allocate(&[(0, 1), (1, 3), (2, 2)], 4).unwrap();
-        assert_eq!(
-            lines,
-            vec![
-                Line {
-                    bucket: 1,
-                    quantity: 3
-                },
-                Line {
-                    bucket: 2,
-                    quantity: 1
-                }
-            ]
-        );
-        assert!(allocate(&[(0, 1), (1, 1)], 3).is_none());
-        assert!(allocate(&[], 1).is_none());
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn allocate_never_overdraws(
-            sizes in proptest::collection::vec(0i64..20, 1..16),
-            quantity in 1i32..60,
-        ) {
-            let buckets: Vec<(i32, i64)> = sizes.iter().enumerate().map(|(i, s)| (i as i32, *s)).collect();
-            let total: i64 = sizes.iter().sum();
-            match allocate(&buckets, quantity) {
-                Some(lines) => {
-                    proptest::prop_assert_eq!(lines.iter().map(|l| i64::from(l.quantity)).sum::<i64>(), i64::from(quantity));
-                    for line in lines {
-                        proptest::prop_assert!(i64::from(line.quantity) <= sizes[line.bucket as usize]);
-                    }
-                }
-                None => proptest::prop_assert!(total < i64::from(quantity)),
-            }
-        }
+    fn lane_shares_are_disjoint_and_cover_every_bucket() {
+        let shares: Vec<Vec<i32>> = (0..3).map(|lane| share(lane, 3, 8)).collect();
+        assert_eq!(shares[0], vec![0, 3, 6]);
+        let mut all: Vec<i32> = shares.concat();
+        all.sort();
+        assert_eq!(all, (0..8).collect::<Vec<_>>());
+        assert!(share(3, 4, 2).is_empty());
     }
 }

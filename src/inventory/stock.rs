@@ -3,7 +3,7 @@
 
 use sqlx::PgPool;
 
-use crate::deals::split_evenly;
+use super::split_evenly;
 use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]

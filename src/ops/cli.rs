@@ -231,17 +231,26 @@ fn deal_json(deal: &Deal) -> serde_json::Value {
 
 /// Every deal with its live stock, newest first.
 pub async fn list(pool: &PgPool) -> Result<Vec<DealSummary>, sqlx::Error> {
-    sqlx::query_as(
+    let mut deals: Vec<DealSummary> = sqlx::query_as(
         "SELECT d.id, d.name, d.paused, d.bucket_count AS buckets, d.stock_total,
-                coalesce(sum(b.available), 0)::bigint AS available,
-                coalesce(sum(b.reserved), 0)::bigint AS reserved,
-                coalesce(sum(b.sold), 0)::bigint AS sold,
+                0::bigint AS available, 0::bigint AS reserved, 0::bigint AS sold,
                 d.starts_at, d.ends_at
-           FROM deals d LEFT JOIN inventory_buckets b ON b.deal_id = d.id
-          GROUP BY d.id ORDER BY d.created_at DESC, d.id",
+           FROM deals d ORDER BY d.created_at DESC, d.id",
     )
     .fetch_all(pool)
-    .await
+    .await?;
+    let ids: Vec<String> = deals.iter().map(|deal| deal.id.clone()).collect();
+    let totals = inventory::totals(pool, &ids)
+        .await
+        .map_err(|error| match error {
+            crate::store::StoreError::Retryable(e) | crate::store::StoreError::Unexpected(e) => e,
+            crate::store::StoreError::PoolExhausted => sqlx::Error::PoolTimedOut,
+        })?;
+    for deal in &mut deals {
+        let stock = totals.get(&deal.id).copied().unwrap_or_default();
+        (deal.available, deal.reserved, deal.sold) = (stock.available, stock.reserved, stock.sold);
+    }
+    Ok(deals)
 }
 
 /// `flashgate check`: prints the audit report; an error when any invariant is broken.

@@ -6,8 +6,8 @@
 //!
 //! 1. takes a per-deal advisory lock, so two rebalances of one deal run one after the other;
 //! 2. locks every bucket row of the deal in ascending order with `FOR NO KEY UPDATE` (the
-//!    project-wide lock order: `user_deal_units` rows first, then buckets ascending; a
-//!    rebalance holds no `user_deal_units` row, so it cannot deadlock with orders, releases
+//!    project-wide lock order: per-user counter rows first, then buckets ascending; a
+//!    rebalance holds no counter row, so it cannot deadlock with orders, releases
 //!    or stock changes). `FOR NO KEY UPDATE` still lets new reservation lines reference
 //!    the rows;
 //! 3. creates the rows a larger count needs;
@@ -22,10 +22,11 @@
 //! so units released to a drained row are sold like any other, and the next rebalance moves
 //! them back into the first `N` buckets.
 
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgPool;
 
 use super::changes;
-use crate::deals::{BUCKETS_MAX, split_evenly};
+use crate::deals::BUCKETS_MAX;
+use crate::inventory::{self, split_evenly};
 use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
@@ -75,9 +76,9 @@ pub async fn rebalance(
         .fetch_optional(&mut *tx)
         .await?;
     let buckets_before = before.ok_or(RebalanceError::NotFound)?;
-    let rows = lock_buckets(&mut tx, deal_id, buckets).await?;
+    let rows = inventory::lock_for_rebalance(&mut tx, deal_id, buckets).await?;
     let targets = plan(&rows, buckets);
-    apply(&mut tx, deal_id, &targets).await?;
+    inventory::set_available(&mut tx, deal_id, &targets).await?;
     sqlx::query("UPDATE deals SET bucket_count = $2 WHERE id = $1")
         .bind(deal_id)
         .bind(buckets)
@@ -92,36 +93,6 @@ pub async fn rebalance(
         units_moved: units_moved(&rows, &targets),
         available: targets,
     })
-}
-
-/// Locks the deal's rows in ascending order and adds the missing ones below `buckets`;
-/// returns every row's (bucket, available).
-async fn lock_buckets(
-    tx: &mut PgConnection,
-    deal_id: &str,
-    buckets: i32,
-) -> Result<Vec<(i32, i64)>, sqlx::Error> {
-    sqlx::query(
-        "SELECT bucket FROM inventory_buckets WHERE deal_id = $1 ORDER BY bucket FOR NO KEY UPDATE",
-    )
-    .bind(deal_id)
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query(
-        "INSERT INTO inventory_buckets (deal_id, bucket, available)
-         SELECT $1, b, 0 FROM generate_series(0, $2 - 1) AS b
-         ON CONFLICT (deal_id, bucket) DO NOTHING",
-    )
-    .bind(deal_id)
-    .bind(buckets)
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query_as(
-        "SELECT bucket, available FROM inventory_buckets WHERE deal_id = $1 ORDER BY bucket",
-    )
-    .bind(deal_id)
-    .fetch_all(&mut *tx)
-    .await
 }
 
 /// The available units each row should hold: all of them spread evenly over buckets
@@ -152,26 +123,6 @@ fn units_moved(rows: &[(i32, i64)], targets: &[(i32, i64)]) -> i64 {
         .zip(targets)
         .map(|((_, before), (_, after))| (after - before).max(0))
         .sum()
-}
-
-async fn apply(
-    tx: &mut PgConnection,
-    deal_id: &str,
-    targets: &[(i32, i64)],
-) -> Result<(), sqlx::Error> {
-    let (ids, available): (Vec<i32>, Vec<i64>) = targets.iter().copied().unzip();
-    let updated = sqlx::query(
-        "UPDATE inventory_buckets b SET available = t.available
-           FROM unnest($2::int[], $3::bigint[]) AS t(bucket, available)
-          WHERE b.deal_id = $1 AND b.bucket = t.bucket",
-    )
-    .bind(deal_id)
-    .bind(&ids)
-    .bind(&available)
-    .execute(&mut *tx)
-    .await?;
-    assert_eq!(updated.rows_affected() as usize, targets.len());
-    Ok(())
 }
 
 #[cfg(test)]

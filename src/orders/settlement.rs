@@ -6,7 +6,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::domain::{OrderEvent, OrderStatus};
-use crate::inventory::{self, HeldOrder, Plan, ReserveError};
+use crate::inventory::{self, HeldOrder};
 use crate::store::StoreError;
 
 /// An order locked for a payment decision, with what its deal says about late payments.
@@ -131,39 +131,13 @@ pub async fn reserve_again_and_pay(
 }
 
 async fn take_units(tx: &mut PgConnection, order: &LockedOrder) -> Result<bool, StoreError> {
-    let within_limit = super::add_units(
+    inventory::reserve_again(
         tx,
+        order.id,
         &order.deal_id,
         &order.user_id,
         order.quantity,
         order.per_user_limit,
     )
-    .await?;
-    if !within_limit {
-        return Ok(false);
-    }
-    match inventory::reserve(
-        tx,
-        &order.deal_id,
-        order.quantity,
-        order.bucket_count,
-        Plan::Spread,
-    )
     .await
-    {
-        Ok(reserved) => {
-            super::insert_lines(
-                tx,
-                order.id,
-                &order.deal_id,
-                order.quantity,
-                &reserved.lines,
-            )
-            .await?;
-            Ok(true)
-        }
-        // The spread plan always decides; either way there are no units for this order.
-        Err(ReserveError::Insufficient { .. } | ReserveError::Retry(_)) => Ok(false),
-        Err(ReserveError::Store(error)) => Err(error),
-    }
 }

@@ -5,14 +5,23 @@
 //! twice, moves them to EXPIRED guarded by their old status (a racing cancel wins or loses
 //! cleanly) and releases their units to the buckets they came from, in one transaction.
 //! Overdue is judged by PostgreSQL's clock. An order with a payment attempt still pending
-//! is left alone: the payments worker first asks the provider (a payment may have gone
-//! through) and closes the attempt, and only then may the order expire.
+//! is left alone for at most `grace` past its expiry: the payments worker first asks the
+//! provider (a payment may have gone through) and closes the attempt. At `expires_at +
+//! grace` the order expires whatever the provider said; money that arrives later is a late
+//! payment. So a reservation always ends, and a new attempt (refused at or after
+//! `expires_at`) can never postpone it.
+//!
+//! [`expire_if_due`] is the same move for one order inside someone else's transaction: a
+//! provider report that closes the last open attempt of an order whose reservation has
+//! ended expires the order rather than cancelling it, so expiry reads `EXPIRED` whichever
+//! of the sweeper and the provider's webhook lands first.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 use crate::domain::{OrderEvent, OrderStatus};
 use crate::inventory::{self, HeldOrder};
@@ -27,8 +36,13 @@ pub struct Swept {
     pub deals: BTreeSet<String>,
 }
 
-/// Expires at most `batch_max` overdue orders.
-pub async fn sweep_once(pool: &PgPool, batch_max: u32) -> Result<Swept, StoreError> {
+/// Expires at most `batch_max` overdue orders; an order with an attempt still pending only
+/// once it is `grace` past its expiry.
+pub async fn sweep_once(
+    pool: &PgPool,
+    batch_max: u32,
+    grace: Duration,
+) -> Result<Swept, StoreError> {
     let to = OrderStatus::PendingPayment
         .transition(OrderEvent::Expire)
         .expect("a pending order can expire");
@@ -37,8 +51,9 @@ pub async fn sweep_once(pool: &PgPool, batch_max: u32) -> Result<Swept, StoreErr
         "WITH due AS (
              SELECT id FROM orders
               WHERE status = 'PENDING_PAYMENT' AND expires_at <= now()
-                AND NOT EXISTS (SELECT 1 FROM payment_attempts a
-                                 WHERE a.order_id = orders.id AND a.status = 'PENDING')
+                AND (expires_at <= now() - make_interval(secs => $3)
+                     OR NOT EXISTS (SELECT 1 FROM payment_attempts a
+                                     WHERE a.order_id = orders.id AND a.status = 'PENDING'))
               ORDER BY expires_at
               LIMIT $1
                 FOR UPDATE SKIP LOCKED)
@@ -49,6 +64,7 @@ pub async fn sweep_once(pool: &PgPool, batch_max: u32) -> Result<Swept, StoreErr
     )
     .bind(i64::from(batch_max))
     .bind(to.as_str())
+    .bind(grace.as_secs_f64())
     .fetch_all(&mut *tx)
     .await?;
     assert!(expired.len() <= batch_max as usize);
@@ -61,12 +77,40 @@ pub async fn sweep_once(pool: &PgPool, batch_max: u32) -> Result<Swept, StoreErr
     })
 }
 
+/// Expires `order_id` inside the caller's transaction if it is still pending and its
+/// `expires_at` has passed, releasing its units; returns its deal when it did. The caller
+/// holds the order's row lock or takes it here.
+pub async fn expire_if_due(
+    tx: &mut PgConnection,
+    order_id: Uuid,
+) -> Result<Option<String>, StoreError> {
+    let to = OrderStatus::PendingPayment
+        .transition(OrderEvent::Expire)
+        .expect("a pending order can expire");
+    let expired: Option<HeldOrder> = sqlx::query_as(
+        "UPDATE orders SET status = $2, updated_at = now()
+          WHERE id = $1 AND status = 'PENDING_PAYMENT' AND expires_at <= now()
+         RETURNING id, deal_id, user_id, quantity",
+    )
+    .bind(order_id)
+    .bind(to.as_str())
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(order) = expired else {
+        return Ok(None);
+    };
+    inventory::release(tx, std::slice::from_ref(&order)).await?;
+    metrics::counter!(telemetry::ORDERS_EXPIRED).increment(1);
+    Ok(Some(order.deal_id))
+}
+
 /// Sweeps every `interval` until `shutdown`, handing each batch's deals to `on_released`
 /// (which clears their sold-out flags). A full batch is followed at once by another.
 pub async fn run<F, Fut>(
     pool: PgPool,
     interval: Duration,
     batch_max: u32,
+    grace: Duration,
     shutdown: CancellationToken,
     on_released: F,
 ) where
@@ -74,7 +118,7 @@ pub async fn run<F, Fut>(
     Fut: std::future::Future<Output = ()>,
 {
     loop {
-        let full_batch = match pass(&pool, batch_max).await {
+        let full_batch = match pass(&pool, batch_max, grace).await {
             Some(swept) => {
                 let full = swept.expired as u64 >= u64::from(batch_max);
                 if !swept.deals.is_empty() {
@@ -94,9 +138,9 @@ pub async fn run<F, Fut>(
 
 /// One pass, run as its own task so that a broken invariant (a panic) is reported and the
 /// next pass still runs, instead of expiry stopping on this instance.
-async fn pass(pool: &PgPool, batch_max: u32) -> Option<Swept> {
+async fn pass(pool: &PgPool, batch_max: u32, grace: Duration) -> Option<Swept> {
     let pool = pool.clone();
-    let outcome = tokio::spawn(async move { sweep_once(&pool, batch_max).await }).await;
+    let outcome = tokio::spawn(async move { sweep_once(&pool, batch_max, grace).await }).await;
     let label = match &outcome {
         Ok(Ok(_)) => "ok",
         Ok(Err(error)) => {

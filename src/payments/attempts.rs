@@ -22,91 +22,119 @@ pub struct Attempt {
     pub accepted: bool,
     pub checks: i32,
     pub created_at: DateTime<Utc>,
+    /// A create call may have reached the provider without our learning the payment id.
+    pub create_uncertain: bool,
 }
 
 pub const PENDING: &str = "PENDING";
 pub const SUCCEEDED: &str = "SUCCEEDED";
 
 const COLUMNS: &str = "id, order_id, provider, provider_payment_id, status, amount_minor, currency,
-    capture_method, checkout_url, provider_expires_at, accepted, checks, created_at";
+    capture_method, checkout_url, provider_expires_at, accepted, checks, created_at, create_uncertain";
 
-/// Records the attempt created together with an order, in the order's transaction.
-pub async fn insert_initial(
-    tx: &mut PgConnection,
-    order_id: Uuid,
-    provider: &str,
-    capture_method: &str,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO payment_attempts (id, order_id, provider, status, amount_minor, currency, capture_method)
-         SELECT $1, o.id, $3, 'PENDING', o.amount_minor, o.currency, $4 FROM orders o WHERE o.id = $2",
-    )
-    .bind(Uuid::now_v7())
-    .bind(order_id)
-    .bind(provider)
-    .bind(capture_method)
-    .execute(tx)
-    .await?;
-    Ok(())
+/// Opens the first payment attempt of every order placed, inside the order batch's own
+/// transaction (the SQL function `payments_open_initial_attempts`); the provider itself is
+/// called only after the commit.
+pub struct InitialAttempt {
+    provider: String,
 }
 
-/// The initial attempts of several orders placed together, in one statement.
-pub async fn insert_initial_many(
-    tx: &mut PgConnection,
-    order_ids: &[Uuid],
-    provider: &str,
-    capture_method: &str,
-) -> Result<(), StoreError> {
-    let ids: Vec<Uuid> = order_ids.iter().map(|_| Uuid::now_v7()).collect();
-    sqlx::query(
-        "INSERT INTO payment_attempts (id, order_id, provider, status, amount_minor, currency, capture_method)
-         SELECT t.id, o.id, $3, 'PENDING', o.amount_minor, o.currency, $4
-           FROM unnest($1::uuid[], $2::uuid[]) AS t(id, order_id) JOIN orders o ON o.id = t.order_id",
-    )
-    .bind(&ids)
-    .bind(order_ids)
-    .bind(provider)
-    .bind(capture_method)
-    .execute(tx)
-    .await?;
-    Ok(())
+impl InitialAttempt {
+    pub fn hook(provider: &str) -> std::sync::Arc<dyn crate::orders::PlacementHook> {
+        std::sync::Arc::new(Self {
+            provider: provider.to_owned(),
+        })
+    }
 }
 
-/// Starts another attempt for a pending order under the client's key; `None` when the
-/// order is not pending. A key used before returns that attempt.
+impl crate::orders::PlacementHook for InitialAttempt {
+    fn sql_function(&self) -> &'static str {
+        "payments_open_initial_attempts"
+    }
+
+    fn argument(&self) -> &str {
+        &self.provider
+    }
+}
+
+/// What asking for another attempt under a client's key came to.
+#[derive(Debug)]
+pub enum Keyed {
+    /// A new attempt, not yet opened at the provider.
+    Created(Attempt),
+    /// The key was used before: that attempt, and whether it may still be opened at the
+    /// provider (the order is pending and its reservation has not expired).
+    Replayed(Attempt, bool),
+    /// The order no longer waits for payment.
+    NotPending,
+    /// The order's `expires_at` has passed (database clock).
+    Expired,
+    /// The order already has `attempts_max` attempts.
+    Exhausted,
+}
+
+/// Starts another attempt for a pending order under the client's key, in a short
+/// transaction that locks the order, so that the cap on attempts and the expiry are checked
+/// against what is committed. A key used before returns that attempt, whatever the order's
+/// state now.
 pub async fn insert_keyed(
     pool: &PgPool,
     order_id: Uuid,
     provider: &str,
     key: &str,
-) -> Result<Option<(Attempt, bool)>, StoreError> {
-    let sql = format!(
-        "INSERT INTO payment_attempts (id, order_id, provider, status, amount_minor, currency, capture_method, idempotency_key)
-         SELECT $1, o.id, $3, 'PENDING', o.amount_minor, o.currency, d.capture_method, $4
-           FROM orders o JOIN deals d ON d.id = o.deal_id
-          WHERE o.id = $2 AND o.status = 'PENDING_PAYMENT'
-         ON CONFLICT (order_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-         RETURNING {COLUMNS}"
-    );
-    let inserted = sqlx::query_as::<_, Attempt>(sqlx::AssertSqlSafe(sql))
-        .bind(Uuid::now_v7())
-        .bind(order_id)
-        .bind(provider)
-        .bind(key)
-        .fetch_optional(pool)
-        .await?;
-    if let Some(attempt) = inserted {
-        return Ok(Some((attempt, false)));
-    }
+    attempts_max: u32,
+) -> Result<Keyed, StoreError> {
+    let mut tx = pool.begin().await?;
+    let gate: Option<(String, bool, i64)> = sqlx::query_as(
+        "SELECT o.status, o.expires_at > now(),
+                (SELECT count(*) FROM payment_attempts a WHERE a.order_id = o.id)
+           FROM orders o WHERE o.id = $1 FOR NO KEY UPDATE OF o",
+    )
+    .bind(order_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((status, open, count)) = gate else {
+        return Ok(Keyed::NotPending);
+    };
     let sql = format!(
         "SELECT {COLUMNS} FROM payment_attempts WHERE order_id = $1 AND idempotency_key = $2"
     );
     let existing = sqlx::query_as::<_, Attempt>(sqlx::AssertSqlSafe(sql))
         .bind(order_id)
         .bind(key)
-        .fetch_optional(pool)
+        .fetch_optional(&mut *tx)
         .await?;
-    Ok(existing.map(|attempt| (attempt, true)))
+    let verdict = match existing {
+        Some(attempt) => Keyed::Replayed(attempt, status == "PENDING_PAYMENT" && open),
+        None if status != "PENDING_PAYMENT" => Keyed::NotPending,
+        None if !open => Keyed::Expired,
+        None if count >= i64::from(attempts_max) => Keyed::Exhausted,
+        None => Keyed::Created(insert_next(&mut tx, order_id, provider, key).await?),
+    };
+    tx.commit().await?;
+    Ok(verdict)
+}
+
+async fn insert_next(
+    tx: &mut PgConnection,
+    order_id: Uuid,
+    provider: &str,
+    key: &str,
+) -> Result<Attempt, StoreError> {
+    let sql = format!(
+        "INSERT INTO payment_attempts (id, order_id, provider, status, amount_minor, currency, capture_method, idempotency_key)
+         SELECT $1, o.id, $3, 'PENDING', o.amount_minor, o.currency, d.capture_method, $4
+           FROM orders o JOIN deals d ON d.id = o.deal_id
+          WHERE o.id = $2
+         RETURNING {COLUMNS}"
+    );
+    Ok(sqlx::query_as::<_, Attempt>(sqlx::AssertSqlSafe(sql))
+        .bind(Uuid::now_v7())
+        .bind(order_id)
+        .bind(provider)
+        .bind(key)
+        .fetch_one(tx)
+        .await?)
 }
 
 /// The attempt created with the order.
@@ -248,5 +276,75 @@ pub async fn postpone(
     .bind(f64::from(backoff_max_seconds))
     .execute(pool)
     .await?;
+    Ok(())
+}
+
+/// Where a queued capture stands once its order has been re-checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaptureClaim {
+    /// The order still waits for this money (and its hold has not ended): capture.
+    Claimed,
+    /// The order was cancelled, expired or paid otherwise, or its hold ended: void instead.
+    OrderGone,
+    /// The attempt has already been settled: nothing to do.
+    Settled,
+}
+
+/// Re-checks the order of a queued capture and, when it still waits for this payment,
+/// marks the capture as in flight (committed before the provider is called, so a void of
+/// the same payment waits for it and no lock is held across the call).
+pub async fn claim_capture(
+    pool: &PgPool,
+    attempt_id: Uuid,
+    grace_seconds: u32,
+) -> Result<CaptureClaim, StoreError> {
+    let row: Option<(String, bool)> = sqlx::query_as(
+        "WITH claim AS (
+             UPDATE payment_attempts a SET capture_claimed_at = now(), updated_at = now()
+               FROM orders o
+              WHERE a.id = $1 AND o.id = a.order_id AND a.status = 'PENDING'
+                AND o.status = 'PENDING_PAYMENT'
+                AND o.expires_at > now() - make_interval(secs => $2)
+             RETURNING a.id)
+         SELECT a.status, EXISTS (SELECT 1 FROM claim)
+           FROM payment_attempts a WHERE a.id = $1",
+    )
+    .bind(attempt_id)
+    .bind(f64::from(grace_seconds))
+    .fetch_optional(pool)
+    .await?;
+    Ok(match row {
+        Some((_, true)) => CaptureClaim::Claimed,
+        Some((status, false)) if status == PENDING => CaptureClaim::OrderGone,
+        _ => CaptureClaim::Settled,
+    })
+}
+
+/// The capture of this attempt will not happen (its order is gone): a void may proceed.
+pub async fn drop_capture_claim(pool: &PgPool, attempt_id: Uuid) -> Result<(), StoreError> {
+    sqlx::query("UPDATE payment_attempts SET capture_claimed_at = NULL WHERE id = $1")
+        .bind(attempt_id)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// Whether a capture of this pending attempt is in flight (a void must wait for it).
+pub async fn capture_in_flight(pool: &PgPool, attempt_id: Uuid) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM payment_attempts
+                         WHERE id = $1 AND status = 'PENDING' AND capture_claimed_at IS NOT NULL)",
+    )
+    .bind(attempt_id)
+    .fetch_one(pool)
+    .await?)
+}
+
+/// A create call for the attempt may have reached the provider.
+pub async fn mark_create_uncertain(pool: &PgPool, attempt_id: Uuid) -> Result<(), StoreError> {
+    sqlx::query("UPDATE payment_attempts SET create_uncertain = true WHERE id = $1")
+        .bind(attempt_id)
+        .execute(pool)
+        .await?;
     Ok(())
 }

@@ -3,7 +3,10 @@
 //! The attempt row exists before the provider is called (it is written with the order),
 //! and its id is the idempotency key of the create call. A create that times out is
 //! therefore simply repeated later (on a retried order request, by the sweeper or by the
-//! reconciler) and returns the same payment; it is never taken for a failure.
+//! reconciler) and returns the same payment; it is never taken for a failure. A create
+//! whose connection was refused sent nothing: unless an earlier call may have reached the
+//! provider (`create_uncertain`), such an attempt was never created and closes at expiry
+//! without asking the provider.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -11,7 +14,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::Payments;
-use super::attempts::{self, Attempt};
+use super::attempts::{self, Attempt, Keyed, PENDING};
 use super::provider::{CreatePayment, ProviderError, ProviderPayment};
 use crate::store::StoreError;
 
@@ -40,6 +43,12 @@ pub enum CheckoutError {
     NotFound,
     #[error("the order is not waiting for payment")]
     NotPending,
+    /// The reservation ended at `expires_at`: no attempt is started at or after it.
+    #[error("the order's reservation has expired; no new payment can be started")]
+    Expired,
+    /// The order used up `payments.attempts_per_order_max`.
+    #[error("the order already has {0} payment attempts, the most allowed")]
+    AttemptsExhausted(u32),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -61,6 +70,10 @@ impl Payments {
             Ok(payment) => self.record(pool, attempt, &payment).await,
             Err(error) => {
                 tracing::warn!(%error, attempt = %attempt.id, "payment not created yet; will retry with the same key");
+                // A refused connection sent nothing; anything else may have created it.
+                if !matches!(error, ProviderError::Refused(_)) && !attempt.create_uncertain {
+                    attempts::mark_create_uncertain(pool, attempt.id).await?;
+                }
                 Ok(attempt)
             }
         }
@@ -153,7 +166,8 @@ impl Payments {
         Ok(())
     }
 
-    /// Starts (or, for a key used before, returns) another attempt for a pending order.
+    /// Starts (or, for a key used before, returns) another attempt for a pending order whose
+    /// reservation has not expired and that has attempts left.
     pub async fn start_attempt(
         &self,
         pool: &PgPool,
@@ -161,9 +175,18 @@ impl Payments {
         expires_at: DateTime<Utc>,
         key: &str,
     ) -> Result<(Attempt, bool), CheckoutError> {
-        let (attempt, replayed) = attempts::insert_keyed(pool, order_id, self.provider.name(), key)
-            .await?
-            .ok_or(CheckoutError::NotPending)?;
-        Ok((self.open(pool, attempt, expires_at).await?, replayed))
+        let max = self.settings.attempts_per_order_max;
+        let keyed = attempts::insert_keyed(pool, order_id, self.provider.name(), key, max).await?;
+        let attempt = match keyed {
+            Keyed::Created(attempt) => attempt,
+            Keyed::Replayed(attempt, true) if attempt.status == PENDING => {
+                return Ok((self.open(pool, attempt, expires_at).await?, true));
+            }
+            Keyed::Replayed(attempt, _) => return Ok((attempt, true)),
+            Keyed::NotPending => return Err(CheckoutError::NotPending),
+            Keyed::Expired => return Err(CheckoutError::Expired),
+            Keyed::Exhausted => return Err(CheckoutError::AttemptsExhausted(max)),
+        };
+        Ok((self.open(pool, attempt, expires_at).await?, false))
     }
 }

@@ -100,6 +100,8 @@ impl HttpProvider {
         let response = request.send().await.map_err(|error| {
             if error.is_timeout() {
                 ProviderError::Timeout
+            } else if error.is_connect() {
+                ProviderError::Refused(error.to_string())
             } else {
                 ProviderError::Unavailable(error.to_string())
             }

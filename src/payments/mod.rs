@@ -11,11 +11,14 @@
 //! - [`provider`]: the provider abstraction; [`http_provider`]: its HTTP implementation.
 //! - [`attempts`], [`refunds`], [`outbox`]: the tables.
 //! - [`checkout`]: creating payments for orders; [`webhook`]: receiving events.
-//! - [`workers`]: outbox worker, overdue-payment checks before expiry, reconciler.
+//! - [`effects`]: the outbox worker; [`mismatch`]: money for another amount.
+//! - [`workers`]: overdue-payment checks before expiry, reconciler.
 
 pub mod attempts;
 pub mod checkout;
+pub mod effects;
 pub mod http_provider;
+pub mod mismatch;
 pub mod outbox;
 pub mod provider;
 pub mod refunds;

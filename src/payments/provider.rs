@@ -83,7 +83,11 @@ pub enum ProviderError {
     /// No answer in time: the outcome is unknown.
     #[error("provider did not answer in time")]
     Timeout,
-    /// Connection refused or a 5xx: worth retrying later.
+    /// No connection could be opened (refused, unreachable, TLS handshake failed): the
+    /// request was never sent, so it cannot have taken effect. Worth retrying later.
+    #[error("provider not reachable: {0}")]
+    Refused(String),
+    /// A 5xx or a broken answer: worth retrying later; the call may have taken effect.
     #[error("provider unavailable: {0}")]
     Unavailable(String),
     /// The request conflicts with the payment's state (e.g. capturing a cancelled payment).
@@ -99,12 +103,16 @@ pub enum ProviderError {
 impl ProviderError {
     /// Whether the call may have taken effect and is safe to repeat with the same key.
     pub fn is_transient(&self) -> bool {
-        matches!(self, ProviderError::Timeout | ProviderError::Unavailable(_))
+        matches!(
+            self,
+            ProviderError::Timeout | ProviderError::Refused(_) | ProviderError::Unavailable(_)
+        )
     }
 
     pub fn label(&self) -> &'static str {
         match self {
             ProviderError::Timeout => "timeout",
+            ProviderError::Refused(_) => "refused",
             ProviderError::Unavailable(_) => "unavailable",
             ProviderError::Conflict(_) => "conflict",
             ProviderError::NotFound => "not_found",

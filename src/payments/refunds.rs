@@ -108,6 +108,59 @@ async fn finish_order(tx: &mut PgConnection, order_id: Uuid) -> Result<(), Store
     Ok(())
 }
 
+/// Counts a refused try of refund `refund_id`; at `tries_max` tries the refund is marked
+/// FAILED and true is returned (nobody retries it any more).
+pub async fn record_failure(
+    pool: &PgPool,
+    refund_id: Uuid,
+    error: &str,
+    tries_max: u32,
+) -> Result<bool, StoreError> {
+    let status: Option<String> = sqlx::query_scalar(
+        "UPDATE refunds SET tries = tries + 1, last_error = $2, updated_at = now(),
+                status = CASE WHEN tries + 1 >= $3 THEN 'FAILED' ELSE status END
+          WHERE id = $1 AND status = 'PENDING'
+         RETURNING status",
+    )
+    .bind(refund_id)
+    .bind(error)
+    .bind(i64::from(tries_max))
+    .fetch_optional(pool)
+    .await?;
+    Ok(status.as_deref() == Some("FAILED"))
+}
+
+/// A refund given up on, for the reconciler's report.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct FailedRefund {
+    pub id: Uuid,
+    pub order_id: Uuid,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub tries: i32,
+    pub last_error: Option<String>,
+}
+
+/// Refunds given up on (at most `limit`), oldest first.
+pub async fn failed(pool: &PgPool, limit: u32) -> Result<Vec<FailedRefund>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT id, order_id, amount_minor, currency, tries, last_error FROM refunds
+          WHERE status = 'FAILED' ORDER BY created_at LIMIT $1",
+    )
+    .bind(i64::from(limit))
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Refunds in state FAILED.
+pub async fn failed_count(pool: &PgPool) -> Result<i64, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM refunds WHERE status = 'FAILED'")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
 /// Refunds requested and not yet confirmed.
 pub async fn pending(pool: &PgPool) -> Result<i64, StoreError> {
     Ok(

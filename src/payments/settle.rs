@@ -9,11 +9,13 @@ use serde_json::json;
 use sqlx::{PgConnection, PgPool};
 
 use super::attempts::{self, Attempt, PENDING, SUCCEEDED};
+use super::mismatch;
 use super::outbox::{self, Kind};
 use super::provider::{ProviderPayment, ProviderStatus};
 use super::refunds;
 use crate::domain::{OrderEvent, OrderStatus};
 use crate::orders::settlement::{self, LockedOrder};
+use crate::orders::sweeper;
 use crate::store::StoreError;
 use crate::telemetry;
 
@@ -28,6 +30,9 @@ pub enum Applied {
     Authorized,
     /// The attempt failed and the order gave its units back (`deal_id` may leave sold-out).
     Released { deal_id: String },
+    /// The attempt closed after the order's reservation ended: the order expired and gave
+    /// its units back, exactly as the sweeper would have done.
+    Expired { deal_id: String },
     /// The attempt failed; the order waits for another attempt or its expiry.
     Failed,
     /// Money for an order that had expired: units taken again, order PAID.
@@ -44,6 +49,10 @@ pub enum Applied {
     Refunded,
     /// Amount or currency differ from the price snapshot: nothing applied.
     Mismatch,
+    /// The provider itself reports an amount or currency other than the order's: the money
+    /// is voided or refunded, never captured, and the attempt closed (releasing the order's
+    /// units when it was its last open attempt).
+    MismatchRejected { released: Option<String> },
     /// No attempt of ours has this payment.
     UnknownPayment,
 }
@@ -55,6 +64,7 @@ impl Applied {
             Applied::Duplicate => "duplicate",
             Applied::Authorized => "authorized",
             Applied::Released { .. } => "released",
+            Applied::Expired { .. } => "expired",
             Applied::Failed => "failed",
             Applied::LateReserved => "late_reserved",
             Applied::LateRefunded => "late_refunded",
@@ -63,12 +73,24 @@ impl Applied {
             Applied::Pending => "pending",
             Applied::Refunded => "refunded",
             Applied::Mismatch => "mismatch",
+            Applied::MismatchRejected { .. } => "mismatch_rejected",
             Applied::UnknownPayment => "unknown_payment",
+        }
+    }
+
+    /// The deal that got units back, whose sold-out flag must clear.
+    pub fn released_deal(&self) -> Option<&str> {
+        match self {
+            Applied::Released { deal_id } | Applied::Expired { deal_id } => Some(deal_id),
+            Applied::MismatchRejected { released } => released.as_deref(),
+            _ => None,
         }
     }
 }
 
-/// Applies the provider's view of `payment` in one transaction.
+/// Applies the provider's view of `payment`, as read from the provider's API, in one
+/// transaction. When the provider's amount or currency differs from the order's, the
+/// payment is rejected: voided or refunded, and the order no longer waits for it.
 pub async fn apply(
     pool: &PgPool,
     provider: &str,
@@ -76,12 +98,48 @@ pub async fn apply(
 ) -> Result<Applied, StoreError> {
     let mut tx = pool.begin().await?;
     let applied = apply_in(&mut tx, provider, payment).await?;
-    if applied == Applied::Mismatch {
-        tx.rollback().await?;
-    } else {
+    if applied != Applied::Mismatch {
         tx.commit().await?;
+        return Ok(applied);
     }
+    tx.rollback().await?;
+    let mut tx = pool.begin().await?;
+    let rejected = mismatch::reject(&mut tx, provider, payment).await?;
+    tx.commit().await?;
+    Ok(rejected)
+}
+
+/// Closes an attempt no create call ever reached the provider with (so nobody can pay it),
+/// as the provider would report an expired session.
+pub async fn close_never_created(
+    pool: &PgPool,
+    attempt_id: uuid::Uuid,
+) -> Result<Applied, StoreError> {
+    let mut tx = pool.begin().await?;
+    let closed: Option<Attempt> = sqlx::query_as(
+        "UPDATE payment_attempts SET status = 'EXPIRED', updated_at = now()
+          WHERE id = $1 AND status = 'PENDING' AND provider_payment_id IS NULL
+            AND NOT create_uncertain
+         RETURNING id, order_id, provider, provider_payment_id, status, amount_minor, currency,
+                   capture_method, checkout_url, provider_expires_at, accepted, checks,
+                   created_at, create_uncertain",
+    )
+    .bind(attempt_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let applied = match closed {
+        Some(attempt) => release_if_last(&mut tx, &attempt).await?,
+        None => Applied::Duplicate,
+    };
+    tx.commit().await?;
     Ok(applied)
+}
+
+/// Whether the provider's amount and currency are the attempt's (ISO 4217 codes compared
+/// without regard to case: providers differ in how they spell them).
+pub fn amount_matches(attempt: &Attempt, payment: &ProviderPayment) -> bool {
+    payment.amount_minor == attempt.amount_minor
+        && payment.currency.eq_ignore_ascii_case(&attempt.currency)
 }
 
 /// Applies the provider's view of `payment` inside the caller's transaction. On
@@ -96,7 +154,7 @@ pub async fn apply_in(
     else {
         return Ok(Applied::UnknownPayment);
     };
-    if payment.amount_minor != attempt.amount_minor || payment.currency != attempt.currency {
+    if !amount_matches(&attempt, payment) {
         tracing::error!(
             attempt = %attempt.id, order = %attempt.order_id, provider_payment = %payment.id,
             expected_minor = attempt.amount_minor, got_minor = payment.amount_minor,
@@ -161,13 +219,17 @@ async fn succeeded(tx: &mut PgConnection, attempt: &Attempt) -> Result<Applied, 
     }
 }
 
-/// Money for an order that gave its units back: the deal's policy decides.
+/// Money for an order that gave its units back: the deal's policy decides. A manual-capture
+/// payment only gets here when a capture raced the order's end (the capture re-checks the
+/// order, but the order may end while the provider captures): that money is refunded, so a
+/// cancelled order never becomes PAID.
 async fn late(
     tx: &mut PgConnection,
     order: &LockedOrder,
     attempt: &Attempt,
 ) -> Result<Applied, StoreError> {
-    if order.late_payment_policy == "reserve_or_refund"
+    if attempt.capture_method != "manual"
+        && order.late_payment_policy == "reserve_or_refund"
         && settlement::reserve_again_and_pay(tx, order).await?
     {
         accept(tx, attempt).await?;
@@ -210,9 +272,22 @@ async fn failed(tx: &mut PgConnection, attempt: &Attempt, to: &str) -> Result<Ap
         return Ok(Applied::Duplicate);
     }
     assert!(attempts::transition(tx, attempt.id, PENDING, to).await?);
+    release_if_last(tx, attempt).await
+}
+
+/// `attempt` just closed without money: when it was its pending order's last open attempt,
+/// the order gives its units back, as EXPIRED once its reservation has ended (whoever gets
+/// here first, the sweeper's provider check or the provider's own webhook), else CANCELLED.
+pub(super) async fn release_if_last(
+    tx: &mut PgConnection,
+    attempt: &Attempt,
+) -> Result<Applied, StoreError> {
     let order = lock_order(tx, attempt).await?;
     if order.status() != OrderStatus::PendingPayment || other_pending(tx, attempt).await? {
         return Ok(Applied::Failed);
+    }
+    if let Some(deal_id) = sweeper::expire_if_due(tx, order.id).await? {
+        return Ok(Applied::Expired { deal_id });
     }
     assert!(
         settlement::fail(tx, &order).await?,

@@ -1,5 +1,6 @@
-//! Background work that keeps payments moving without a browser: the outbox worker, the
-//! provider check that runs before an unpaid order may expire, and the reconciler.
+//! Background work that keeps payments moving without a browser: the provider check that
+//! runs before an unpaid order may expire, and the reconciler (the outbox worker is in
+//! [`super::effects`]).
 
 use std::time::Duration;
 
@@ -11,7 +12,6 @@ use uuid::Uuid;
 
 use super::Payments;
 use super::attempts::{self, Attempt};
-use super::outbox::{self, Entry, Kind};
 use super::provider::{ProviderError, ProviderPayment, ProviderStatus};
 use super::refunds;
 use super::settle::{self, Applied};
@@ -21,95 +21,18 @@ use crate::telemetry;
 /// Deals whose units came back during a pass (their sold-out flags must clear).
 pub type Released = Vec<String>;
 
-fn released(applied: &Applied) -> Option<String> {
-    match applied {
-        Applied::Released { deal_id } => Some(deal_id.clone()),
-        _ => None,
-    }
+pub(super) fn released(applied: &Applied) -> Option<String> {
+    applied.released_deal().map(str::to_owned)
 }
 
+/// Overdue payments asked about at once, so a slow provider delays a batch by one answer
+/// rather than by one answer per order.
+const OVERDUE_CONCURRENCY: usize = 8;
+
 impl Payments {
-    /// Carries out due outbox entries; returns how many were claimed.
-    pub async fn drain_outbox(&self, pool: &PgPool) -> Result<(usize, Released), StoreError> {
-        let entries = outbox::claim(
-            pool,
-            self.settings.outbox_batch_max,
-            self.settings.outbox_lease_seconds,
-        )
-        .await?;
-        let mut deals = Released::new();
-        for entry in &entries {
-            match self.carry_out(pool, entry).await {
-                Ok(applied) => {
-                    deals.extend(applied.as_ref().and_then(released));
-                    outbox::done(pool, entry.id).await?;
-                    metrics::counter!(telemetry::OUTBOX_PROCESSED, "kind" => entry.kind.as_str(), "result" => "done").increment(1);
-                }
-                Err(error) => {
-                    tracing::warn!(%error, id = entry.id, kind = entry.kind.as_str(), attempts = entry.attempts, "outbox entry will be retried");
-                    outbox::retry_later(pool, entry.id, &error.to_string()).await?;
-                    metrics::counter!(telemetry::OUTBOX_PROCESSED, "kind" => entry.kind.as_str(), "result" => "retry").increment(1);
-                }
-            }
-        }
-        Ok((entries.len(), deals))
-    }
-
-    async fn carry_out(
-        &self,
-        pool: &PgPool,
-        entry: &Entry,
-    ) -> Result<Option<Applied>, OutboxError> {
-        let payment_id = || text(&entry.payload, "provider_payment_id");
-        match entry.kind {
-            Kind::OrderPaid => {
-                tracing::info!(payload = %entry.payload, "order paid");
-                Ok(None)
-            }
-            Kind::Refund => {
-                let refund_id = text(&entry.payload, "refund_id")?;
-                let refund_id =
-                    Uuid::parse_str(&refund_id).map_err(|e| OutboxError::Payload(e.to_string()))?;
-                let amount = entry
-                    .payload
-                    .get("amount_minor")
-                    .and_then(Value::as_i64)
-                    .unwrap_or_default();
-                let refund = self
-                    .provider
-                    .refund(&payment_id()?, amount, &format!("refund-{refund_id}"))
-                    .await?;
-                // A refund the provider has not finished stays PENDING; its refund webhook (or the
-                // reconciler's stuck-refund finding) completes it.
-                if refund.succeeded {
-                    refunds::complete(pool, refund_id, &refund.id).await?;
-                }
-                Ok(None)
-            }
-            Kind::Capture => {
-                let id = payment_id()?;
-                let payment = self
-                    .settled_view(self.provider.capture(&id).await, &id)
-                    .await?;
-                Ok(Some(
-                    settle::apply(pool, self.provider.name(), &payment).await?,
-                ))
-            }
-            Kind::Void => {
-                let id = payment_id()?;
-                let payment = self
-                    .settled_view(self.provider.void(&id).await, &id)
-                    .await?;
-                Ok(Some(
-                    settle::apply(pool, self.provider.name(), &payment).await?,
-                ))
-            }
-        }
-    }
-
     /// The payment after a capture or void; when the provider refused because the payment
     /// moved on (captured already, cancelled, paid), its current state instead.
-    async fn settled_view(
+    pub(super) async fn settled_view(
         &self,
         result: Result<ProviderPayment, ProviderError>,
         id: &str,
@@ -121,43 +44,70 @@ impl Payments {
     }
 
     /// Before an unpaid order may expire, asks the provider about each of its pending
-    /// attempts: paid ones are settled, open checkout sessions are cancelled, failed ones
-    /// are closed; when the provider cannot be reached the order waits (never expired on
-    /// a timeout).
+    /// attempts and applies the answer through [`settle::apply`]: paid ones are settled,
+    /// authorisations are captured only after their amount was checked (through the outbox,
+    /// which re-checks the order), open checkout sessions are cancelled, closed ones close
+    /// the attempt and expire the order. When the provider cannot be reached the order waits,
+    /// at most `payments.expiry_grace_seconds` (then the sweeper expires it regardless).
     pub async fn check_overdue(&self, pool: &PgPool) -> Result<Released, StoreError> {
         let due = overdue_attempts(pool, self.settings.reconcile_batch_max).await?;
         let mut deals = Released::new();
-        for attempt in due {
-            match self.resolve_overdue(pool, &attempt).await {
-                Ok(Some(Applied::Mismatch)) => {
-                    // Alerted by settle; the attempt stays open for people to look at, and
-                    // is asked about again only after the backoff.
-                    attempts::postpone(pool, attempt.id, self.settings.check_backoff_max_seconds)
-                        .await?;
-                }
-                Ok(Some(applied)) => deals.extend(released(&applied)),
-                Ok(None) => {}
-                Err(OutboxError::Provider(error)) if error.is_transient() => {
-                    attempts::postpone(pool, attempt.id, self.settings.check_backoff_max_seconds)
-                        .await?;
-                }
-                Err(error) => {
-                    tracing::warn!(%error, attempt = %attempt.id, "overdue payment check failed");
-                    attempts::postpone(pool, attempt.id, self.settings.check_backoff_max_seconds)
-                        .await?;
-                }
+        for chunk in due.chunks(OVERDUE_CONCURRENCY) {
+            let mut checks = tokio::task::JoinSet::new();
+            for attempt in chunk.iter().cloned() {
+                let (payments, pool) = (self.clone(), pool.clone());
+                checks.spawn(async move {
+                    let outcome = payments.resolve_overdue(&pool, &attempt).await;
+                    (attempt, outcome)
+                });
+            }
+            while let Some(joined) = checks.join_next().await {
+                let Ok((attempt, outcome)) = joined else {
+                    tracing::error!("overdue payment check panicked");
+                    continue;
+                };
+                deals.extend(self.after_overdue(pool, &attempt, outcome).await?);
             }
         }
         Ok(deals)
+    }
+
+    /// What an overdue check leaves: released units, or a later question to the provider.
+    async fn after_overdue(
+        &self,
+        pool: &PgPool,
+        attempt: &Attempt,
+        outcome: Result<Applied, OutboxError>,
+    ) -> Result<Option<String>, StoreError> {
+        let backoff = self.settings.check_backoff_max_seconds;
+        match outcome {
+            Ok(applied) => {
+                if matches!(applied, Applied::Authorized | Applied::Pending) {
+                    attempts::postpone(pool, attempt.id, backoff).await?;
+                }
+                Ok(released(&applied))
+            }
+            Err(error) => {
+                if !matches!(&error, OutboxError::Provider(e) if e.is_transient()) {
+                    tracing::warn!(%error, attempt = %attempt.id, "overdue payment check failed");
+                }
+                attempts::postpone(pool, attempt.id, backoff).await?;
+                Ok(None)
+            }
+        }
     }
 
     async fn resolve_overdue(
         &self,
         pool: &PgPool,
         attempt: &Attempt,
-    ) -> Result<Option<Applied>, OutboxError> {
+    ) -> Result<Applied, OutboxError> {
         let payment = match &attempt.provider_payment_id {
             Some(id) => self.provider.get_payment(id).await?,
+            // Never sent to the provider (every create was refused): nothing to ask about.
+            None if !attempt.create_uncertain => {
+                return Ok(settle::close_never_created(pool, attempt.id).await?);
+            }
             None => {
                 // The same request as the order's earlier tries, so the provider answers
                 // with the payment they may have created (a different body is refused).
@@ -170,32 +120,23 @@ impl Payments {
                 self.create_at_provider(attempt, order_expires_at).await?
             }
         };
+        // An open checkout session is closed first; everything else (an authorisation
+        // included: it is never captured here, before its amount was checked) is applied as
+        // the provider reports it.
         let payment = match payment.status {
             ProviderStatus::RequiresPayment => {
-                self.settled_view(self.provider.void(&payment.id).await, &payment.id)
-                    .await?
-            }
-            ProviderStatus::RequiresCapture => {
-                self.settled_view(self.provider.capture(&payment.id).await, &payment.id)
-                    .await?
+                let mut closed = self
+                    .settled_view(self.provider.void(&payment.id).await, &payment.id)
+                    .await?;
+                // Cancelled because its order's time ran out: the session expired.
+                if closed.status == ProviderStatus::Canceled {
+                    closed.status = ProviderStatus::Expired;
+                }
+                closed
             }
             _ => payment,
         };
-        if matches!(
-            payment.status,
-            ProviderStatus::Succeeded | ProviderStatus::RequiresCapture
-        ) {
-            return Ok(Some(
-                settle::apply(pool, self.provider.name(), &payment).await?,
-            ));
-        }
-        // Closed without payment: close the attempt and let the sweeper expire the order.
-        let mut tx = pool.begin().await.map_err(StoreError::from)?;
-        attempts::lock_for_payment(&mut tx, self.provider.name(), &payment.id, Some(attempt.id))
-            .await?;
-        attempts::transition(&mut tx, attempt.id, attempts::PENDING, "EXPIRED").await?;
-        tx.commit().await.map_err(StoreError::from)?;
-        Ok(None)
+        Ok(settle::apply(pool, self.provider.name(), &payment).await?)
     }
 
     /// One reconciliation pass; every finding is counted and logged.
@@ -204,6 +145,7 @@ impl Payments {
         findings.extend(self.reconcile_pending(pool).await?);
         findings.extend(unrefunded_extras(pool, self.settings.reconcile_batch_max).await?);
         findings.extend(stuck_refunds(pool).await?);
+        findings.extend(failed_refunds(pool, self.settings.reconcile_batch_max).await?);
         findings.extend(self.reconcile_paid(pool).await?);
         for finding in &findings {
             metrics::counter!(telemetry::RECONCILER_FINDINGS, "kind" => finding.kind).increment(1);
@@ -236,7 +178,8 @@ impl Payments {
                     json!({ "provider_payment_id": id }),
                 ));
             }
-            if let Ok(Applied::Mismatch) = settle::apply(pool, self.provider.name(), &payment).await
+            if let Ok(Applied::MismatchRejected { .. }) =
+                settle::apply(pool, self.provider.name(), &payment).await
             {
                 findings.push(Finding::new(
                     "amount_mismatch",
@@ -307,7 +250,7 @@ impl Finding {
 }
 
 #[derive(Debug, thiserror::Error)]
-enum OutboxError {
+pub(super) enum OutboxError {
     #[error(transparent)]
     Provider(#[from] ProviderError),
     #[error(transparent)]
@@ -316,7 +259,7 @@ enum OutboxError {
     Payload(String),
 }
 
-fn text(payload: &Value, field: &str) -> Result<String, OutboxError> {
+pub(super) fn text(payload: &Value, field: &str) -> Result<String, OutboxError> {
     payload
         .get(field)
         .and_then(Value::as_str)
@@ -327,13 +270,13 @@ fn text(payload: &Value, field: &str) -> Result<String, OutboxError> {
 const ATTEMPT_COLUMNS: &str =
     "a.id, a.order_id, a.provider, a.provider_payment_id, a.status, a.amount_minor,
     a.currency, a.capture_method, a.checkout_url, a.provider_expires_at, a.accepted, a.checks,
-    a.created_at";
+    a.created_at, a.create_uncertain";
 
 async fn overdue_attempts(pool: &PgPool, batch_max: u32) -> Result<Vec<Attempt>, StoreError> {
     let sql = format!(
         "SELECT {ATTEMPT_COLUMNS} FROM payment_attempts a JOIN orders o ON o.id = a.order_id
-          WHERE a.status = 'PENDING' AND o.status = 'PENDING_PAYMENT'
-            AND o.expires_at <= now() AND a.next_check_at <= now()
+          WHERE a.status = 'PENDING' AND a.next_check_at <= now()
+            AND (o.expires_at <= now() OR o.status <> 'PENDING_PAYMENT')
           ORDER BY o.expires_at LIMIT $1"
     );
     Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
@@ -407,6 +350,20 @@ async fn stuck_refunds(pool: &PgPool) -> Result<Vec<Finding>, StoreError> {
     Ok(stuck
         .into_iter()
         .map(|(id, order_id)| Finding::new("refund_stuck", id, json!({ "order_id": order_id })))
+        .collect())
+}
+
+/// Refunds given up on after `payments.refund_tries_max` refusals: money a person must
+/// return.
+async fn failed_refunds(pool: &PgPool, batch_max: u32) -> Result<Vec<Finding>, StoreError> {
+    Ok(refunds::failed(pool, batch_max)
+        .await?
+        .into_iter()
+        .map(|r| {
+            let detail = json!({ "order_id": r.order_id, "amount_minor": r.amount_minor,
+                "currency": r.currency, "tries": r.tries, "last_error": r.last_error });
+            Finding::new("refund_failed", r.id, detail)
+        })
         .collect())
 }
 

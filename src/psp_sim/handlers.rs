@@ -133,6 +133,14 @@ struct ClockAdvance {
     seconds: i64,
 }
 
+/// `POST /control/payment_intents/{id}/amend`: the provider's record changes.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Amend {
+    amount_minor: Option<i64>,
+    currency: Option<String>,
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct WebhookUrl {
@@ -159,6 +167,10 @@ fn control(sim: &Sim, route: Route<'_>, body: &[u8]) -> Result<Reply, SimError> 
             sim.outbox.flush();
         }
         Route::ForceSucceed(id) => return object(sim.ledger.act(id, Action::ForceSucceed)),
+        Route::Amend(id) => {
+            let amend: Amend = parse(body)?;
+            return object(sim.ledger.amend(id, amend.amount_minor, amend.currency));
+        }
         Route::FlushWebhooks => {
             sim.outbox.flush();
             return Ok(Reply::json(&json!({ "flushed": true })));

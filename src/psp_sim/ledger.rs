@@ -166,6 +166,39 @@ impl Ledger {
         self.apply(&mut books, id, action, now)
     }
 
+    /// Changes the amount or currency the provider has on record for an intent, without an
+    /// event: a provider-side error, or a provider spelling currency codes its own way (in
+    /// lower case, say). Lets tests check that money differing from the order is never
+    /// taken.
+    pub fn amend(
+        &self,
+        id: &str,
+        amount_minor: Option<i64>,
+        currency: Option<String>,
+    ) -> Result<PaymentIntent, SimError> {
+        if amount_minor.is_some_and(|a| a <= 0)
+            || currency
+                .as_ref()
+                .is_some_and(|c| c.len() != 3 || !c.bytes().all(|b| b.is_ascii_alphabetic()))
+        {
+            return Err(SimError::invalid(
+                "amount_minor must be > 0, currency three letters",
+            ));
+        }
+        let mut books = lock(&self.books);
+        let intent = books
+            .intents
+            .get_mut(id)
+            .ok_or_else(|| not_found("payment intent", id))?;
+        if let Some(amount) = amount_minor {
+            intent.amount_minor = amount;
+        }
+        if let Some(currency) = currency {
+            intent.currency = currency;
+        }
+        Ok(intent.clone())
+    }
+
     /// Moves every `requires_payment` intent past its `expires_at` to `expired`.
     pub fn expire_due(&self) -> usize {
         let now = self.now();

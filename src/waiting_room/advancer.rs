@@ -5,10 +5,13 @@
 //! runs out after `waiting_room.lease_ttl_ms` and the next instance to try takes over; the
 //! admission budget lives in Redis, so the rate carries on where it stopped. Each step, for
 //! each deal with a waiting room: pass expiry frees slots, the deal is marked sold out (from
-//! the shared sold-out flag, or the stock read from PostgreSQL at most every
-//! `stock_refresh_ms`) or resumed, and up to `admit_per_second × elapsed` tickets are taken
-//! from the front, skipping abandoned ones, while outstanding passes stay within
-//! `max_active` and `stock_multiple × (available + reserved)` units.
+//! the shared sold-out flag, or the stock read through `inventory` at most every
+//! `stock_refresh_ms`, and at once when a new line takes its first ticket) or resumed, and
+//! up to `admit_per_second × elapsed` tickets are taken from the front (a line that could
+//! not admit starts with a full `burst_ms` budget), skipping abandoned ones, while
+//! outstanding passes stay within `max_active` and the units that can still be bought:
+//! passes outstanding plus passes that ordered since the stock snapshot never exceed
+//! `stock_multiple ×` the snapshot's available units (see `scripts::ADVANCE`).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -20,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::{QueueError, WaitingRoom, shuffle};
 use crate::config::millis;
 use crate::deals::WaitingRoomTerms;
+use crate::inventory;
 use crate::store::StoreError;
 use crate::telemetry;
 
@@ -41,8 +45,9 @@ struct Line {
     paused: bool,
     #[sqlx(flatten)]
     terms: WaitingRoomTerms,
+    /// Units available in the last snapshot; -1 until read.
+    #[sqlx(skip)]
     available: i64,
-    reserved: i64,
 }
 
 impl Line {
@@ -73,6 +78,10 @@ struct Advancer {
     holding: bool,
     lines: Vec<Line>,
     read_at: Option<Instant>,
+    /// Redis's clock just before the last snapshot was read (ms).
+    snapshot_ms: i64,
+    /// The lines version the last snapshot saw.
+    version: i64,
     rates: HashMap<String, RateWindow>,
 }
 
@@ -86,6 +95,8 @@ pub async fn run(room: WaitingRoom, pool: PgPool, shutdown: CancellationToken) {
         holding: false,
         lines: Vec::new(),
         read_at: None,
+        snapshot_ms: 0,
+        version: -1,
         rates: HashMap::new(),
     };
     let mut ticker = tokio::time::interval(interval);
@@ -103,20 +114,26 @@ pub async fn run(room: WaitingRoom, pool: PgPool, shutdown: CancellationToken) {
 impl Advancer {
     async fn tick(&mut self) {
         let was_holding = self.holding;
-        self.holding = self.hold_lease().await;
+        let (holding, version, redis_now_ms) = self.hold_lease().await;
+        self.holding = holding;
         if self.holding != was_holding {
             tracing::info!(
                 holding = self.holding,
                 "waiting-room advancer lease changed"
             );
+            self.read_at = None;
         }
         if !self.holding {
             return;
         }
         let refresh = millis(self.room.settings.stock_refresh_ms);
-        if self.read_at.is_none_or(|at| at.elapsed() >= refresh) {
+        if version != self.version || self.read_at.is_none_or(|at| at.elapsed() >= refresh) {
             match read_lines(&self.pool).await {
-                Ok(lines) => self.lines = lines,
+                Ok(lines) => {
+                    self.lines = lines;
+                    self.snapshot_ms = redis_now_ms;
+                    self.version = version;
+                }
                 Err(error) => tracing::debug!(%error, "waiting-room lines not re-read"),
             }
             self.read_at = Some(Instant::now());
@@ -132,15 +149,19 @@ impl Advancer {
         self.lines = lines;
     }
 
-    /// Renews the lease if it is ours, takes it if it is free; false otherwise. A renewal
-    /// that failed (a Redis timeout) is retried on the next tick with the same token.
-    async fn hold_lease(&self) -> bool {
+    /// Renews the lease if it is ours, takes it if it is free: (held, lines version, Redis's
+    /// clock in ms). A renewal that failed (a Redis timeout) is retried on the next tick with
+    /// the same token.
+    async fn hold_lease(&self) -> (bool, i64, i64) {
         let ttl = self.room.settings.lease_ttl_ms.to_string();
         let held = self
             .room
-            .eval::<i64>(&self.room.scripts.renew, "", &[&self.token, &ttl])
+            .eval::<(i64, i64, i64)>(&self.room.scripts.renew, "", &[&self.token, &ttl])
             .await;
-        held.is_ok_and(|r| r == 1)
+        match held {
+            Ok((held, version, now_ms)) => (held == 1, version, now_ms),
+            Err(_) => (false, self.version, 0),
+        }
     }
 
     async fn resign(&self) {
@@ -162,21 +183,21 @@ impl Advancer {
         }
         let s = &self.room.settings;
         let terms = &line.terms;
-        let units = (line.available + line.reserved) as f64;
-        let stock_cap = (s.stock_multiple * units).ceil() as i64;
         let args = [
             self.token.clone(),
             line.id.clone(),
             terms.admit_per_second.to_string(),
             terms.max_active.to_string(),
-            stock_cap.to_string(),
+            line.available.to_string(),
             (i64::from(terms.pass_ttl_seconds) * 1000).to_string(),
             (s.abandon_after_seconds * 1000).to_string(),
-            u8::from(line.available == 0).to_string(),
+            self.snapshot_ms.to_string(),
             s.step_tickets_max.to_string(),
             s.burst_ms.to_string(),
             u8::from(may_admit).to_string(),
             (s.keys_ttl_seconds * 1000).to_string(),
+            s.stock_multiple.to_string(),
+            s.stock_age_max_ms.to_string(),
         ];
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let reply: Vec<i64> = self
@@ -283,19 +304,24 @@ impl Advancer {
     }
 }
 
-/// Deals with a waiting room still on sale, with their stock.
+/// Deals with a waiting room still on sale, with their available units (read through
+/// `inventory`, the owner of the stock).
 async fn read_lines(pool: &PgPool) -> Result<Vec<Line>, StoreError> {
-    let lines = sqlx::query_as::<_, Line>(
-        "SELECT d.id, d.starts_at, d.ends_at, d.paused, d.wr_enabled, d.wr_admit_per_second,
-                d.wr_max_active, d.wr_pass_ttl_seconds, d.wr_queue_order, d.wr_prequeue_opens_at,
-                COALESCE(sum(b.available), 0)::bigint AS available,
-                COALESCE(sum(b.reserved), 0)::bigint AS reserved
-           FROM deals d LEFT JOIN inventory_buckets b ON b.deal_id = d.id
-          WHERE d.wr_enabled AND (d.ends_at IS NULL OR d.ends_at > now())
-          GROUP BY d.id ORDER BY d.id LIMIT $1",
+    let mut lines = sqlx::query_as::<_, Line>(
+        "SELECT id, starts_at, ends_at, paused, wr_enabled, wr_admit_per_second,
+                wr_max_active, wr_pass_ttl_seconds, wr_queue_order, wr_prequeue_opens_at,
+                wr_pow_bits, wr_checkout_url
+           FROM deals
+          WHERE wr_enabled AND (ends_at IS NULL OR ends_at > now())
+          ORDER BY id LIMIT $1",
     )
     .bind(LINES_MAX)
     .fetch_all(pool)
     .await?;
+    let ids: Vec<String> = lines.iter().map(|l| l.id.clone()).collect();
+    let totals = inventory::totals(pool, &ids).await?;
+    for line in &mut lines {
+        line.available = totals.get(&line.id).map_or(0, |t| t.available);
+    }
     Ok(lines)
 }

@@ -16,7 +16,9 @@
 //! closes for good, every waiting ticket reads `expired`, and no pass is handed out again.
 
 pub mod advancer;
+pub mod challenge;
 pub mod pass;
+pub mod revocation;
 mod scripts;
 pub mod shuffle;
 
@@ -29,7 +31,9 @@ use crate::deals::Deal;
 use crate::redis_link::{RedisError, RedisHandle};
 use crate::telemetry;
 
+pub use challenge::{Challenge, ChallengeError, Challenges};
 pub use pass::{PassError, Passes, VerifiedPass};
+use revocation::Revoked;
 use scripts::Scripts;
 
 /// Where a ticket stands.
@@ -81,6 +85,9 @@ pub struct TicketStatus {
     pub pass_expires_ms: i64,
     /// Redis's clock when the status was read (unix milliseconds).
     pub now_ms: i64,
+    /// Units of the last stock snapshot not yet promised to an outstanding pass; `None`
+    /// until the advancer has read the deal's stock.
+    pub units_left: Option<u64>,
 }
 
 /// A line as the public sees it.
@@ -106,6 +113,9 @@ pub enum QueueError {
     /// The line was drained: it takes no new tickets.
     #[error("the waiting room is closed")]
     Closed,
+    /// The deal asks for a proof of work and this one does not do.
+    #[error(transparent)]
+    Challenge(#[from] ChallengeError),
 }
 
 /// What draining a line did.
@@ -118,11 +128,14 @@ pub struct Drained {
     pub passes_active: u64,
 }
 
+/// Bumped when a line takes its first ticket, so the advancer reads new lines at once.
+const LINES_VERSION_KEY: &str = "wr:lines_version";
+
 /// Waiting tickets expired per script while draining, so no single script runs long.
 const DRAIN_CHUNK: u64 = 1000;
 
 /// The Redis keys of one deal's line, in the order the scripts expect.
-struct Keys([String; 13]);
+struct Keys([String; 16]);
 
 impl Keys {
     fn of(redis: &RedisHandle, deal_id: &str) -> Self {
@@ -141,6 +154,9 @@ impl Keys {
             redis.key(advancer::LEASE_KEY),
             redis.key(crate::admission::soldout::SET_KEY),
             deal("issued"),
+            deal("used"),
+            redis.key(LINES_VERSION_KEY),
+            redis.key(revocation::STREAM_KEY),
         ])
     }
 }
@@ -152,15 +168,19 @@ pub struct WaitingRoom {
     passes: Passes,
     scripts: Arc<Scripts>,
     settings: Arc<WaitingRoomSettings>,
+    revoked: Revoked,
+    challenges: Challenges,
 }
 
 impl WaitingRoom {
     pub fn new(settings: &WaitingRoomSettings, redis: RedisHandle) -> Self {
         Self {
             redis,
-            passes: Passes::new(&settings.pass_secret),
+            passes: Passes::from_settings(settings),
             scripts: Arc::new(Scripts::new()),
             settings: Arc::new(settings.clone()),
+            revoked: Revoked::default(),
+            challenges: Challenges::new(&settings.pass_secret, settings.pow_challenge_ttl_seconds),
         }
     }
 
@@ -263,11 +283,83 @@ impl WaitingRoom {
 
     /// A pass placed an order: free its slot now rather than at its expiry. Best effort.
     pub async fn release(&self, deal_id: &str, pass_id: &str) {
+        let keys_ttl = (self.settings.keys_ttl_seconds * 1000).to_string();
         let freed = self
-            .eval::<i64>(&self.scripts.release, deal_id, &[pass_id])
+            .eval::<i64>(&self.scripts.release, deal_id, &[pass_id, &keys_ttl])
             .await;
         if let Err(error) = freed {
             tracing::debug!(%error, deal_id, "pass slot not freed; it frees at its expiry");
+        }
+    }
+
+    /// A proof-of-work challenge for `user`'s join, as hard as the deal and its crowd ask.
+    pub async fn challenge(&self, deal: &Deal, user: &str) -> Result<Challenge, QueueError> {
+        let base = u32::try_from(deal.waiting_room.pow_bits).unwrap_or(0);
+        let cmd = redis::cmd("ZCARD")
+            .arg(self.redis.key(&format!("wr:{}:line", deal.id)))
+            .clone();
+        let waiting: u64 = self.redis.run(&cmd).await?;
+        let s = &self.settings;
+        let bits = challenge::difficulty(base, waiting, s.pow_crowd_step, s.pow_bits_max);
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        Ok(self.challenges.issue(&deal.id, user, bits, now_ms))
+    }
+
+    /// Checks a join's proof of work when the deal asks for one, and refuses its reuse by
+    /// recording the challenge's id in Redis until the challenge expires.
+    pub async fn check_solution(
+        &self,
+        deal: &Deal,
+        user: &str,
+        solution: Option<&[u8]>,
+    ) -> Result<(), QueueError> {
+        let Ok(floor @ 1..) = u32::try_from(deal.waiting_room.pow_bits) else {
+            return Ok(());
+        };
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        let checked = self
+            .challenges
+            .check(solution, &deal.id, user, floor, now_ms);
+        let solved = checked.inspect_err(|e| count_challenge(e.outcome()))?;
+        let cmd = redis::cmd("SET")
+            .arg(self.redis.key(&format!("wr:pow:{}", solved.id)))
+            .arg(1)
+            .arg("NX")
+            .arg("PX")
+            .arg(solved.ttl_ms)
+            .clone();
+        let first: Option<String> = self.redis.run(&cmd).await?;
+        if first.is_none() {
+            count_challenge(ChallengeError::Replayed.outcome());
+            return Err(ChallengeError::Replayed.into());
+        }
+        count_challenge("solved");
+        Ok(())
+    }
+
+    /// Ends `user`'s session on the deal's line (an operator's call, or the user's order was
+    /// paid or cancelled): the pass stops working on every instance within
+    /// `revocation_poll_ms`, here at once, and a waiting ticket leaves the line. Returns the
+    /// revoked ticket, `None` when the user never queued.
+    pub async fn revoke(&self, deal_id: &str, user: &str) -> Result<Option<String>, QueueError> {
+        let stream_max = self.settings.revocations_max.to_string();
+        let revoked: Option<(String, i64)> = self
+            .eval(&self.scripts.revoke, deal_id, &[user, &stream_max, deal_id])
+            .await?;
+        let Some((ticket, until_ms)) = revoked else {
+            return Ok(None);
+        };
+        self.revoked.insert(&ticket, until_ms);
+        metrics::counter!(telemetry::WAITING_ROOM_REVOKED).increment(1);
+        Ok(Some(ticket))
+    }
+
+    /// The hook for the order paths: a paid or cancelled order ends its buyer's session on
+    /// the line. Best effort: without Redis the pass still runs out at its expiry, and the
+    /// per-user limit still bounds what it can buy.
+    pub async fn end_session(&self, deal_id: &str, user: &str) {
+        if let Err(error) = self.revoke(deal_id, user).await {
+            tracing::warn!(%error, deal_id, "pass not revoked; it runs out at its expiry");
         }
     }
 
@@ -281,6 +373,10 @@ impl WaitingRoom {
         let now = chrono::Utc::now().timestamp();
         self.passes
             .verify(pass, deal_id, user, now)
+            .and_then(|verified| match self.revoked.contains(&verified.pass_id) {
+                true => Err(PassError::Revoked),
+                false => Ok(verified),
+            })
             .inspect_err(|error| {
                 metrics::counter!(telemetry::WAITING_ROOM_PASS_REJECTIONS, "reason" => error.reason())
                     .increment(1);
@@ -288,13 +384,17 @@ impl WaitingRoom {
     }
 }
 
+fn count_challenge(outcome: &'static str) {
+    metrics::counter!(telemetry::WAITING_ROOM_CHALLENGES, "outcome" => outcome).increment(1);
+}
+
 /// Reads the `status` tuple of the scripts (nil: no such ticket).
 fn parse_status(reply: Value) -> Result<Option<TicketStatus>, QueueError> {
     if matches!(reply, Value::Nil) {
         return Ok(None);
     }
-    type Row = (String, u64, u64, u64, String, i64, i64, u64);
-    let (ticket, position, admitted_through, ahead, state, pass_expires_ms, now_ms, _waiting): Row =
+    type Row = (String, u64, u64, u64, String, i64, i64, u64, i64);
+    let (ticket, position, admitted_through, ahead, state, pass_expires_ms, now_ms, _, left): Row =
         redis::FromRedisValue::from_redis_value(reply)
             .map_err(|e| QueueError::Unexpected(e.to_string()))?;
     Ok(Some(TicketStatus {
@@ -305,5 +405,6 @@ fn parse_status(reply: Value) -> Result<Option<TicketStatus>, QueueError> {
         state: TicketState::parse(&state),
         pass_expires_ms,
         now_ms,
+        units_left: u64::try_from(left).ok(),
     }))
 }

@@ -1,21 +1,37 @@
 //! Passes: what a buyer earns by reaching the front of a deal's line.
 //!
-//! A pass is `base64url(payload) "." base64url(HMAC-SHA256(secret, payload))`, where the
-//! payload is a small JSON object binding the deal, the user, the expiry (unix seconds) and
-//! the pass id (the ticket it was earned with). Any instance sharing the secret verifies it
-//! in memory, with no Redis or PostgreSQL round trip; the signature is compared in constant
-//! time (`verify_slice`). The pass id lets the order path free the pass's active slot.
+//! The payload is a small JSON object binding the deal, the user, the expiry (unix seconds)
+//! and the pass id (the ticket it was earned with). Two signatures exist, both verified in
+//! memory with no Redis or PostgreSQL round trip:
+//!
+//! - Ed25519 (the default): a JWS compact serialization, `base64url(header) "."
+//!   base64url(payload) "." base64url(signature)` with header `{"alg":"EdDSA","kid":...}`.
+//!   The public keys are published (`GET /.well-known/flashgate-keys.json`, a JWK set), so a
+//!   CDN worker or another service verifies passes without being able to mint them. Several
+//!   keys verify at once, so a key is rotated in with overlap.
+//! - HMAC-SHA256: `base64url(payload) "." base64url(HMAC(secret, payload))`, compared in
+//!   constant time; only holders of the secret can verify.
+//!
+//! The pass id lets the order path free the pass's active slot and lets a revocation name it.
+
+use std::sync::Arc;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
+
+use crate::config::WaitingRoomSettings;
 
 type HmacSha256 = Hmac<Sha256>;
 
 /// Longest pass accepted; anything longer is refused before decoding.
 pub const PASS_BYTES_MAX: usize = 1024;
+
+/// Longest key id in a header; ours are 11 characters.
+const KID_BYTES_MAX: usize = 64;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Payload {
@@ -27,6 +43,15 @@ struct Payload {
     e: i64,
     /// Pass id: the ticket that earned it.
     p: String,
+}
+
+/// The JWS header of an Ed25519 pass.
+#[derive(Debug, Serialize, Deserialize)]
+struct Header {
+    alg: String,
+    kid: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    typ: Option<String>,
 }
 
 /// Why a pass was refused; the label of `flashgate_waiting_room_pass_rejections_total`.
@@ -42,6 +67,8 @@ pub enum PassError {
     OtherUser,
     #[error("the pass was issued for another deal")]
     OtherDeal,
+    #[error("the pass was revoked: its session on the line has ended")]
+    Revoked,
 }
 
 impl PassError {
@@ -52,6 +79,7 @@ impl PassError {
             PassError::Expired => "expired",
             PassError::OtherUser => "other_user",
             PassError::OtherDeal => "other_deal",
+            PassError::Revoked => "revoked",
         }
     }
 }
@@ -62,20 +90,83 @@ pub struct VerifiedPass {
     pub pass_id: String,
 }
 
-/// Mints and verifies passes with one secret.
+/// One Ed25519 key: its id (published with it) and both halves.
+struct KeyPair {
+    kid: String,
+    signing: SigningKey,
+    verifying: VerifyingKey,
+}
+
+/// The Ed25519 seeds of the settings (the first signs), or one derived from `pass_secret`.
+pub fn signing_keys(settings: &WaitingRoomSettings) -> Result<Vec<[u8; 32]>, String> {
+    if settings.pass_signing_keys.is_empty() {
+        let mut digest = Sha256::new();
+        digest.update(b"flashgate pass ed25519 seed\0");
+        digest.update(settings.pass_secret.as_bytes());
+        return Ok(vec![digest.finalize().into()]);
+    }
+    settings
+        .pass_signing_keys
+        .iter()
+        .map(|seed| {
+            let bytes = URL_SAFE_NO_PAD
+                .decode(seed.trim())
+                .map_err(|e| e.to_string())?;
+            <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| "not 32 bytes".to_owned())
+        })
+        .collect()
+}
+
+/// The published id of a public key: its SHA-256, first 8 bytes, base64url.
+pub fn key_id(verifying: &VerifyingKey) -> String {
+    URL_SAFE_NO_PAD.encode(&Sha256::digest(verifying.as_bytes())[..8])
+}
+
+/// Mints and verifies passes.
 #[derive(Clone)]
 pub struct Passes {
     secret: Vec<u8>,
+    /// Mint Ed25519 passes (else HMAC).
+    ed25519: bool,
+    keys: Arc<[KeyPair]>,
 }
 
 impl Passes {
+    /// HMAC passes with `secret` and one Ed25519 key derived from it (tests and tools).
     pub fn new(secret: &str) -> Self {
+        let settings = WaitingRoomSettings {
+            pass_secret: secret.to_owned(),
+            pass_format: "hmac".into(),
+            pass_signing_keys: Vec::new(),
+            ..crate::config::Settings::defaults().waiting_room
+        };
+        Self::from_settings(&settings)
+    }
+
+    /// Validated settings: the secret is not empty and the seeds parse.
+    pub fn from_settings(settings: &WaitingRoomSettings) -> Self {
         assert!(
-            !secret.is_empty(),
+            !settings.pass_secret.is_empty(),
             "validated: the pass secret is not empty"
         );
+        let seeds = signing_keys(settings).expect("validated: the signing keys parse");
+        assert!(!seeds.is_empty(), "at least one signing key");
+        let keys: Vec<KeyPair> = seeds
+            .iter()
+            .map(|seed| {
+                let signing = SigningKey::from_bytes(seed);
+                let verifying = signing.verifying_key();
+                KeyPair {
+                    kid: key_id(&verifying),
+                    signing,
+                    verifying,
+                }
+            })
+            .collect();
         Self {
-            secret: secret.as_bytes().to_vec(),
+            secret: settings.pass_secret.as_bytes().to_vec(),
+            ed25519: settings.pass_format == "ed25519",
+            keys: keys.into(),
         }
     }
 
@@ -83,15 +174,43 @@ impl Passes {
         HmacSha256::new_from_slice(&self.secret).expect("HMAC takes keys of any length")
     }
 
-    /// A pass for `user` on `deal`, valid until `expires_unix` (seconds).
+    /// The published key set (RFC 7517 JWKs of RFC 8037 Ed25519 keys).
+    pub fn key_set(&self) -> serde_json::Value {
+        let keys: Vec<serde_json::Value> = self
+            .keys
+            .iter()
+            .map(|k| {
+                serde_json::json!({
+                    "kty": "OKP", "crv": "Ed25519", "alg": "EdDSA", "use": "sig",
+                    "kid": k.kid, "x": URL_SAFE_NO_PAD.encode(k.verifying.as_bytes()),
+                })
+            })
+            .collect();
+        serde_json::json!({ "keys": keys })
+    }
+
+    /// A pass for `user` on `deal`, valid until `expires_unix` (seconds), in the configured
+    /// format.
     pub fn mint(&self, deal: &str, user: &str, expires_unix: i64, pass_id: &str) -> String {
+        match self.ed25519 {
+            true => self.mint_ed25519(deal, user, expires_unix, pass_id),
+            false => self.mint_hmac(deal, user, expires_unix, pass_id),
+        }
+    }
+
+    fn payload(deal: &str, user: &str, expires_unix: i64, pass_id: &str) -> Vec<u8> {
         let payload = Payload {
             d: deal.to_owned(),
             u: user.to_owned(),
             e: expires_unix,
             p: pass_id.to_owned(),
         };
-        let json = serde_json::to_vec(&payload).expect("a payload always serializes");
+        serde_json::to_vec(&payload).expect("a payload always serializes")
+    }
+
+    /// An HMAC-SHA256 pass, whatever the configured format.
+    pub fn mint_hmac(&self, deal: &str, user: &str, expires_unix: i64, pass_id: &str) -> String {
+        let json = Self::payload(deal, user, expires_unix, pass_id);
         let mut mac = self.mac();
         mac.update(&json);
         let signature = mac.finalize().into_bytes();
@@ -102,8 +221,27 @@ impl Passes {
         )
     }
 
-    /// Checks the signature first (so nothing of an unsigned payload is believed), then the
-    /// deal, the user and the expiry against `now_unix`.
+    /// An Ed25519 pass signed with the first key, whatever the configured format.
+    pub fn mint_ed25519(&self, deal: &str, user: &str, exp_unix: i64, pass_id: &str) -> String {
+        let key = &self.keys[0];
+        let header = Header {
+            alg: "EdDSA".into(),
+            kid: key.kid.clone(),
+            typ: Some("flashgate-pass".into()),
+        };
+        let header = serde_json::to_vec(&header).expect("a header always serializes");
+        let json = Self::payload(deal, user, exp_unix, pass_id);
+        let signed = format!(
+            "{}.{}",
+            URL_SAFE_NO_PAD.encode(header),
+            URL_SAFE_NO_PAD.encode(&json)
+        );
+        let signature = key.signing.sign(signed.as_bytes());
+        format!("{signed}.{}", URL_SAFE_NO_PAD.encode(signature.to_bytes()))
+    }
+
+    /// Checks the signature first (so nothing of an unsigned payload is believed beyond the
+    /// key id that picks the key), then the deal, the user and the expiry against `now_unix`.
     pub fn verify(
         &self,
         pass: Option<&[u8]>,
@@ -116,21 +254,14 @@ impl Passes {
         if pass.len() > PASS_BYTES_MAX {
             return Err(PassError::Forged);
         }
-        let mut parts = pass.split(|b| *b == b'.');
-        let (Some(payload), Some(signature), None) = (parts.next(), parts.next(), parts.next())
-        else {
-            return Err(PassError::Forged);
+        let parts: Vec<&[u8]> = pass.split(|b| *b == b'.').collect();
+        let payload = match parts[..] {
+            [payload, signature] => self.verify_hmac(payload, signature)?,
+            [header, payload, signature] => {
+                self.verify_ed25519(pass, header, payload, signature)?
+            }
+            _ => return Err(PassError::Forged),
         };
-        let payload = URL_SAFE_NO_PAD
-            .decode(payload)
-            .map_err(|_| PassError::Forged)?;
-        let signature = URL_SAFE_NO_PAD
-            .decode(signature)
-            .map_err(|_| PassError::Forged)?;
-        let mut mac = self.mac();
-        mac.update(&payload);
-        mac.verify_slice(&signature)
-            .map_err(|_| PassError::Forged)?;
         let payload: Payload = serde_json::from_slice(&payload).map_err(|_| PassError::Forged)?;
         if payload.d != deal {
             return Err(PassError::OtherDeal);
@@ -143,6 +274,48 @@ impl Passes {
         }
         Ok(VerifiedPass { pass_id: payload.p })
     }
+
+    /// The payload bytes if the HMAC matches.
+    fn verify_hmac(&self, payload: &[u8], signature: &[u8]) -> Result<Vec<u8>, PassError> {
+        let payload = decode(payload)?;
+        let signature = decode(signature)?;
+        let mut mac = self.mac();
+        mac.update(&payload);
+        mac.verify_slice(&signature)
+            .map_err(|_| PassError::Forged)?;
+        Ok(payload)
+    }
+
+    /// The payload bytes if the header names one of our keys and its signature matches.
+    fn verify_ed25519(
+        &self,
+        pass: &[u8],
+        header: &[u8],
+        payload: &[u8],
+        signature: &[u8],
+    ) -> Result<Vec<u8>, PassError> {
+        let parsed: Header =
+            serde_json::from_slice(&decode(header)?).map_err(|_| PassError::Forged)?;
+        if parsed.alg != "EdDSA" || parsed.kid.len() > KID_BYTES_MAX {
+            return Err(PassError::Forged);
+        }
+        let key = self
+            .keys
+            .iter()
+            .find(|k| k.kid == parsed.kid)
+            .ok_or(PassError::Forged)?;
+        let signature =
+            Signature::from_slice(&decode(signature)?).map_err(|_| PassError::Forged)?;
+        let signed = &pass[..header.len() + 1 + payload.len()];
+        key.verifying
+            .verify_strict(signed, &signature)
+            .map_err(|_| PassError::Forged)?;
+        decode(payload)
+    }
+}
+
+fn decode(part: &[u8]) -> Result<Vec<u8>, PassError> {
+    URL_SAFE_NO_PAD.decode(part).map_err(|_| PassError::Forged)
 }
 
 #[cfg(test)]
@@ -191,8 +364,32 @@ mod tests {
             URL_SAFE_NO_PAD.encode(br#"{"d":"d1","u":"bob","e":1900000000,"p":"t1"}"#)
         );
         assert_eq!(check(&swapped, "d1", "bob"), Err(PassError::Forged));
-        for junk in ["", "abc", "a.b.c", "!!.??", &"x".repeat(2000)] {
+        for junk in ["", "abc", "a.b.c", "a.b.c.d", "!!.??", &"x".repeat(2000)] {
             assert!(check(junk, "d1", "alice").is_err(), "{junk:?}");
         }
+    }
+
+    #[test]
+    fn ed25519_passes_verify_with_any_listed_key_and_refuse_tampering() {
+        let p = passes();
+        let pass = p.mint_ed25519("d1", "alice", NOW + 60, "t1");
+        assert_eq!(pass.split('.').count(), 3);
+        assert!(p.verify(Some(pass.as_bytes()), "d1", "alice", NOW).is_ok());
+        assert_eq!(
+            p.verify(Some(pass.as_bytes()), "d1", "bob", NOW),
+            Err(PassError::OtherUser)
+        );
+        let other = Passes::new("another-secret-entirely");
+        assert_eq!(
+            other.verify(Some(pass.as_bytes()), "d1", "alice", NOW),
+            Err(PassError::Forged)
+        );
+        let mut bytes = pass.into_bytes();
+        let last = bytes.len() - 2;
+        bytes[last] = if bytes[last] == b'A' { b'B' } else { b'A' };
+        assert_eq!(
+            p.verify(Some(&bytes), "d1", "alice", NOW),
+            Err(PassError::Forged)
+        );
     }
 }

@@ -10,7 +10,12 @@
 //! 7 `t_adm` ticket → pass expiry (ms), once admitted; 8 `t_skip` ticket → skipped at (ms);
 //! 9 `line` sorted set of waiting tickets by position; 10 `active` sorted set of passes by
 //! expiry (ms); 11 the advancer lease; 12 the shared sold-out set; 13 `issued` list of
-//! tickets in issue order.
+//! tickets in issue order; 14 `used` sorted set of passes that placed an order, by the time
+//! they did (ms); 15 the lines version, bumped when a new line takes its first ticket; 16 the
+//! revocation stream every instance reads.
+//!
+//! `meta` also keeps `units_left`: the units of the last stock snapshot not yet promised to
+//! an outstanding pass, which polls report as the buyer's odds.
 //!
 //! Times come from Redis (`TIME`), so instances with skewed clocks still agree.
 
@@ -37,7 +42,8 @@ local function status(t, now)
   if state == 'waiting' or state == 'sold_out' then
     ahead = redis.call('ZCOUNT', KEYS[9], '-inf', '(' .. pos)
   end
-  return {t, pos, through, ahead, state, exp, now, redis.call('ZCARD', KEYS[9])}
+  local left = tonumber(redis.call('HGET', KEYS[1], 'units_left') or '-1')
+  return {t, pos, through, ahead, state, exp, now, redis.call('ZCARD', KEYS[9]), left}
 end
 local function ensure_seed(seed, hash)
   if seed ~= '' and redis.call('HEXISTS', KEYS[1], 'seed') == 0 then
@@ -69,6 +75,7 @@ if not t then
   redis.call('ZADD', KEYS[9], n, t)
   redis.call('RPUSH', KEYS[13], t)
   ensure_seed(ARGV[3], ARGV[4])
+  if n == 1 then redis.call('INCR', KEYS[15]) end
 end
 redis.call('HSET', KEYS[6], t, now)
 return status(t, now)
@@ -94,48 +101,91 @@ return {m[1] or '0', tostring(redis.call('ZCARD', KEYS[9])), m[2] or '', m[3] or
   m[7] or '0'}
 "#;
 
-/// ARGV: pass id. Frees the pass's active slot (it placed an order).
+/// ARGV: pass id, keys ttl ms. Frees the pass's active slot (it placed an order) and records
+/// when in `used`, also for a pass that had just expired from `active`, so the advancer
+/// counts its unit as taken until a stock snapshot younger than that shows it.
 const RELEASE: &str = r#"
-return redis.call('ZREM', KEYS[10], ARGV[1])
+local freed = redis.call('ZREM', KEYS[10], ARGV[1])
+redis.call('ZADD', KEYS[14], now_ms(), ARGV[1])
+redis.call('PEXPIRE', KEYS[14], ARGV[2])
+return freed
 "#;
 
-/// ARGV: lease token, deal id, admit_per_second, max_active, stock cap (-1: none),
-/// pass ttl ms, abandon grace ms, sold out by stock (0/1), tickets max, burst ms,
-/// may admit (0/1), keys ttl ms. Returns {admitted, skipped, passes active, waiting}, or {-1} without
-/// the lease.
+/// ARGV: user, revocation stream length max, deal id. Ends the user's session on the line: a pass
+/// stops working (its slot frees), a waiting ticket leaves the line; both read `expired`.
+/// Appends {deal, ticket, until ms} to the revocation stream every instance follows.
+/// Returns {ticket, until ms}, or false when the user has none.
+const REVOKE: &str = r#"
+local t = redis.call('HGET', KEYS[2], ARGV[1])
+if not t then return false end
+local now = now_ms()
+local until_ms = tonumber(redis.call('HGET', KEYS[7], t) or '0')
+if until_ms > now then redis.call('HSET', KEYS[7], t, now) end
+if redis.call('ZREM', KEYS[9], t) == 1 then redis.call('HSET', KEYS[8], t, now) end
+redis.call('ZREM', KEYS[10], t)
+redis.call('HINCRBY', KEYS[1], 'revoked_total', 1)
+local keep = tostring(math.max(until_ms, now))
+redis.call('XADD', KEYS[16], 'MAXLEN', '~', ARGV[2], '*', 'deal', ARGV[3], 'pass', t,
+  'until', keep)
+return {t, keep}
+"#;
+
+/// ARGV: lease token, deal id, admit_per_second, max_active, units available in the last
+/// stock snapshot (-1: unknown), pass ttl ms, abandon grace ms, when that snapshot was taken
+/// (Redis ms, read before the query), tickets max, burst ms, may admit (0/1), keys ttl ms,
+/// stock multiple, snapshot age max ms.
+///
+/// The bound: a pass promises one unit, so outstanding passes plus the passes that ordered
+/// after the snapshot stay within `stock multiple ×` the snapshot's available units. Orders
+/// placed before the snapshot are in it; those placed after are still counted in `used`.
+/// A snapshot older than its age max admits nobody (its `used` entries may be trimmed).
+/// Returns {admitted, skipped, passes active, waiting}, or {-1} without the lease.
 const ADVANCE: &str = r#"
 if not holds_lease(ARGV[1]) then return {-1, 0, 0, 0} end
 local now = now_ms()
+local age_max = tonumber(ARGV[14])
 redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[14], '-inf', now - 2 * age_max)
 local active = redis.call('ZCARD', KEYS[10])
 local waiting = redis.call('ZCARD', KEYS[9])
 if redis.call('HEXISTS', KEYS[1], 'closed_at') == 1 then return {0, 0, active, waiting} end
-if ARGV[8] == '1' or redis.call('SISMEMBER', KEYS[12], ARGV[2]) == 1 then
-  if redis.call('HGET', KEYS[1], 'state') ~= 'sold_out' then
-    redis.call('HSET', KEYS[1], 'state', 'sold_out', 'sold_out_at', now)
-  end
-  redis.call('HSET', KEYS[1], 'budget', 0, 'budget_at', now)
-  return {0, 0, active, waiting}
-end
-if redis.call('HGET', KEYS[1], 'state') == 'sold_out' then
-  redis.call('HSET', KEYS[1], 'state', 'open', 'resumed_at', now)
-end
-if ARGV[11] ~= '1' then
-  redis.call('HSET', KEYS[1], 'budget', 0, 'budget_at', now)
-  return {0, 0, active, waiting}
-end
 local rate = tonumber(ARGV[3])
 local cap = rate * tonumber(ARGV[10]) / 1000
 if cap < 1 then cap = 1 end
-local budget = tonumber(redis.call('HGET', KEYS[1], 'budget') or '0')
-local at = tonumber(redis.call('HGET', KEYS[1], 'budget_at') or tostring(now))
+local function hold(left)
+  redis.call('HSET', KEYS[1], 'budget', tostring(cap), 'budget_at', now)
+  if left then redis.call('HSET', KEYS[1], 'units_left', math.max(left, 0)) end
+  return {0, 0, active, waiting}
+end
+local available, snap_at = tonumber(ARGV[5]), tonumber(ARGV[8])
+local stale = available >= 0 and now - snap_at > age_max
+local unsold = nil
+if available >= 0 and not stale then
+  unsold = available - redis.call('ZCOUNT', KEYS[14], snap_at, '+inf')
+end
+if (unsold and unsold <= 0) or redis.call('SISMEMBER', KEYS[12], ARGV[2]) == 1 then
+  if redis.call('HGET', KEYS[1], 'state') ~= 'sold_out' then
+    redis.call('HSET', KEYS[1], 'state', 'sold_out', 'sold_out_at', now)
+  end
+  return hold(0)
+end
+if stale then return hold(nil) end
+if redis.call('HGET', KEYS[1], 'state') == 'sold_out' then
+  redis.call('HSET', KEYS[1], 'state', 'open', 'resumed_at', now)
+end
+if ARGV[11] ~= '1' then return hold(unsold and unsold - active) end
+local bm = redis.call('HMGET', KEYS[1], 'budget', 'budget_at')
+local budget = tonumber(bm[1] or tostring(cap))
+local at = tonumber(bm[2] or tostring(now))
 if now > at then budget = budget + (now - at) * rate / 1000 end
 if budget > cap then budget = cap end
 local slots = math.floor(budget)
 local free = tonumber(ARGV[4]) - active
 if free < slots then slots = free end
-local stock_cap = tonumber(ARGV[5])
-if stock_cap >= 0 and stock_cap - active < slots then slots = stock_cap - active end
+if unsold then
+  local promise = math.floor(tonumber(ARGV[13]) * unsold) - active
+  if promise < slots then slots = promise end
+end
 local ttl, grace, seen_max = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[9])
 local admitted, skipped, seen, through = 0, 0, 0, nil
 while admitted < slots and seen < seen_max do
@@ -157,6 +207,7 @@ while admitted < slots and seen < seen_max do
 end
 if through then redis.call('HSET', KEYS[1], 'admitted_through', through) end
 redis.call('HSET', KEYS[1], 'budget', tostring(budget - admitted), 'budget_at', now)
+if unsold then redis.call('HSET', KEYS[1], 'units_left', math.max(unsold - active - admitted, 0)) end
 if admitted > 0 then redis.call('HINCRBY', KEYS[1], 'admitted_total', admitted) end
 if skipped > 0 then redis.call('HINCRBY', KEYS[1], 'abandoned_total', skipped) end
 if admitted + skipped > 0 then
@@ -226,14 +277,17 @@ redis.call('HSET', KEYS[1], 'shuffled', '1')
 return 0
 "#;
 
-/// ARGV: lease token, ttl ms. Renews the lease if ours, takes it if free; 1 when held.
+/// ARGV: lease token, ttl ms. Renews the lease if ours, takes it if free. Returns {1 when
+/// held, the lines version, Redis's clock in ms}: a new version means a new line to read.
 const RENEW: &str = r#"
+local held = 0
 if holds_lease(ARGV[1]) then
   redis.call('PEXPIRE', KEYS[11], ARGV[2])
-  return 1
+  held = 1
+elseif redis.call('SET', KEYS[11], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  held = 1
 end
-if redis.call('SET', KEYS[11], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
-return 0
+return {held, tonumber(redis.call('GET', KEYS[15]) or '0'), now_ms()}
 "#;
 
 /// ARGV: lease token. Gives the lease up on shutdown, if still ours.
@@ -257,6 +311,7 @@ pub struct Scripts {
     pub renew: String,
     pub resign: String,
     pub drain: String,
+    pub revoke: String,
 }
 
 impl Scripts {
@@ -275,6 +330,7 @@ impl Scripts {
             renew: with(RENEW),
             resign: with(RESIGN),
             drain: with(DRAIN),
+            revoke: with(REVOKE),
         }
     }
 }

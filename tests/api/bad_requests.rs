@@ -6,7 +6,8 @@ use reqwest::RequestBuilder;
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    Reply, TestApp, db_snapshot, new_deal, raw_exchange, send, spawn_app, unique_suffix,
+    Reply, TestApp, db_snapshot, new_deal, raw_exchange, send, spawn_app, spawn_app_with,
+    unique_suffix,
 };
 
 /// `{"alg":"none"}` with `{"sub":"alice","exp":4102444800}` and no signature.
@@ -69,6 +70,19 @@ fn corpus(app: &TestApp, deal: &str) -> Vec<Case> {
     let long_user = "u".repeat(app.settings.auth.user_id_bytes_max + 1);
     let long_sub = flashgate::auth::mint_token(&app.jwt_secret, &long_user, 3600);
     let empty_sub = flashgate::auth::mint_token(&app.jwt_secret, "", 3600);
+    let audience = |issuer, audience| flashgate::auth::Audience { issuer, audience };
+    let other_issuer = flashgate::auth::mint_token_for(
+        &app.jwt_secret,
+        audience("billing", flashgate::auth::DEFAULT_AUDIENCE),
+        "alice",
+        3600,
+    );
+    let other_audience = flashgate::auth::mint_token_for(
+        &app.jwt_secret,
+        audience(flashgate::auth::DEFAULT_ISSUER, "billing"),
+        "alice",
+        3600,
+    );
     let above_max = format!(r#"{{"quantity":{}}}"#, app.settings.orders.quantity_max + 1);
     let padding = "x".repeat(app.settings.server.body_bytes_max + 1024);
     let too_large = format!(r#"{{"quantity":1,"padding":"{padding}"}}"#);
@@ -125,6 +139,8 @@ fn corpus(app: &TestApp, deal: &str) -> Vec<Case> {
             Some(&long_sub),
         ),
         unauthorized("empty user id", Some(&empty_sub)),
+        unauthorized("token from another issuer", Some(&other_issuer)),
+        unauthorized("token for another audience", Some(&other_audience)),
         case(
             "Basic instead of Bearer",
             401,
@@ -282,5 +298,64 @@ async fn chunked_bodies_are_read_up_to_the_limit() {
         "small chunked body: {accepted}"
     );
     app.assert_invariants(&deal).await;
+    app.cleanup().await;
+}
+
+/// An order whose raw body is `body`, on its own connection.
+fn raw_order(app: &TestApp, deal: &str, key: &str, body: &[u8]) -> Vec<u8> {
+    let mut request = format!(
+        "POST /v1/deals/{deal}/orders HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\n\
+         Idempotency-Key: {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n",
+        app.addr,
+        app.token("alice"),
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(body);
+    request
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bodies_that_are_not_utf8_are_refused_and_reserve_nothing() {
+    // Arrange
+    let app = spawn_app().await;
+    let deal = app.given_deal(&new_deal("utf8", 10, 2)).await;
+    let before = db_snapshot(&app.db, &deal).await;
+    let bodies: [&[u8]; 4] = [
+        b"{\"quantity\": 1, \"note\": \"\xff\xfe\"}",
+        b"\xff{\"quantity\": 1}",
+        b"{\"quantity\": 1, \"\xc3\": 2}",
+        b"{\"quantity\": 1, \"note\": \"\xed\xa0\x80\"}",
+    ];
+
+    for (i, body) in bodies.iter().enumerate() {
+        // Act
+        let reply = raw_exchange(app.addr, raw_order(&app, &deal, &format!("u{i}"), body)).await;
+
+        // Assert
+        assert!(reply.starts_with("HTTP/1.1 400"), "body {i}: {reply}");
+        assert!(reply.contains("invalid-request"), "body {i}: {reply}");
+    }
+    assert_eq!(db_snapshot(&app.db, &deal).await, before);
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_that_does_not_arrive_in_time_is_answered_408() {
+    // Arrange: a client that sends the head and 5 of 14 body bytes, then stalls.
+    let app = spawn_app_with(|s| s.server.body_read_timeout_ms = 300).await;
+    let deal = app.given_deal(&new_deal("slow", 10, 2)).await;
+    let mut request = raw_order(&app, &deal, "slow", br#"{"quantity":1}"#);
+    request.truncate(request.len() - 9);
+    let before = db_snapshot(&app.db, &deal).await;
+
+    // Act (the server answers and closes; the client never sends the rest)
+    let reply = raw_exchange(app.addr, request).await;
+
+    // Assert
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    assert!(reply.contains("application/problem+json"), "{reply}");
+    assert_eq!(db_snapshot(&app.db, &deal).await, before);
     app.cleanup().await;
 }

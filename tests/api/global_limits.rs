@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::helpers::{
-    Api, ChildGuard, TestDb, delete_redis_keys, eventually, free_port, new_deal, test_settings,
-    unique_suffix,
+    Api, ChildGuard, TestDb, delete_redis_keys, eventually, new_deal, test_settings, unique_suffix,
 };
 use crate::multi_process::{spawn_gateway_with, wait_until_healthy};
 use crate::redis_outage::start_redis;
@@ -37,9 +36,9 @@ async fn three_gateways(
     let mut gateways = Vec::new();
     let mut apis = Vec::new();
     for _ in 0..3 {
-        let port = free_port();
-        gateways.push(spawn_gateway_with(&settings, port, &env));
-        apis.push(Api::new(&format!("http://127.0.0.1:{port}"), &settings));
+        let api = Api::on_free_ports(&settings);
+        gateways.push(spawn_gateway_with(&settings, &api, &env));
+        apis.push(api);
     }
     for (gateway, api) in gateways.iter_mut().zip(&apis) {
         wait_until_healthy(gateway, api).await;

@@ -1,10 +1,10 @@
-//! Group reservation: a group of requests is answered exactly as if each had run alone, in
+//! Batch reservation: a batch of requests is answered exactly as if each had run alone, in
 //! arrival order, and one failure never fails the others.
 
 use flashgate::deals;
-use flashgate::orders::OrderError;
-use flashgate::orders::fingerprint;
-use flashgate::orders::group::{Request, place_group};
+use flashgate::deals::Deal;
+use flashgate::orders::batch::{BatchOptions, Request, place_batch};
+use flashgate::orders::{OrderError, Placed, fingerprint};
 use serde_json::json;
 
 use crate::helpers::{new_deal, spawn_app, spawn_app_with};
@@ -19,7 +19,7 @@ fn request(deal: &str, user: &str, key: &str, quantity: i32) -> Request {
 }
 
 /// What a result looks like, for comparing with the expectation.
-fn outcome(result: &Result<flashgate::orders::Placed, OrderError>) -> String {
+fn outcome(result: &Result<Placed, OrderError>) -> String {
     match result {
         Ok(placed) if placed.replayed => format!("replayed:{}", placed.order.quantity),
         Ok(placed) => format!("reserved:{}", placed.order.quantity),
@@ -30,6 +30,18 @@ fn outcome(result: &Result<flashgate::orders::Placed, OrderError>) -> String {
     }
 }
 
+/// Places `requests` as one batch that may take any bucket.
+async fn place_group(
+    db: &sqlx::PgPool,
+    deal: &Deal,
+    requests: &[Request],
+) -> Vec<Result<Placed, OrderError>> {
+    place_batch(db, deal, requests, &BatchOptions::default())
+        .await
+        .expect("the batch commits")
+        .results
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_mixed_group_is_answered_as_if_each_request_ran_alone() {
     // Arrange: 3 units over 2 buckets, two per user; carol already holds an order.
@@ -37,7 +49,7 @@ async fn a_mixed_group_is_answered_as_if_each_request_ran_alone() {
     let id = app.given_deal(&new_deal("group", 3, 2)).await;
     let carol = app.token("carol");
     app.place_order(&carol, &id, "carol-1", 1).await.expect(201);
-    let deal = deals::load(&app.db, &id).await.unwrap().unwrap();
+    let deal: Deal = deals::load(&app.db, &id).await.unwrap().unwrap();
     let group = vec![
         request(&id, "alice", "a-1", 1), // reserves, 1 left after carol's and this
         request(&id, "alice", "a-1", 1), // the same key again: the same order
@@ -51,9 +63,7 @@ async fn a_mixed_group_is_answered_as_if_each_request_ran_alone() {
     ];
 
     // Act
-    let results = place_group(&app.db, &deal, &group, None)
-        .await
-        .expect("the group commits");
+    let results = place_group(&app.db, &deal, &group).await;
 
     // Assert
     let outcomes: Vec<String> = results.iter().map(outcome).collect();
@@ -104,7 +114,7 @@ async fn per_user_limits_count_across_the_group_and_earlier_orders() {
     app.place_order(&app.token("alice"), &id, "earlier", 2)
         .await
         .expect(201);
-    let deal = deals::load(&app.db, &id).await.unwrap().unwrap();
+    let deal: Deal = deals::load(&app.db, &id).await.unwrap().unwrap();
     let group = vec![
         request(&id, "alice", "k1", 1), // 2 + 1 = 3: allowed
         request(&id, "alice", "k2", 1), // 4: refused
@@ -113,7 +123,7 @@ async fn per_user_limits_count_across_the_group_and_earlier_orders() {
         request(&id, "bob", "k3", 1),   // 4: refused
     ];
 
-    let results = place_group(&app.db, &deal, &group, None).await.unwrap();
+    let results = place_group(&app.db, &deal, &group).await;
 
     let outcomes: Vec<String> = results.iter().map(outcome).collect();
     assert_eq!(
@@ -137,11 +147,9 @@ async fn a_closed_sale_window_refuses_the_whole_group_but_replays_still_answer()
     let mut deal_body = new_deal("window", 5, 1);
     deal_body["starts_at"] = json!("2999-01-01T00:00:00Z");
     let id = app.given_deal(&deal_body).await;
-    let deal = deals::load(&app.db, &id).await.unwrap().unwrap();
+    let deal: Deal = deals::load(&app.db, &id).await.unwrap().unwrap();
 
-    let results = place_group(&app.db, &deal, &[request(&id, "alice", "k", 1)], None)
-        .await
-        .unwrap();
+    let results = place_group(&app.db, &deal, &[request(&id, "alice", "k", 1)]).await;
 
     assert!(
         matches!(results[0], Err(OrderError::SaleNotOpen)),
@@ -154,9 +162,9 @@ async fn a_closed_sale_window_refuses_the_whole_group_but_replays_still_answer()
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stampede_forms_groups_and_still_sells_exactly_the_stock() {
-    // A wide window makes groups certain even on a loaded machine.
+    // One lane makes batches of more than one certain even on a loaded machine.
     let app = spawn_app_with(|s| {
-        s.orders.group_window_us = 20_000;
+        s.orders.lanes = 1;
         s.database.acquire_timeout_ms = 2000;
     })
     .await;

@@ -59,6 +59,27 @@ async fn same_key_with_another_body_is_a_conflict() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_reused_key_is_a_conflict_before_any_other_check() {
+    // Arrange: alice used her key for 2 units, her whole limit, and the deal then sold out.
+    let app = spawn_app().await;
+    let mut deal = new_deal("i2b", 3, 2);
+    deal["per_user_limit"] = json!(2);
+    let id = app.given_deal(&deal).await;
+    let token = app.token("alice");
+    app.place_order(&token, &id, "key-1", 2).await.expect(201);
+    app.order("bob", &id, 1).await.expect(201);
+    let before = db_snapshot(&app.db, &id).await;
+
+    // Act: the same key with 3 units, over the limit and more than is left.
+    let conflict = app.place_order(&token, &id, "key-1", 3).await;
+
+    // Assert: the reuse is named first, and nothing changed.
+    conflict.expect_problem(422, "idempotency-conflict");
+    assert_eq!(db_snapshot(&app.db, &id).await, before);
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn same_key_on_another_deal_is_a_conflict() {
     let app = spawn_app().await;
     let first = app.given_deal(&new_deal("i3a", 10, 2)).await;

@@ -8,17 +8,18 @@ use flashgate::config::Settings;
 
 use crate::concurrency::stampede;
 use crate::helpers::{
-    Api, ChildGuard, TestDb, assert_invariants, delete_redis_keys, eventually, free_port, new_deal,
-    test_log, test_settings,
+    Api, ChildGuard, TestDb, assert_invariants, delete_redis_keys, eventually, new_deal, test_log,
+    test_settings,
 };
 
-/// Starts `flashgate serve` on `port` with `settings` passed through the environment.
-pub fn spawn_gateway(settings: &Settings, port: u16) -> ChildGuard {
-    spawn_gateway_with(settings, port, &[])
+/// Starts `flashgate serve` on the ports of `api` with `settings` passed through the
+/// environment.
+pub fn spawn_gateway(settings: &Settings, api: &Api) -> ChildGuard {
+    spawn_gateway_with(settings, api, &[])
 }
 
 /// As `spawn_gateway`, with `extra` environment variables on top (later ones win).
-pub fn spawn_gateway_with(settings: &Settings, port: u16, extra: &[(&str, &str)]) -> ChildGuard {
+pub fn spawn_gateway_with(settings: &Settings, api: &Api, extra: &[(&str, &str)]) -> ChildGuard {
     let output = || {
         if test_log() {
             Stdio::inherit()
@@ -35,9 +36,25 @@ pub fn spawn_gateway_with(settings: &Settings, port: u16, extra: &[(&str, &str)]
         .env("RUST_LOG", if test_log() { "info" } else { "warn" })
         .env("DATABASE_URL", &settings.database.url)
         .env("REDIS_URL", &settings.redis.url)
-        .env("FLASHGATE_LISTEN", format!("127.0.0.1:{port}"))
+        .env("FLASHGATE_LISTEN", api.public_listen())
+        .env("FLASHGATE_OPS_LISTEN", api.ops_listen())
+        .env("FLASHGATE__SERVER__DRAIN_DELAY_MS", "0")
         .env("FLASHGATE_ADMIN_TOKEN", &settings.auth.admin_token)
         .env("FLASHGATE_JWT_SECRET", &settings.auth.jwt_secret)
+        .env(
+            "FLASHGATE__WAITING_ROOM__PASS_SECRET",
+            &settings.waiting_room.pass_secret,
+        )
+        .env(
+            "FLASHGATE__PAYMENTS__ENABLED",
+            settings.payments.enabled.to_string(),
+        )
+        .env("FLASHGATE__PAYMENTS__BASE_URL", &settings.payments.base_url)
+        .env("FLASHGATE__PAYMENTS__API_KEY", &settings.payments.api_key)
+        .env(
+            "FLASHGATE__PAYMENTS__WEBHOOK_SECRET",
+            &settings.payments.webhook_secret,
+        )
         .env("FLASHGATE__REDIS__KEY_PREFIX", &settings.redis.key_prefix)
         .env("FLASHGATE__DATABASE__REQUEST_POOL_MAX", "8")
         .env("FLASHGATE__DATABASE__BACKGROUND_POOL_MAX", "2")
@@ -91,9 +108,9 @@ async fn three_processes_sell_a_deal_exactly_once() {
     let mut gateways = Vec::new();
     let mut apis = Vec::new();
     for _ in 0..3 {
-        let port = free_port();
-        gateways.push(spawn_gateway(&settings, port));
-        apis.push(Api::new(&format!("http://127.0.0.1:{port}"), &settings));
+        let api = Api::on_free_ports(&settings);
+        gateways.push(spawn_gateway(&settings, &api));
+        apis.push(api);
     }
     for (gateway, api) in gateways.iter_mut().zip(&apis) {
         wait_until_healthy(gateway, api).await;

@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::helpers::{
-    Api, TestDb, assert_invariants, delete_redis_keys, eventually, free_port, test_settings,
-    unique_suffix,
+    Api, TestDb, assert_invariants, delete_redis_keys, eventually, test_settings, unique_suffix,
 };
 use crate::multi_process::{spawn_gateway, wait_until_healthy};
 use crate::ops_cli::flashgate_cli;
@@ -57,9 +56,9 @@ async fn pausing_through_the_cli_stops_every_instance_within_a_second() {
     let mut gateways = Vec::new();
     let mut apis = Vec::new();
     for _ in 0..3 {
-        let port = free_port();
-        gateways.push(spawn_gateway(&settings, port));
-        apis.push(Api::new(&format!("http://127.0.0.1:{port}"), &settings));
+        let api = Api::on_free_ports(&settings);
+        gateways.push(spawn_gateway(&settings, &api));
+        apis.push(api);
     }
     for (gateway, api) in gateways.iter_mut().zip(&apis) {
         wait_until_healthy(gateway, api).await;

@@ -13,7 +13,7 @@ use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    Api, ChildGuard, Reply, TestDb, assert_invariants, delete_redis_keys, free_port, metric_value,
+    Api, ChildGuard, Reply, TestDb, assert_invariants, delete_redis_keys, metric_value,
     test_settings, unique_suffix,
 };
 use crate::multi_process::wait_until_healthy;
@@ -38,19 +38,24 @@ async fn resend(make: impl Fn() -> reqwest::RequestBuilder) -> Reply {
     }
 }
 
-async fn join(api: &Api, user: &str, deal: &str) -> Reply {
+pub(crate) async fn join(api: &Api, user: &str, deal: &str) -> Reply {
     let url = api.url(&format!("/v1/deals/{deal}/queue"));
     let token = api.token(user);
     resend(|| api.client.post(&url).bearer_auth(&token)).await
 }
 
-async fn poll(api: &Api, user: &str, deal: &str, ticket: &str) -> Reply {
+pub(crate) async fn poll(api: &Api, user: &str, deal: &str, ticket: &str) -> Reply {
     let url = api.url(&format!("/v1/deals/{deal}/queue/{ticket}"));
     let token = api.token(user);
     resend(|| api.client.get(&url).bearer_auth(&token)).await
 }
 
-async fn order_with_pass(api: &Api, user: &str, deal: &str, pass: Option<&str>) -> Reply {
+pub(crate) async fn order_with_pass(
+    api: &Api,
+    user: &str,
+    deal: &str,
+    pass: Option<&str>,
+) -> Reply {
     let url = api.url(&format!("/v1/deals/{deal}/orders"));
     let (token, key) = (api.token(user), unique_suffix());
     resend(|| {
@@ -69,7 +74,7 @@ async fn order_with_pass(api: &Api, user: &str, deal: &str, pass: Option<&str>) 
 }
 
 /// Starts `flashgate serve` with fast waiting-room timers.
-fn spawn_gateway(settings: &Settings, port: u16) -> ChildGuard {
+fn spawn_gateway(settings: &Settings, api: &Api) -> ChildGuard {
     let extra = [
         ("FLASHGATE__REDIS__COMMAND_TIMEOUT_MS", "1000"),
         (
@@ -80,27 +85,27 @@ fn spawn_gateway(settings: &Settings, port: u16) -> ChildGuard {
         ("FLASHGATE__WAITING_ROOM__STOCK_REFRESH_MS", "200"),
         ("FLASHGATE__WAITING_ROOM__ABANDON_AFTER_SECONDS", "600"),
     ];
-    crate::multi_process::spawn_gateway_with(settings, port, &extra)
+    crate::multi_process::spawn_gateway_with(settings, api, &extra)
 }
 
-struct Cluster {
+pub(crate) struct Cluster {
     database: TestDb,
     settings: Settings,
     gateways: Vec<ChildGuard>,
-    apis: Vec<Api>,
+    pub(crate) apis: Vec<Api>,
 }
 
 impl Cluster {
-    async fn start(count: usize) -> Cluster {
+    pub(crate) async fn start(count: usize) -> Cluster {
         let database = TestDb::create().await;
         let mut settings = test_settings(&database.url);
         settings.waiting_room.pass_secret = format!("test-pass-secret-{}", database.name);
         let mut gateways = Vec::new();
         let mut apis = Vec::new();
         for _ in 0..count {
-            let port = free_port();
-            gateways.push(spawn_gateway(&settings, port));
-            apis.push(Api::new(&format!("http://127.0.0.1:{port}"), &settings));
+            let api = Api::on_free_ports(&settings);
+            gateways.push(spawn_gateway(&settings, &api));
+            apis.push(api);
         }
         for (gateway, api) in gateways.iter_mut().zip(&apis) {
             wait_until_healthy(gateway, api).await;
@@ -122,7 +127,7 @@ impl Cluster {
         format!("{}wr:{deal}:{name}", self.settings.redis.key_prefix)
     }
 
-    async fn cleanup(mut self) {
+    pub(crate) async fn cleanup(mut self) {
         for gateway in &mut self.gateways {
             gateway.kill();
         }

@@ -14,15 +14,18 @@ use super::{
 #[derive(Clone)]
 pub struct Api {
     pub base: String,
+    /// The operations listener: `/metrics` and `/admin/*` live there.
+    pub ops_base: String,
     pub client: reqwest::Client,
     pub admin_token: String,
     pub jwt_secret: String,
 }
 
 impl Api {
-    pub fn new(base: &str, settings: &Settings) -> Api {
+    pub fn new(base: &str, ops_base: &str, settings: &Settings) -> Api {
         Api {
             base: base.to_owned(),
+            ops_base: ops_base.to_owned(),
             client: http_client(),
             admin_token: settings.auth.admin_token.clone(),
             jwt_secret: settings.auth.jwt_secret.clone(),
@@ -37,7 +40,35 @@ impl Api {
         }
     }
 
+    /// A gateway process yet to be started on two free loopback ports.
+    pub fn on_free_ports(settings: &Settings) -> Api {
+        let base = format!("http://127.0.0.1:{}", super::free_port());
+        let ops = format!("http://127.0.0.1:{}", super::free_port());
+        Api::new(&base, &ops, settings)
+    }
+
+    /// `host:port` of the public listener.
+    pub fn public_listen(&self) -> &str {
+        self.base.trim_start_matches("http://")
+    }
+
+    /// `host:port` of the operations listener.
+    pub fn ops_listen(&self) -> &str {
+        self.ops_base.trim_start_matches("http://")
+    }
+
+    /// The URL of `path`: operator paths (`/metrics`, `/admin/…`) on the operations
+    /// listener, everything else on the public one.
     pub fn url(&self, path: &str) -> String {
+        if path == "/metrics" || path.starts_with("/admin/") {
+            format!("{}{}", self.ops_base, path)
+        } else {
+            self.public_url(path)
+        }
+    }
+
+    /// `path` on the public listener, whatever it is.
+    pub fn public_url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
     }
 

@@ -74,6 +74,9 @@ pub fn test_settings(database_url: &str) -> Settings {
     let suffix = unique_suffix();
     let mut s = Settings::defaults();
     s.server.listen = "127.0.0.1:0".parse().unwrap();
+    s.server.ops_listen = "127.0.0.1:0".parse().unwrap();
+    // Tests that are not about draining do not wait for load balancers.
+    s.server.drain_delay_ms = 0;
     s.database.url = database_url.to_owned();
     s.database.request_pool_max = 8;
     s.database.background_pool_max = 2;
@@ -81,6 +84,7 @@ pub fn test_settings(database_url: &str) -> Settings {
     s.redis.key_prefix = format!("fgtest:{suffix}:");
     s.auth.jwt_secret = format!("test-jwt-secret-{suffix}");
     s.auth.admin_token = format!("test-admin-token-{suffix}");
+    s.waiting_room.pass_secret = format!("test-pass-secret-{suffix}");
     for rate in [
         &mut s.limits.per_ip,
         &mut s.limits.per_user,
@@ -127,6 +131,7 @@ pub fn http_client_from(local: Option<IpAddr>) -> reqwest::Client {
 /// A running gateway plus a pool on its database.
 pub struct TestApp {
     pub addr: SocketAddr,
+    pub ops_addr: SocketAddr,
     pub api: Api,
     pub db: PgPool,
     pub settings: Settings,
@@ -157,12 +162,18 @@ pub async fn spawn_app_with(configure: impl FnOnce(&mut Settings)) -> TestApp {
         .await
         .expect("application builds");
     let addr = app.local_addr();
+    let ops_addr = app.ops_addr();
     let token = app.shutdown_token();
     let server = tokio::spawn(async move { app.run().await.map_err(|e| e.to_string()) });
     let db = database.connect(3).await;
-    let api = Api::new(&format!("http://{addr}"), &settings);
+    let api = Api::new(
+        &format!("http://{addr}"),
+        &format!("http://{ops_addr}"),
+        &settings,
+    );
     TestApp {
         addr,
+        ops_addr,
         api,
         db,
         settings,

@@ -81,3 +81,98 @@ pub async fn raw_exchange(addr: std::net::SocketAddr, request: Vec<u8>) -> Strin
     .expect("raw exchange task")
     .expect("connect for a raw exchange")
 }
+
+/// A PostgreSQL cluster of a test's own (`initdb` on a free port), for tests that stop or
+/// restart PostgreSQL without disturbing the shared one. As root, PostgreSQL's tools run
+/// as the `postgres` user (PostgreSQL refuses root).
+pub struct PrivatePostgres {
+    dir: std::path::PathBuf,
+    pub port: u16,
+}
+
+fn postgres_tool(program: &str) -> std::process::Command {
+    let root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if root {
+        let mut command = std::process::Command::new("runuser");
+        command.args(["-u", "postgres", "--", program]);
+        command
+    } else {
+        std::process::Command::new(program)
+    }
+}
+
+fn run_tool(command: &mut std::process::Command) {
+    let output = command.output().expect("run a PostgreSQL tool");
+    assert!(
+        output.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+impl PrivatePostgres {
+    pub async fn start() -> PrivatePostgres {
+        let dir = std::env::temp_dir().join(format!("fgtest-pg-{}", super::unique_suffix()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let _ = std::process::Command::new("chown")
+            .args(["-R", "postgres"])
+            .arg(&dir)
+            .output();
+        run_tool(
+            postgres_tool("initdb")
+                .arg("-D")
+                .arg(dir.join("data"))
+                .args(["-U", "postgres", "--auth=trust", "-N"]),
+        );
+        let postgres = PrivatePostgres {
+            dir,
+            port: free_port(),
+        };
+        postgres.up();
+        postgres
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    pub fn up(&self) {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            self.port,
+            self.dir.display()
+        );
+        run_tool(
+            postgres_tool("pg_ctl")
+                .arg("-D")
+                .arg(self.dir.join("data"))
+                .arg("-l")
+                .arg(self.dir.join("log"))
+                .args(["-w", "-o", &options, "start"]),
+        );
+    }
+
+    /// Stops at once, as a crash would (no checkpoint, sessions cut).
+    pub fn down(&self) {
+        run_tool(
+            postgres_tool("pg_ctl")
+                .arg("-D")
+                .arg(self.dir.join("data"))
+                .args(["-w", "-m", "immediate", "stop"]),
+        );
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let _ = postgres_tool("pg_ctl")
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-w", "-m", "immediate", "stop"])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -17,8 +17,9 @@ use uuid::Uuid;
 
 use super::{POLL_INTERVAL, TestApp, spawn_app_with, test_log};
 
-pub const SIM_API_KEY: &str = "test-psp-api-key";
-pub const SIM_WEBHOOK_SECRET: &str = "test-psp-webhook-secret";
+/// At least 32 bytes and not the development defaults, as `serve` requires.
+pub const SIM_API_KEY: &str = "test-psp-api-key-0123456789abcdef";
+pub const SIM_WEBHOOK_SECRET: &str = "test-psp-webhook-secret-0123456789abcdef";
 
 /// Long enough for a payment to travel checkout → webhook → database.
 pub const SETTLE: Duration = Duration::from_secs(10);

@@ -1,0 +1,257 @@
+//! Lanes: batches of one deal in flight side by side, group-commit style.
+//!
+//! A durable purchase costs a commit; under a stampede, paying for one commit per order
+//! (and one round trip per statement) is the ceiling. Each deal gets up to
+//! `orders.lanes` lane tasks on this instance, all taking work from the deal's one queue.
+//! An idle lane takes the next order at once, with every order queued behind it (at most
+//! `orders.batch_max`), and places them as one batch; while it is in flight, new orders
+//! queue for the next free lane. Nothing ever waits on a timer: at low load a batch is one
+//! order, at high load batches grow by themselves. Each lane draws first from its own
+//! share of the buckets, so the lanes of an instance do not queue on each other's rows.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use dashmap::DashMap;
+use sqlx::PgPool;
+use tokio::sync::{Mutex, mpsc, oneshot};
+use uuid::Uuid;
+
+use super::batch::{self, BatchOptions, PlacementHook, Request};
+use super::{Order, OrderError, Placed};
+use crate::admission::Admitted;
+use crate::deals::Deal;
+use crate::domain::{IdempotencyKey, UserId};
+use crate::inventory::{self, StockChange, StockEvents};
+use crate::store::StoreError;
+use crate::telemetry;
+
+/// How orders are batched.
+#[derive(Debug, Clone, Copy)]
+pub struct LaneSettings {
+    /// Batches of one deal in flight at once on this instance.
+    pub lanes: usize,
+    /// Most orders in one batch.
+    pub batch_max: usize,
+    /// A batch that hit a deadlock or serialization failure runs again this many times.
+    pub retries_max: u32,
+}
+
+/// One order waiting for its batch.
+struct Job {
+    deal: Arc<Deal>,
+    request: Request,
+    reply: oneshot::Sender<Result<Placed, OrderError>>,
+}
+
+/// What every lane task needs; holds no queue, so dropping the engine ends the lanes.
+#[derive(Clone)]
+struct Context {
+    settings: LaneSettings,
+    pool: PgPool,
+    hook: Option<Arc<dyn PlacementHook>>,
+    events: StockEvents,
+    busy: Arc<AtomicI64>,
+}
+
+/// Places and cancels orders; the only way orders are placed.
+pub struct Engine {
+    context: Context,
+    queues: DashMap<String, mpsc::Sender<Job>>,
+}
+
+impl Engine {
+    pub fn new(
+        settings: LaneSettings,
+        pool: PgPool,
+        hook: Option<Arc<dyn PlacementHook>>,
+        events: StockEvents,
+    ) -> Self {
+        assert!(settings.lanes >= 1 && settings.batch_max >= 1);
+        Self {
+            context: Context {
+                settings,
+                pool,
+                hook,
+                events,
+                busy: Arc::new(AtomicI64::new(0)),
+            },
+            queues: DashMap::new(),
+        }
+    }
+
+    /// Places an admitted order in the next batch of its deal.
+    pub async fn place(
+        &self,
+        admitted: Admitted,
+        key: IdempotencyKey,
+    ) -> Result<Placed, OrderError> {
+        let request = Request::of(&admitted, &key);
+        let queue = self.queue(&admitted.deal);
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            deal: admitted.deal,
+            request,
+            reply,
+        };
+        if queue.send(job).await.is_err() {
+            return Err(batch::unexpected("the deal's lanes stopped"));
+        }
+        answer
+            .await
+            .unwrap_or_else(|_| Err(batch::unexpected("the batch ended without an answer")))
+    }
+
+    /// Cancels the user's pending order, then reports its units as freed.
+    pub async fn cancel(&self, user: &UserId, order_id: Uuid) -> Result<Order, OrderError> {
+        let order = super::cancel(&self.context.pool, user, order_id).await?;
+        let freed = StockChange::Freed(order.deal_id.clone());
+        self.context.events.emit(freed).await;
+        Ok(order)
+    }
+
+    fn queue(&self, deal: &Deal) -> mpsc::Sender<Job> {
+        if let Some(queue) = self.queues.get(&deal.id) {
+            return queue.clone();
+        }
+        self.queues
+            .entry(deal.id.clone())
+            .or_insert_with(|| {
+                let settings = self.context.settings;
+                let (jobs, receiver) = mpsc::channel(settings.batch_max * settings.lanes * 4);
+                let receiver = Arc::new(Mutex::new(receiver));
+                let lanes = settings.lanes.min(deal.bucket_count.max(1) as usize);
+                for lane in 0..lanes {
+                    let context = self.context.clone();
+                    tokio::spawn(run_lane(lane, lanes, receiver.clone(), context));
+                }
+                jobs
+            })
+            .clone()
+    }
+}
+
+/// One lane: takes everything queued (up to the limit), places it, answers, repeats.
+async fn run_lane(
+    lane: usize,
+    lanes: usize,
+    receiver: Arc<Mutex<mpsc::Receiver<Job>>>,
+    context: Context,
+) {
+    while let Some(mut jobs) = next_batch(&receiver, context.settings.batch_max).await {
+        // A request whose caller gave up (the HTTP timeout dropped it) reserves nothing.
+        jobs.retain(|job| !job.reply.is_closed());
+        if jobs.is_empty() {
+            continue;
+        }
+        let busy = context.busy.fetch_add(1, Ordering::AcqRel) + 1;
+        metrics::gauge!(telemetry::LANES_BUSY).set(busy as f64);
+        run_batch(&context, lane, lanes, jobs).await;
+        let busy = context.busy.fetch_sub(1, Ordering::AcqRel) - 1;
+        metrics::gauge!(telemetry::LANES_BUSY).set(busy as f64);
+    }
+}
+
+/// Waits for one order, then takes every order already queued behind it.
+async fn next_batch(receiver: &Mutex<mpsc::Receiver<Job>>, batch_max: usize) -> Option<Vec<Job>> {
+    let mut receiver = receiver.lock().await;
+    let first = receiver.recv().await?;
+    let mut jobs = vec![first];
+    while jobs.len() < batch_max {
+        match receiver.try_recv() {
+            Ok(job) => jobs.push(job),
+            Err(_) => break,
+        }
+    }
+    Some(jobs)
+}
+
+async fn run_batch(context: &Context, lane: usize, lanes: usize, jobs: Vec<Job>) {
+    // The newest copy of the deal in the batch knows the current bucket count.
+    let deal = jobs
+        .iter()
+        .map(|job| job.deal.clone())
+        .max_by_key(|deal| deal.bucket_count)
+        .expect("a batch has at least one order");
+    let options = BatchOptions {
+        share: inventory::share(lane, lanes, deal.bucket_count),
+        hook: context.hook.clone(),
+    };
+    let requests: Vec<Request> = jobs.iter().map(|job| job.request.clone()).collect();
+    let size = requests.len();
+    record_size(size);
+    let (pool, retries_max) = (context.pool.clone(), context.settings.retries_max);
+    let placing = deal.clone();
+    // Its own task, so a broken invariant (a panic) fails this batch, not the lane.
+    let outcome = tokio::spawn(async move {
+        place_retrying(&pool, &placing, &requests, &options, retries_max).await
+    })
+    .await;
+    let (results, ran_out) = match outcome {
+        Ok(Ok(batch)) => (batch.results, batch.ran_out),
+        Ok(Err(error)) => {
+            tracing::warn!(%error, size, "reservation batch failed");
+            (
+                failed(size, &|| OrderError::Store(error_copy(&error))),
+                false,
+            )
+        }
+        Err(panic) => {
+            tracing::error!(%panic, size, "reservation batch broke an invariant");
+            let error = || batch::unexpected("the reservation batch broke an invariant");
+            (failed(size, &error), false)
+        }
+    };
+    let sold_out = results
+        .iter()
+        .any(|r| matches!(r, Err(OrderError::SoldOut { available: 0 })));
+    if ran_out || sold_out {
+        context
+            .events
+            .emit(StockChange::RanOut(deal.id.clone()))
+            .await;
+    }
+    for (job, result) in jobs.into_iter().zip(results) {
+        let _ = job.reply.send(super::record(result));
+    }
+}
+
+fn failed(size: usize, error: &dyn Fn() -> OrderError) -> Vec<Result<Placed, OrderError>> {
+    (0..size).map(|_| Err(error())).collect()
+}
+
+/// The same failure for every request of a failed batch: an exhausted pool stays
+/// `PoolExhausted` (503 overloaded), anything else is unexpected.
+fn error_copy(error: &StoreError) -> StoreError {
+    match error {
+        StoreError::PoolExhausted => StoreError::PoolExhausted,
+        other => StoreError::Unexpected(sqlx::Error::Protocol(other.to_string())),
+    }
+}
+
+async fn place_retrying(
+    pool: &PgPool,
+    deal: &Deal,
+    requests: &[Request],
+    options: &BatchOptions,
+    retries_max: u32,
+) -> Result<batch::Batch, StoreError> {
+    let mut attempt = 0;
+    loop {
+        match batch::place_batch(pool, deal, requests, options).await {
+            Err(StoreError::Retryable(error)) if attempt < retries_max => {
+                tracing::debug!(%error, attempt, "reservation batch retried");
+                attempt += 1;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+fn record_size(size: usize) {
+    metrics::histogram!(telemetry::RESERVATION_BATCH_SIZE).record(size as f64);
+    metrics::counter!(telemetry::RESERVATION_GROUPS).increment(1);
+    if size > 1 {
+        metrics::counter!(telemetry::GROUPED_ORDERS).increment(size as u64);
+    }
+}

@@ -1,0 +1,112 @@
+//! Revoked passes, known in memory on every instance.
+//!
+//! Passes are checked in memory, so ending a session must reach every instance's memory.
+//! A revocation (`WaitingRoom::revoke`) appends the pass id and its expiry to one Redis
+//! stream; each instance reads the stream from where it stopped every
+//! `waiting_room.revocation_poll_ms` and keeps the ids until the passes would have expired
+//! anyway. The revoking instance knows at once, the others within one poll. A stream rather
+//! than pub/sub: an instance that was disconnected catches up from its last id, and a new
+//! one reads the whole (trimmed to `revocations_max`) stream at start.
+
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use tokio_util::sync::CancellationToken;
+
+use super::WaitingRoom;
+use crate::config::millis;
+
+/// The stream, under `redis.key_prefix`.
+pub const STREAM_KEY: &str = "wr:revoked";
+
+/// Entries read per poll; a longer backlog is read over the following polls.
+const READ_COUNT: usize = 1000;
+
+/// Pass ids revoked before their expiry, with that expiry (unix ms); cheap to clone.
+#[derive(Clone, Default)]
+pub struct Revoked(Arc<DashMap<String, i64>>);
+
+impl Revoked {
+    pub fn insert(&self, pass_id: &str, until_ms: i64) {
+        self.0.insert(pass_id.to_owned(), until_ms);
+    }
+
+    pub fn contains(&self, pass_id: &str) -> bool {
+        self.0.contains_key(pass_id)
+    }
+
+    /// Forgets passes that have expired by themselves.
+    fn forget_expired(&self, now_ms: i64) {
+        self.0.retain(|_, until| *until >= now_ms);
+    }
+}
+
+/// One stream entry: its id and its field/value pairs.
+type Entry = (String, Vec<String>);
+
+/// Follows the revocation stream until `shutdown`.
+pub async fn follow(room: WaitingRoom, shutdown: CancellationToken) {
+    let mut ticker = tokio::time::interval(millis(room.settings.revocation_poll_ms));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let key = room.redis.key(STREAM_KEY);
+    let mut last = "0".to_owned();
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        let start = format!("({last}");
+        let cmd = redis::cmd("XRANGE")
+            .arg(&key)
+            .arg(&start)
+            .arg("+")
+            .arg("COUNT")
+            .arg(READ_COUNT)
+            .clone();
+        let entries: Vec<Entry> = match room.redis.run(&cmd).await {
+            Ok(entries) => entries,
+            Err(error) => {
+                tracing::debug!(%error, "revocations not read; retrying");
+                continue;
+            }
+        };
+        for (id, fields) in entries {
+            if let Some((pass, until)) = parse(&fields) {
+                room.revoked.insert(pass, until);
+            }
+            last = id;
+        }
+        room.revoked
+            .forget_expired(chrono::Utc::now().timestamp_millis());
+    }
+}
+
+/// The pass id and expiry of an entry written by the revoke script.
+fn parse(fields: &[String]) -> Option<(&str, i64)> {
+    let value = |name: &str| {
+        fields
+            .chunks_exact(2)
+            .find(|pair| pair[0] == name)
+            .map(|pair| pair[1].as_str())
+    };
+    Some((value("pass")?, value("until")?.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_parse_and_expired_ids_are_forgotten() {
+        let fields: Vec<String> = ["deal", "d1", "pass", "t1", "until", "1000"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(parse(&fields), Some(("t1", 1000)));
+        assert_eq!(parse(&fields[..4]), None);
+        let revoked = Revoked::default();
+        revoked.insert("t1", 1000);
+        revoked.insert("t2", 3000);
+        revoked.forget_expired(2000);
+        assert!(!revoked.contains("t1") && revoked.contains("t2"));
+    }
+}

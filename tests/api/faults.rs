@@ -1,0 +1,190 @@
+//! Faults that are not a crash of the gateway: one client holding every connection it can,
+//! Redis coming back with an old sold-out flag, PostgreSQL down for over a minute (the
+//! gateways stay up, answer 503 with `Retry-After`, recover) and deal changes announced
+//! again after PostgreSQL restarts.
+
+use std::time::{Duration, Instant};
+
+use flashgate::app::Application;
+use flashgate::config::Settings;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::helpers::{
+    Api, EVENTUALLY, PrivatePostgres, eventually, new_deal, send, spawn_app_with, test_settings,
+    unique_suffix,
+};
+
+/// A connection from `local` that sent a request and got an answer, or was closed unheard.
+async fn answered_from(local: &str, addr: std::net::SocketAddr) -> Option<tokio::net::TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{local}:0").parse().unwrap()).unwrap();
+    let mut stream = socket.connect(addr).await.ok()?;
+    let request = format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut buf = [0u8; 512];
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await;
+    match read {
+        Ok(Ok(n)) if n > 0 && buf.starts_with(b"HTTP/1.1 200") => Some(stream),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_client_cannot_take_every_connection() {
+    // Arrange: at most 4 connections per client address, 6 in all.
+    let app = spawn_app_with(|s| {
+        s.server.connections_per_client_max = 4;
+        s.server.connections_max = 6;
+    })
+    .await;
+
+    // Act: one client opens 4 connections and tries a fifth; another client comes.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(answered_from("127.0.0.2", app.addr).await);
+    }
+    let fifth = answered_from("127.0.0.2", app.addr).await;
+    let other = answered_from("127.0.0.3", app.addr).await;
+
+    // Assert
+    assert!(held.iter().all(Option::is_some), "the first 4 are served");
+    assert!(
+        fifth.is_none(),
+        "the fifth connection of one client is refused"
+    );
+    assert!(other.is_some(), "another client is still served");
+    drop(held);
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_old_sold_out_flag_restored_in_redis_does_not_stick() {
+    // Arrange: a deal sold out, then restocked, then Redis comes back from an old snapshot
+    // holding the sold-out flag.
+    let app = spawn_app_with(|s| s.sweeper.interval_ms = 100).await;
+    let deal = app.given_deal(&new_deal("stale", 1, 1)).await;
+    app.order("first", &deal, 1).await.expect(201);
+    app.wait_for_deal_state(&deal, "sold_out").await;
+    app.adjust_stock(&deal, 5).await.expect(200);
+    app.wait_for_deal_state(&deal, "open").await;
+    let client = redis::Client::open(app.settings.redis.url.as_str()).unwrap();
+    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+    let key = format!("{}soldout", app.settings.redis.key_prefix);
+
+    // Act
+    let _: i64 = redis::cmd("SADD")
+        .arg(&key)
+        .arg(&deal)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+
+    // Assert: within a refresh or two the flag is gone and orders are taken.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(app.deal_state(&deal).await, "open");
+    app.order("second", &deal, 1).await.expect(201);
+    let flagged: bool = redis::cmd("SISMEMBER")
+        .arg(&key)
+        .arg(&deal)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(!flagged, "the stale flag was removed from Redis");
+    app.assert_invariants(&deal).await;
+    app.cleanup().await;
+}
+
+/// An in-process gateway on `settings`; cancel the token to stop it.
+async fn start(settings: &Settings) -> (Api, CancellationToken, tokio::task::JoinHandle<()>) {
+    let app = Application::build(settings.clone()).await.expect("builds");
+    let api = Api::new(
+        &format!("http://{}", app.local_addr()),
+        &format!("http://{}", app.ops_addr()),
+        settings,
+    );
+    let stop = app.shutdown_token();
+    let server = tokio::spawn(async move {
+        let _ = app.run().await;
+    });
+    (api, stop, server)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_down_for_over_a_minute_then_back() {
+    // Arrange: two gateways on a PostgreSQL of their own; deal settings cached for a
+    // minute, so only an announcement can spread a pause quickly.
+    let postgres = PrivatePostgres::start().await;
+    let mut settings = test_settings(&postgres.url());
+    settings.deals.cache_ttl_ms = 60_000;
+    settings.redis.key_prefix = format!("fgtest:{}:", unique_suffix());
+    let (a, stop_a, server_a) = start(&settings).await;
+    let (b, stop_b, server_b) = start(&settings).await;
+    let deal = a.given_deal(&new_deal("outage", 1000, 4)).await;
+    b.order("before", &deal, 1).await.expect(201);
+
+    // Act 1: PostgreSQL is down for 65 s.
+    postgres.down();
+    let down_until = Instant::now() + Duration::from_secs(65);
+    let mut orders = Vec::new();
+    let mut n = 0;
+    while Instant::now() < down_until {
+        for api in [&a, &b] {
+            assert_eq!(
+                api.get("/healthz").await.status,
+                200,
+                "the gateway stays up"
+            );
+            assert_eq!(
+                api.get("/readyz").await.status,
+                503,
+                "not ready without PostgreSQL"
+            );
+            n += 1;
+            orders.push(api.order(&format!("during-{n}"), &deal, 1).await);
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    postgres.up();
+
+    // Assert 1: every order during the outage was 503 with Retry-After, none stored.
+    for reply in &orders {
+        assert_eq!(reply.status, 503, "{}", reply.text);
+        assert!(reply.header("retry-after").is_some(), "{:?}", reply.headers);
+    }
+    for api in [&a, &b] {
+        let recovered = eventually(Duration::from_secs(20), || async {
+            (api.order(&unique_suffix(), &deal, 1).await.status == 201).then_some(())
+        })
+        .await;
+        assert!(
+            recovered.is_some(),
+            "{} never took an order again",
+            api.base
+        );
+    }
+
+    // Act 2: once listeners are back, a pause on one instance...
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let request = a.client.post(a.url(&format!("/admin/deals/{deal}/pause")));
+    send(request.bearer_auth(&a.admin_token).json(&json!({})))
+        .await
+        .expect(200);
+
+    // Assert 2: ...reaches the other through the announcement, not the minute-long cache.
+    let paused = eventually(EVENTUALLY, || async {
+        let reply = b.order(&unique_suffix(), &deal, 1).await;
+        (reply.status == 409 && reply.problem_slug().as_deref() == Some("sale-not-open"))
+            .then_some(())
+    })
+    .await;
+    assert!(
+        paused.is_some(),
+        "the pause never reached the other instance"
+    );
+    stop_a.cancel();
+    stop_b.cancel();
+    let _ = tokio::join!(server_a, server_b);
+    crate::helpers::delete_redis_keys(&settings.redis.url, &settings.redis.key_prefix).await;
+}
