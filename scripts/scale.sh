@@ -11,7 +11,7 @@
 #   scripts/scale.sh pgbouncer start DIR PORT [UPSTREAM_HOST UPSTREAM_PORT]
 #   scripts/scale.sh redis-cluster start DIR PORT1 PORT2 PORT3
 #   scripts/scale.sh pg-failover start DIR MONITOR_PORT NODE1_PORT NODE2_PORT
-#   scripts/scale.sh pg-failover primary|kill-primary|switchover DIR
+#   scripts/scale.sh pg-failover primary|kill-primary|switchover|wait-sync DIR
 #   scripts/scale.sh stop DIR            (stops whatever `start` put in DIR)
 set -euo pipefail
 
@@ -70,12 +70,14 @@ wait_port() {
     done
 }
 
-# A loopback port nothing listens on right now.
+# A loopback port nothing listens on right now, nor on the port 10000 above it (a Redis
+# Cluster node's bus port), which stays below 65536.
 free_port() {
     local port
     while :; do
-        port=$((20000 + RANDOM % 40000))
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+        port=$((20000 + RANDOM % 30000))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null &&
+            ! (exec 3<>"/dev/tcp/127.0.0.1/$((port + 10000))") 2>/dev/null; then
             printf '%s\n' "$port"
             return 0
         fi
@@ -174,11 +176,13 @@ pg_failover_start() {
     printf 'pg_autoctl %s\n' "$dir/monitor" >>"$dir/started"
     autoctl_run "$dir" monitor
     wait_port "$monitor_port" 30 || die "monitor did not listen on $monitor_port"
-    # Fast failure detection on loopback (defaults: 5 s checks, 20 s before unhealthy).
+    # Fast failure detection on loopback (defaults: 5 s checks, 20 s before unhealthy, 30 s
+    # before a standby replaces a primary that cannot be told to step down). Waiting less
+    # loses nothing: an unreachable primary cannot commit without its synchronous standby.
     local setting
     for setting in health_check_period=1000 health_check_timeout=1000 \
         health_check_max_retries=1 health_check_retry_delay=500 \
-        node_considered_unhealthy_timeout=2000; do
+        node_considered_unhealthy_timeout=2000 primary_demote_timeout=5000; do
         as_owner psql -X -q -h 127.0.0.1 -p "$monitor_port" -d pg_auto_failover \
             -c "ALTER SYSTEM SET pgautofailover.${setting%%=*} = ${setting#*=}" >/dev/null
     done
@@ -197,13 +201,20 @@ pg_failover_start() {
         wait_port "$port" 60 || die "$name did not listen on $port"
         printf '%s %s\n' "$name" "$port" >>"$dir/nodes"
     done
-    local deadline=$((SECONDS + 90))
-    until [[ $(as_owner psql -X -A -t -h 127.0.0.1 -p "$node1_port" -d test \
-        -c "SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')" 2>/dev/null) == 1 ]]; do
+    pg_failover_wait_sync "$dir"
+    log "pg_auto_failover: monitor :$monitor_port, primary :$node1_port, synchronous standby :$node2_port"
+}
+
+# Waits until the primary has a synchronous standby, so a commit is acknowledged only once
+# it is on both nodes (after start, and after a switchover before the next disruption).
+pg_failover_wait_sync() {
+    local dir=$1 name port deadline=$((SECONDS + 90))
+    until read -r name port < <(pg_failover_primary "$dir") &&
+        [[ $(as_owner psql -X -A -t -h 127.0.0.1 -p "$port" -d test \
+            -c "SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')" 2>/dev/null) == 1 ]]; do
         ((SECONDS < deadline)) || die "no synchronous standby after 90 s (see $dir/*.log)"
         sleep 0.5
     done
-    log "pg_auto_failover: monitor :$monitor_port, primary :$node1_port, synchronous standby :$node2_port"
 }
 
 # The node (name and port) that is primary now.
@@ -265,8 +276,9 @@ pg-failover)
     start) pg_failover_start "$@" ;;
     primary) pg_failover_primary "$@" ;;
     kill-primary) pg_failover_kill_primary "$@" ;;
+    wait-sync) pg_failover_wait_sync "$@" ;;
     switchover) pg_failover_switchover "$@" ;;
-    *) die "usage: $0 pg-failover start DIR MONITOR NODE1 NODE2 | primary DIR | kill-primary DIR | switchover DIR" ;;
+    *) die "usage: $0 pg-failover start DIR MONITOR NODE1 NODE2 | primary|kill-primary|switchover|wait-sync DIR" ;;
     esac
     ;;
 stop) stop "$2" ;;
