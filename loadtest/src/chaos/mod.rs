@@ -121,7 +121,8 @@ async fn sale(
         .map_err(|e| e.to_string())?;
     cluster.settle(&db, &deal).await;
     let intents = cluster.intents().await?;
-    let journal = journal.lock().unwrap_or_else(|e| e.into_inner());
+    // The buyers are done: the journal is taken out rather than checked under the lock.
+    let journal = std::mem::take(&mut *journal.lock().unwrap_or_else(|e| e.into_inner()));
     let (mut violations, figures) = ledger::check(&db, &journal, &intents, &deal).await?;
     violations.extend(ledger::audit(
         flashgate,
