@@ -11,6 +11,7 @@
 #   scripts/scale.sh pgbouncer start DIR PORT [UPSTREAM_HOST UPSTREAM_PORT]
 #   scripts/scale.sh redis-cluster start DIR PORT1 PORT2 PORT3
 #   scripts/scale.sh pg-failover start DIR MONITOR_PORT NODE1_PORT NODE2_PORT
+#   scripts/scale.sh pg-failover primary|kill-primary|switchover|wait-sync DIR
 #   scripts/scale.sh stop DIR            (stops whatever `start` put in DIR)
 set -euo pipefail
 
@@ -69,12 +70,14 @@ wait_port() {
     done
 }
 
-# A loopback port nothing listens on right now.
+# A loopback port nothing listens on right now, nor on the port 10000 above it (a Redis
+# Cluster node's bus port), which stays below 65536.
 free_port() {
     local port
     while :; do
-        port=$((20000 + RANDOM % 40000))
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+        port=$((20000 + RANDOM % 30000))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null &&
+            ! (exec 3<>"/dev/tcp/127.0.0.1/$((port + 10000))") 2>/dev/null; then
             printf '%s\n' "$port"
             return 0
         fi
@@ -143,13 +146,114 @@ redis_cluster_start() {
     log "redis cluster of ${#nodes[@]} primaries: ${nodes[*]}"
 }
 
+# pg_autoctl as the data directories' owner, with this machine's PostgreSQL binaries.
+autoctl() {
+    as_owner env PG_CONFIG="$PG_BIN/pg_config" PATH="$PG_BIN:$PATH" pg_autoctl "$@"
+}
+
+# Runs the keeper of PGDATA in the background in a process group of its own (so a test can
+# kill a whole "machine": keeper and PostgreSQL) and records its pid in PGDATA.pid.
+autoctl_run() {
+    local dir=$1 name=$2
+    local -a run=(env PG_CONFIG="$PG_BIN/pg_config" PATH="$PG_BIN:$PATH"
+        pg_autoctl run --pgdata "$dir/$name")
+    if [[ $(id -u) -eq 0 ]]; then
+        setsid runuser -u postgres -- "${run[@]}" >"$dir/$name.log" 2>&1 </dev/null &
+    else
+        setsid "${run[@]}" >"$dir/$name.log" 2>&1 </dev/null &
+    fi
+    printf '%s\n' "$!" >"$dir/$name.pid"
+}
+
+pg_failover_start() {
+    local dir=$1 monitor_port=$2 node1_port=$3 node2_port=$4
+    install
+    own_dir "$dir"
+    local monitor="postgres://autoctl_node@127.0.0.1:$monitor_port/pg_auto_failover?sslmode=disable"
+    autoctl create monitor --pgdata "$dir/monitor" --pgport "$monitor_port" \
+        --hostname 127.0.0.1 --listen 127.0.0.1 --auth trust --no-ssl >"$dir/create-monitor.log" 2>&1 ||
+        die "pg_autoctl create monitor failed (see $dir/create-monitor.log)"
+    printf 'pg_autoctl %s\n' "$dir/monitor" >>"$dir/started"
+    autoctl_run "$dir" monitor
+    wait_port "$monitor_port" 30 || die "monitor did not listen on $monitor_port"
+    # Fast failure detection on loopback (defaults: 5 s checks, 20 s before unhealthy, 30 s
+    # before a standby replaces a primary that cannot be told to step down). Waiting less
+    # loses nothing: an unreachable primary cannot commit without its synchronous standby.
+    local setting
+    for setting in health_check_period=1000 health_check_timeout=1000 \
+        health_check_max_retries=1 health_check_retry_delay=500 \
+        node_considered_unhealthy_timeout=2000 primary_demote_timeout=5000; do
+        as_owner psql -X -q -h 127.0.0.1 -p "$monitor_port" -d pg_auto_failover \
+            -c "ALTER SYSTEM SET pgautofailover.${setting%%=*} = ${setting#*=}" >/dev/null
+    done
+    as_owner psql -X -q -h 127.0.0.1 -p "$monitor_port" -d pg_auto_failover -c 'SELECT pg_reload_conf()' >/dev/null
+    local name port
+    for name in node1 node2; do
+        port=$node1_port
+        [[ $name == node1 ]] || port=$node2_port
+        # The standby copies the primary, so the nodes are created one after the other.
+        autoctl create postgres --pgdata "$dir/$name" --pgport "$port" --name "$name" \
+            --hostname 127.0.0.1 --listen 127.0.0.1 --auth trust --no-ssl \
+            --monitor "$monitor" --dbname test >"$dir/create-$name.log" 2>&1 ||
+            die "pg_autoctl create postgres $name failed (see $dir/create-$name.log)"
+        printf 'pg_autoctl %s\n' "$dir/$name" >>"$dir/started"
+        autoctl_run "$dir" "$name"
+        wait_port "$port" 60 || die "$name did not listen on $port"
+        printf '%s %s\n' "$name" "$port" >>"$dir/nodes"
+    done
+    pg_failover_wait_sync "$dir"
+    log "pg_auto_failover: monitor :$monitor_port, primary :$node1_port, synchronous standby :$node2_port"
+}
+
+# Waits until the primary has a synchronous standby, so a commit is acknowledged only once
+# it is on both nodes (after start, and after a switchover before the next disruption).
+pg_failover_wait_sync() {
+    local dir=$1 name port deadline=$((SECONDS + 90))
+    until read -r name port < <(pg_failover_primary "$dir") &&
+        [[ $(as_owner psql -X -A -t -h 127.0.0.1 -p "$port" -d test \
+            -c "SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')" 2>/dev/null) == 1 ]]; do
+        ((SECONDS < deadline)) || die "no synchronous standby after 90 s (see $dir/*.log)"
+        sleep 0.5
+    done
+}
+
+# The node (name and port) that is primary now.
+pg_failover_primary() {
+    local dir=$1 name port
+    while read -r name port; do
+        if [[ $(as_owner psql -X -A -t -h 127.0.0.1 -p "$port" -d test -c 'SELECT pg_is_in_recovery()' 2>/dev/null) == f ]]; then
+            printf '%s %s\n' "$name" "$port"
+            return 0
+        fi
+    done <"$dir/nodes"
+    return 1
+}
+
+# Kills the primary's whole machine at once: its keeper and PostgreSQL (SIGKILL).
+pg_failover_kill_primary() {
+    local dir=$1 name port
+    read -r name port < <(pg_failover_primary "$dir") || die "no primary to kill"
+    kill -KILL -- "-$(cat "$dir/$name.pid")"
+    log "killed $name (port $port)"
+    printf '%s %s\n' "$name" "$port"
+}
+
+# A planned switchover: the monitor promotes the standby once it has caught up.
+pg_failover_switchover() {
+    local dir=$1
+    autoctl perform switchover --pgdata "$dir/monitor" >&2
+}
+
 stop() {
     local dir=$1 kind pidfile
     [[ -f $dir/started ]] || return 0
     while read -r kind pidfile; do
         case $kind in
         pg_autoctl)
-            as_owner env PG_CONFIG="$PG_BIN/pg_config" pg_autoctl stop --pgdata "$pidfile" --immediate >/dev/null 2>&1 || true
+            # Keepers restart PostgreSQL, so the keeper's whole process group goes at once.
+            [[ -f $pidfile.pid ]] && kill -KILL -- "-$(cat "$pidfile.pid")" 2>/dev/null || true
+            [[ -f $pidfile/postmaster.pid ]] &&
+                kill -KILL "$(head -n 1 "$pidfile/postmaster.pid")" 2>/dev/null || true
             ;;
         *)
             [[ -f $pidfile ]] && kill "$(cat "$pidfile")" 2>/dev/null || true
@@ -165,7 +269,18 @@ install) install ;;
 free-port) free_port ;;
 pgbouncer) [[ ${2:-} == start ]] || die "usage: $0 pgbouncer start DIR PORT"; shift 2; pgbouncer_start "$@" ;;
 redis-cluster) [[ ${2:-} == start ]] || die "usage: $0 redis-cluster start DIR PORTS..."; shift 2; redis_cluster_start "$@" ;;
-pg-failover) [[ ${2:-} == start ]] || die "usage: $0 pg-failover start DIR MONITOR NODE1 NODE2"; shift 2; pg_failover_start "$@" ;;
+pg-failover)
+    command=${2:-}
+    shift 2 || true
+    case $command in
+    start) pg_failover_start "$@" ;;
+    primary) pg_failover_primary "$@" ;;
+    kill-primary) pg_failover_kill_primary "$@" ;;
+    wait-sync) pg_failover_wait_sync "$@" ;;
+    switchover) pg_failover_switchover "$@" ;;
+    *) die "usage: $0 pg-failover start DIR MONITOR NODE1 NODE2 | primary|kill-primary|switchover|wait-sync DIR" ;;
+    esac
+    ;;
 stop) stop "$2" ;;
 *) die "usage: $0 install | pgbouncer start DIR PORT | redis-cluster start DIR PORTS... | pg-failover start DIR MONITOR NODE1 NODE2 | stop DIR" ;;
 esac

@@ -57,6 +57,23 @@ if [[ $# -eq 0 ]]; then
     trap - EXIT
 fi
 
+# The tests of everything kept in Redis (waiting room, sold-out flags, limits) again, on a
+# private three-primary Redis Cluster (REDIS_URL listing its nodes selects cluster mode).
+if [[ $# -eq 0 ]]; then
+    step "on a Redis Cluster: waiting-room, sold-out and limit tests"
+    cluster_dir=$(mktemp -d /tmp/flashgate-redis-cluster.XXXXXX)
+    cluster_ports=() cluster_urls=()
+    for _ in 1 2 3; do cluster_ports+=("$(bash scripts/scale.sh free-port)"); done
+    for port in "${cluster_ports[@]}"; do cluster_urls+=("redis://127.0.0.1:$port"); done
+    trap 'bash scripts/scale.sh stop "$cluster_dir"' EXIT
+    bash scripts/scale.sh redis-cluster start "$cluster_dir" "${cluster_ports[@]}"
+    REDIS_URL=$(IFS=,; printf '%s' "${cluster_urls[*]}") \
+        cargo nextest run --test api --no-fail-fast \
+        -E 'test(/^waiting_room/) | test(/^global_limits::/) | test(/^rate_limits::/) | test(/sold_out/)'
+    bash scripts/scale.sh stop "$cluster_dir"
+    trap - EXIT
+fi
+
 # Alert rules and their unit tests (promtool comes with Debian's prometheus package).
 if ! command -v promtool >/dev/null 2>&1; then
     step "installing promtool (Debian package prometheus)"

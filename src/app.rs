@@ -172,6 +172,11 @@ fn spawn_background(tasks: &TaskTracker, state: &Arc<State>, shutdown: &Cancella
             async move { events.freed(deals).await }
         },
     ));
+    tasks.spawn(state.pools.primary.clone().keep_primary(
+        state.pools.all(),
+        millis(settings.database.primary_check_interval_ms),
+        shutdown.clone(),
+    ));
     tasks.spawn(sample_metrics(state.clone(), shutdown.clone()));
     tasks.spawn(forget_idle_limits(state.clone(), shutdown.clone()));
     tasks.spawn(
@@ -252,7 +257,17 @@ fn spawn_ops(tasks: &TaskTracker, state: &Arc<State>, shutdown: &CancellationTok
     ));
     let listening = state.clone();
     tasks.spawn(ops::changes::follow(
-        store::direct_url(&settings.database).to_owned(),
+        {
+            let direct = settings.database.direct_url.clone();
+            let primary = state.pools.primary.clone();
+            move || {
+                if direct.is_empty() {
+                    primary.url()
+                } else {
+                    direct.clone()
+                }
+            }
+        },
         shutdown.clone(),
         move |change| match change {
             ops::changes::Change::Deal(id) => listening.admission.deals().evict(id),

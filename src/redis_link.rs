@@ -3,12 +3,18 @@
 //! Redis only accelerates flashgate, so the gateway must start and serve without it. This
 //! handle keeps at most one multiplexed connection, bounds every command by a timeout,
 //! counts failures, drops a broken connection and lets a background task reconnect.
+//!
+//! `redis.url` holding several URLs separated by commas selects a Redis Cluster: they are
+//! its seed nodes, and each command goes to the primary of its key's slot (a script to the
+//! slot of its first key; every script keeps its keys in one slot).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::{AsyncConnectionConfig, Client, Cmd, FromRedisValue};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, Client, Cmd, FromRedisValue, RedisResult, Value};
 use tokio::sync::RwLock;
 use tokio_util::sync::CancellationToken;
 
@@ -29,9 +35,57 @@ pub struct RedisHandle {
     inner: Arc<Inner>,
 }
 
+/// One server, or the seed nodes of a cluster.
+enum Target {
+    Server(Client),
+    Cluster(Box<ClusterClient>),
+}
+
+/// A live connection to either.
+#[derive(Clone)]
+enum Connection {
+    Server(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl Connection {
+    async fn run(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Connection::Server(connection) => connection.req_packed_command(cmd).await,
+            Connection::Cluster(connection) => connection.req_packed_command(cmd).await,
+        }
+    }
+}
+
+impl Target {
+    fn open(url: &str) -> RedisResult<Self> {
+        if !url.contains(',') {
+            return Client::open(url).map(Target::Server);
+        }
+        let seeds = url.split(',').map(str::trim).filter(|u| !u.is_empty());
+        let client = ClusterClient::new(seeds)?;
+        Ok(Target::Cluster(Box::new(client)))
+    }
+
+    async fn connect(&self, timeout: Duration) -> RedisResult<Connection> {
+        match self {
+            Target::Server(client) => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(timeout * 5))
+                    .set_response_timeout(Some(timeout));
+                client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+                    .map(Connection::Server)
+            }
+            Target::Cluster(client) => client.get_async_connection().await.map(Connection::Cluster),
+        }
+    }
+}
+
 struct Inner {
-    client: Option<Client>,
-    connection: RwLock<Option<MultiplexedConnection>>,
+    client: Option<Target>,
+    connection: RwLock<Option<Connection>>,
     key_prefix: String,
     command_timeout: Duration,
 }
@@ -39,7 +93,7 @@ struct Inner {
 impl RedisHandle {
     /// Never fails: a bad URL or an unreachable server leaves the handle disconnected.
     pub fn new(url: &str, key_prefix: &str, command_timeout: Duration) -> Self {
-        let client = Client::open(url)
+        let client = Target::open(url)
             .inspect_err(
                 |error| tracing::error!(%error, "redis url is invalid; running without redis"),
             )
@@ -69,7 +123,7 @@ impl RedisHandle {
             return Err(RedisError::Disconnected);
         };
         let outcome = tokio::time::timeout(self.inner.command_timeout, async {
-            let value = connection.req_packed_command(cmd).await?;
+            let value = connection.run(cmd).await?;
             T::from_redis_value(value).map_err(redis::RedisError::from)
         })
         .await;
@@ -103,13 +157,12 @@ impl RedisHandle {
         let Some(client) = self.inner.client.as_ref() else {
             return;
         };
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.inner.command_timeout * 5))
-            .set_response_timeout(Some(self.inner.command_timeout));
-        match client
-            .get_multiplexed_async_connection_with_config(&config)
+        let connecting = client.connect(self.inner.command_timeout);
+        let timeout = self.inner.command_timeout * 5;
+        let connected = tokio::time::timeout(timeout, connecting)
             .await
-        {
+            .unwrap_or_else(|_| Err((redis::ErrorKind::Io, "connect timed out").into()));
+        match connected {
             Ok(connection) => {
                 tracing::info!("redis connected");
                 *self.inner.connection.write().await = Some(connection);

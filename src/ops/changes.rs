@@ -41,18 +41,20 @@ pub enum Change<'a> {
     Unknown,
 }
 
-/// Listens on its own connection to `database_url` until `shutdown`, calling `on_change`
+/// Listens on its own connection to `database_url()` (asked again on every reconnect, so
+/// it can follow a new primary) until `shutdown`, calling `on_change`
 /// for every announcement. Connection failures are retried every second; each new
 /// connection starts with [`Change::Unknown`].
 pub async fn follow(
-    database_url: String,
+    database_url: impl Fn() -> String + Send,
     shutdown: CancellationToken,
     on_change: impl Fn(Change<'_>) + Send,
 ) {
     loop {
+        let url = database_url();
         let listened = tokio::select! {
             () = shutdown.cancelled() => return,
-            listened = listen(&database_url, &shutdown, &on_change) => listened,
+            listened = listen(&url, &shutdown, &on_change) => listened,
         };
         if let Err(error) = listened {
             tracing::warn!(%error, "deal change listener lost PostgreSQL; retrying");

@@ -17,6 +17,11 @@ use crate::config::DatabaseSettings;
 use crate::telemetry;
 
 mod pooler;
+pub mod primary;
+
+use std::sync::Arc;
+
+use primary::Primary;
 
 /// SQL errors as the callers see them.
 #[derive(Debug, thiserror::Error)]
@@ -86,32 +91,94 @@ pub struct Pools {
     pub admin: PgPool,
     /// Payment webhooks: confirming money must not queue behind a sale storm.
     pub webhook: PgPool,
+    /// Which of the configured hosts is primary.
+    pub primary: Arc<Primary>,
+}
+
+/// One pool's options, with the hooks that keep it on the primary and, behind a
+/// transaction pooler, make each checkout one transaction.
+fn pool_options(
+    settings: &DatabaseSettings,
+    primary: &Arc<Primary>,
+    max: u32,
+    acquire_timeout_ms: u64,
+) -> PgPoolOptions {
+    let pooled = settings.transaction_pooler;
+    let timeout_ms = settings.statement_timeout_ms;
+    let several = primary.several();
+    let (on_acquire, on_release) = (primary.clone(), primary.clone());
+    PgPoolOptions::new()
+        .max_connections(max)
+        .min_connections(0)
+        .acquire_timeout(Duration::from_millis(acquire_timeout_ms))
+        .test_before_acquire(false)
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                // target_session_attrs=read-write: a standby is never written to.
+                if several && !primary::accepts_writes(conn).await? {
+                    return Err(sqlx::Error::Protocol(
+                        "connected to a standby while looking for the primary".into(),
+                    ));
+                }
+                if pooled {
+                    pooler::begin(conn, timeout_ms).await?;
+                }
+                Ok(())
+            })
+        })
+        .before_acquire(move |conn, meta| {
+            let stale = on_acquire.is_stale(meta.age);
+            Box::pin(async move {
+                if stale {
+                    return Ok(false);
+                }
+                if pooled {
+                    pooler::begin(conn, timeout_ms).await?;
+                }
+                Ok(true)
+            })
+        })
+        .after_release(move |conn, meta| {
+            let stale = on_release.is_stale(meta.age);
+            Box::pin(async move {
+                if pooled {
+                    pooler::commit(conn).await?;
+                }
+                Ok(!stale)
+            })
+        })
 }
 
 impl Pools {
     /// Lazily connecting pools: nothing is dialled until first use.
     pub fn new(settings: &DatabaseSettings) -> Result<Self, sqlx::Error> {
-        let options = connect_options(settings, &settings.url)?;
+        let urls = primary::split_hosts(&settings.url);
+        let options = urls
+            .iter()
+            .map(|url| connect_options(settings, url))
+            .collect::<Result<Vec<_>, _>>()?;
+        let primary = Primary::new(urls, options);
         let pool = |max: u32, acquire_timeout_ms: u64| {
-            let acquire_timeout = Duration::from_millis(acquire_timeout_ms);
-            let pool = PgPoolOptions::new()
-                .max_connections(max)
-                .min_connections(0)
-                .acquire_timeout(acquire_timeout)
-                .test_before_acquire(false);
-            let pool = if settings.transaction_pooler {
-                pooler::one_transaction_per_checkout(pool, settings.statement_timeout_ms)
-            } else {
-                pool
-            };
-            pool.connect_lazy_with(options.clone())
+            pool_options(settings, &primary, max, acquire_timeout_ms)
+                .connect_lazy_with(primary.options())
         };
         Ok(Self {
             request: pool(settings.request_pool_max, settings.acquire_timeout_ms),
             background: pool(settings.background_pool_max, settings.acquire_timeout_ms),
             admin: pool(settings.admin_pool_max, settings.admin_acquire_timeout_ms),
             webhook: pool(settings.webhook_pool_max, settings.admin_acquire_timeout_ms),
+            primary,
         })
+    }
+
+    /// Every pool, for following the primary.
+    pub fn all(&self) -> Vec<PgPool> {
+        vec![
+            self.request.clone(),
+            self.background.clone(),
+            self.admin.clone(),
+            self.webhook.clone(),
+        ]
     }
 
     /// Publishes pool occupancy; called by the metrics sampler.
@@ -139,15 +206,25 @@ const MIGRATION_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Applies pending migrations on a dedicated connection. sqlx holds a PostgreSQL advisory
 /// lock while migrating, so instances that start together apply each migration once.
 pub async fn migrate(settings: &DatabaseSettings) -> Result<(), sqlx::migrate::MigrateError> {
-    let options = connect_options(
-        &DatabaseSettings {
-            transaction_pooler: false,
-            ..settings.clone()
-        },
-        direct_url(settings),
-    )?;
-    let mut connection = tokio::time::timeout(MIGRATION_CONNECT_TIMEOUT, options.connect())
-        .await
-        .map_err(|_| sqlx::Error::PoolTimedOut)??;
-    sqlx::migrate!("./migrations").run(&mut connection).await
+    let direct = DatabaseSettings {
+        transaction_pooler: false,
+        ..settings.clone()
+    };
+    let mut last = sqlx::Error::PoolTimedOut;
+    for url in primary::split_hosts(direct_url(settings)) {
+        let options = connect_options(&direct, &url)?;
+        let mut connection =
+            match tokio::time::timeout(MIGRATION_CONNECT_TIMEOUT, options.connect()).await {
+                Ok(Ok(connection)) => connection,
+                Ok(Err(error)) => {
+                    last = error;
+                    continue;
+                }
+                Err(_) => continue,
+            };
+        if primary::accepts_writes(&mut connection).await? {
+            return sqlx::migrate!("./migrations").run(&mut connection).await;
+        }
+    }
+    Err(last.into())
 }

@@ -13,46 +13,32 @@
 //!   the pooler runs `DEALLOCATE ALL` after each one (`server_reset_query_always = 1`);
 //! - the statement timeout is set with `SET LOCAL`, as the pooler drops startup options.
 
-use sqlx::pool::PoolOptions;
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{AssertSqlSafe, Executor, Postgres};
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::{AssertSqlSafe, Executor};
 
 /// Connection options for the pooler: no statement cache, no startup parameters it rejects.
 pub(super) fn options(options: PgConnectOptions) -> PgConnectOptions {
     options.statement_cache_capacity(0).extra_float_digits(None)
 }
 
-/// Hooks that make each checkout one transaction.
-pub(super) fn one_transaction_per_checkout(
-    pool: PoolOptions<Postgres>,
+/// Opens the transaction a checkout runs in. Notices of the nested `BEGIN` and `COMMIT`
+/// of the code's own transactions are expected; as warnings they would only be noise.
+pub(super) async fn begin(
+    conn: &mut PgConnection,
     statement_timeout_ms: u64,
-) -> PoolOptions<Postgres> {
-    // Notices of the nested BEGIN/COMMIT are expected; warnings would only be noise.
+) -> Result<(), sqlx::Error> {
     let begin = format!(
         "BEGIN; SET LOCAL client_min_messages = error; \
          SET LOCAL statement_timeout = {statement_timeout_ms}"
     );
-    let on_connect = begin.clone();
-    pool.after_connect(move |conn, _| {
-        let begin = on_connect.clone();
-        Box::pin(async move {
-            conn.execute(sqlx::raw_sql(AssertSqlSafe(begin))).await?;
-            Ok(())
-        })
-    })
-    .before_acquire(move |conn, _| {
-        let begin = begin.clone();
-        Box::pin(async move {
-            conn.execute(sqlx::raw_sql(AssertSqlSafe(begin))).await?;
-            Ok(true)
-        })
-    })
-    .after_release(|conn, _| {
-        Box::pin(async move {
-            // An aborted transaction is rolled back by COMMIT; none open, it does nothing.
-            conn.execute(sqlx::raw_sql("SET client_min_messages = error; COMMIT"))
-                .await?;
-            Ok(true)
-        })
-    })
+    conn.execute(sqlx::raw_sql(AssertSqlSafe(begin))).await?;
+    Ok(())
+}
+
+/// Commits the checkout's transaction. An aborted one is rolled back by COMMIT; when the
+/// code's own transaction already ended it, COMMIT does nothing.
+pub(super) async fn commit(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    conn.execute(sqlx::raw_sql("SET client_min_messages = error; COMMIT"))
+        .await?;
+    Ok(())
 }

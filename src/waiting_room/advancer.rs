@@ -1,7 +1,8 @@
 //! The advancer: one instance at a time moves every waiting-room line.
 //!
 //! Every instance runs this task; the one holding the Redis lease (`SET NX PX`, renewed
-//! every step, fenced: each script checks the token first) advances. If it dies, the lease
+//! every step, fenced: taking it bumps an epoch, and each line script refuses an epoch older
+//! than one that already touched the line) advances. If it dies, the lease
 //! runs out after `waiting_room.lease_ttl_ms` and the next instance to try takes over; the
 //! admission budget lives in Redis, so the rate carries on where it stopped. Each step, for
 //! each deal with a waiting room: pass expiry frees slots, the deal is marked sold out (from
@@ -24,11 +25,24 @@ use super::{QueueError, WaitingRoom, shuffle};
 use crate::config::millis;
 use crate::deals::WaitingRoomTerms;
 use crate::inventory;
+use crate::redis_link::RedisHandle;
 use crate::store::StoreError;
 use crate::telemetry;
 
-/// The lease key, under `redis.key_prefix`.
-pub const LEASE_KEY: &str = "wr:lease";
+/// The advancer's keys under `redis.key_prefix`, in the order `RENEW` expects: the lease,
+/// the lines version (bumped when a line takes its first ticket, so the advancer reads new
+/// lines at once) and the lease epoch. One hash tag: one Redis Cluster slot.
+fn lease_keys(redis: &RedisHandle) -> [String; 3] {
+    [
+        redis.key("wr:{advancer}:lease"),
+        lines_version_key(redis),
+        redis.key("wr:{advancer}:epoch"),
+    ]
+}
+
+pub fn lines_version_key(redis: &RedisHandle) -> String {
+    redis.key("wr:{advancer}:lines_version")
+}
 
 /// Most deals with a waiting room advanced at once.
 const LINES_MAX: i64 = 1000;
@@ -75,6 +89,8 @@ struct Advancer {
     room: WaitingRoom,
     pool: PgPool,
     token: String,
+    /// The lease epoch this advancer holds the lease in; fences the line scripts.
+    epoch: String,
     holding: bool,
     lines: Vec<Line>,
     read_at: Option<Instant>,
@@ -92,6 +108,7 @@ pub async fn run(room: WaitingRoom, pool: PgPool, shutdown: CancellationToken) {
         room,
         pool,
         token: hex::encode(rand::random::<[u8; 16]>()),
+        epoch: String::new(),
         holding: false,
         lines: Vec::new(),
         read_at: None,
@@ -114,8 +131,9 @@ pub async fn run(room: WaitingRoom, pool: PgPool, shutdown: CancellationToken) {
 impl Advancer {
     async fn tick(&mut self) {
         let was_holding = self.holding;
-        let (holding, version, redis_now_ms) = self.hold_lease().await;
+        let (holding, version, redis_now_ms, epoch) = self.hold_lease().await;
         self.holding = holding;
+        self.epoch = epoch.to_string();
         if self.holding != was_holding {
             tracing::info!(
                 holding = self.holding,
@@ -139,8 +157,9 @@ impl Advancer {
             self.read_at = Some(Instant::now());
         }
         let lines = std::mem::take(&mut self.lines);
+        let sold_out = self.sold_out().await;
         for line in &lines {
-            match self.advance(line).await {
+            match self.advance(line, sold_out.contains(&line.id)).await {
                 Ok(Some(step)) => self.record(line, step),
                 Ok(None) => break,
                 Err(error) => tracing::debug!(%error, deal = line.id, "line not advanced"),
@@ -150,31 +169,47 @@ impl Advancer {
     }
 
     /// Renews the lease if it is ours, takes it if it is free: (held, lines version, Redis's
-    /// clock in ms). A renewal that failed (a Redis timeout) is retried on the next tick with
-    /// the same token.
-    async fn hold_lease(&self) -> (bool, i64, i64) {
+    /// clock in ms, lease epoch). A renewal that failed (a Redis timeout) is retried on the
+    /// next tick with the same token.
+    async fn hold_lease(&self) -> (bool, i64, i64, i64) {
         let ttl = self.room.settings.lease_ttl_ms.to_string();
+        let keys = lease_keys(&self.room.redis);
         let held = self
             .room
-            .eval::<(i64, i64, i64)>(&self.room.scripts.renew, "", &[&self.token, &ttl])
+            .eval_keys::<(i64, i64, i64, i64)>(
+                &self.room.scripts.renew,
+                &keys,
+                &[&self.token, &ttl],
+            )
             .await;
         match held {
-            Ok((held, version, now_ms)) => (held == 1, version, now_ms),
-            Err(_) => (false, self.version, 0),
+            Ok((held, version, now_ms, epoch)) => (held == 1, version, now_ms, epoch),
+            Err(_) => (false, self.version, 0, 0),
         }
     }
 
     async fn resign(&self) {
         if self.holding {
+            let keys = lease_keys(&self.room.redis);
             let _ = self
                 .room
-                .eval::<i64>(&self.room.scripts.resign, "", &[&self.token])
+                .eval_keys::<i64>(&self.room.scripts.resign, &keys[..1], &[&self.token])
                 .await;
         }
     }
 
+    /// The deals flagged sold out in the shared set; empty when it cannot be read (the
+    /// stock snapshot still stops admissions).
+    async fn sold_out(&self) -> Vec<String> {
+        let redis = &self.room.redis;
+        let cmd = redis::cmd("SMEMBERS")
+            .arg(redis.key(crate::admission::soldout::SET_KEY))
+            .clone();
+        redis.run(&cmd).await.unwrap_or_default()
+    }
+
     /// One step of one line; `None` when the lease turned out to be lost.
-    async fn advance(&self, line: &Line) -> Result<Option<Step>, QueueError> {
+    async fn advance(&self, line: &Line, sold_out: bool) -> Result<Option<Step>, QueueError> {
         let now = Utc::now();
         let open = line.is_open(now);
         let mut may_admit = open && !line.paused;
@@ -184,8 +219,8 @@ impl Advancer {
         let s = &self.room.settings;
         let terms = &line.terms;
         let args = [
-            self.token.clone(),
-            line.id.clone(),
+            self.epoch.clone(),
+            u8::from(sold_out).to_string(),
             terms.admit_per_second.to_string(),
             terms.max_active.to_string(),
             line.available.to_string(),
@@ -231,7 +266,7 @@ impl Advancer {
         let seed = shuffle::new_seed();
         let hash = shuffle::commitment(&seed);
         let max = room.settings.shuffle_tickets_max.to_string();
-        let args = [self.token.as_str(), &seed, &hash, &max];
+        let args = [self.epoch.as_str(), &seed, &hash, &max];
         let (size, seed, shuffled): (i64, String, i64) =
             room.eval(&room.scripts.freeze, deal_id, &args).await?;
         if size < 0 {
@@ -245,14 +280,14 @@ impl Advancer {
         let mut start = 0;
         while start < size {
             let stop = (start + SHUFFLE_CHUNK).min(size) - 1;
-            let range = [self.token.clone(), start.to_string(), stop.to_string()];
+            let range = [self.epoch.clone(), start.to_string(), stop.to_string()];
             let range: Vec<&str> = range.iter().map(String::as_str).collect();
             let tickets: Option<Vec<String>> =
                 room.eval(&room.scripts.issued, deal_id, &range).await?;
             let Some(tickets) = tickets else {
                 return Ok(false);
             };
-            let mut args = vec![self.token.clone()];
+            let mut args = vec![self.epoch.clone()];
             for (k, ticket) in tickets.into_iter().enumerate() {
                 args.push(positions[start as usize + k].to_string());
                 args.push(ticket);
@@ -268,7 +303,7 @@ impl Advancer {
             start = stop + 1;
         }
         let done: i64 = room
-            .eval(&room.scripts.shuffled, deal_id, &[&self.token])
+            .eval(&room.scripts.shuffled, deal_id, &[&self.epoch])
             .await?;
         if done == 0 {
             tracing::info!(deal_id, size, "pre-queue shuffled; seed published");

@@ -128,18 +128,21 @@ pub struct Drained {
     pub passes_active: u64,
 }
 
-/// Bumped when a line takes its first ticket, so the advancer reads new lines at once.
-const LINES_VERSION_KEY: &str = "wr:lines_version";
-
 /// Waiting tickets expired per script while draining, so no single script runs long.
 const DRAIN_CHUNK: u64 = 1000;
 
+/// The Redis key of a line's `name`: the deal id is its hash tag, so on a Redis Cluster all
+/// of one line's keys are in one slot, and lines spread over the cluster.
+fn line_key(redis: &RedisHandle, deal_id: &str, name: &str) -> String {
+    redis.key(&format!("wr:{{{deal_id}}}:{name}"))
+}
+
 /// The Redis keys of one deal's line, in the order the scripts expect.
-struct Keys([String; 16]);
+struct Keys([String; 12]);
 
 impl Keys {
     fn of(redis: &RedisHandle, deal_id: &str) -> Self {
-        let deal = |name: &str| redis.key(&format!("wr:{deal_id}:{name}"));
+        let deal = |name: &str| line_key(redis, deal_id, name);
         Keys([
             deal("meta"),
             deal("users"),
@@ -151,12 +154,8 @@ impl Keys {
             deal("t_skip"),
             deal("line"),
             deal("active"),
-            redis.key(advancer::LEASE_KEY),
-            redis.key(crate::admission::soldout::SET_KEY),
             deal("issued"),
             deal("used"),
-            redis.key(LINES_VERSION_KEY),
-            redis.key(revocation::STREAM_KEY),
         ])
     }
 }
@@ -199,11 +198,21 @@ impl WaitingRoom {
         deal_id: &str,
         args: &[&str],
     ) -> Result<T, RedisError> {
-        let keys = Keys::of(&self.redis, deal_id);
+        self.eval_keys(script, &Keys::of(&self.redis, deal_id).0, args)
+            .await
+    }
+
+    /// Runs `script` on `keys` (of one Redis Cluster slot) with `args`.
+    async fn eval_keys<T: redis::FromRedisValue>(
+        &self,
+        script: &str,
+        keys: &[String],
+        args: &[&str],
+    ) -> Result<T, RedisError> {
         let cmd = redis::cmd("EVAL")
             .arg(script)
-            .arg(keys.0.len())
-            .arg(&keys.0[..])
+            .arg(keys.len())
+            .arg(keys)
             .arg(args)
             .clone();
         self.redis.run(&cmd).await
@@ -223,7 +232,15 @@ impl WaitingRoom {
         let keys_ttl = (self.settings.keys_ttl_seconds * 1000).to_string();
         let args = [user, &ticket, &seed, &hash, &keys_ttl];
         let reply: Value = self.eval(&self.scripts.join, &deal.id, &args).await?;
-        parse_status(reply)?.ok_or(QueueError::Closed)
+        let status = parse_status(reply)?.ok_or(QueueError::Closed)?;
+        if status.position == 1 {
+            // A new line, or its first buyer again: the advancer reads the lines at once.
+            let bump = redis::cmd("INCR")
+                .arg(advancer::lines_version_key(&self.redis))
+                .clone();
+            self.redis.run::<i64>(&bump).await?;
+        }
+        Ok(status)
     }
 
     /// Closes the deal's line for good: no new tickets, no more passes, and every ticket
@@ -296,7 +313,7 @@ impl WaitingRoom {
     pub async fn challenge(&self, deal: &Deal, user: &str) -> Result<Challenge, QueueError> {
         let base = u32::try_from(deal.waiting_room.pow_bits).unwrap_or(0);
         let cmd = redis::cmd("ZCARD")
-            .arg(self.redis.key(&format!("wr:{}:line", deal.id)))
+            .arg(line_key(&self.redis, &deal.id, "line"))
             .clone();
         let waiting: u64 = self.redis.run(&cmd).await?;
         let s = &self.settings;
@@ -342,14 +359,15 @@ impl WaitingRoom {
     /// `revocation_poll_ms`, here at once, and a waiting ticket leaves the line. Returns the
     /// revoked ticket, `None` when the user never queued.
     pub async fn revoke(&self, deal_id: &str, user: &str) -> Result<Option<String>, QueueError> {
-        let stream_max = self.settings.revocations_max.to_string();
-        let revoked: Option<(String, i64)> = self
-            .eval(&self.scripts.revoke, deal_id, &[user, &stream_max, deal_id])
-            .await?;
+        let revoked: Option<(String, i64)> =
+            self.eval(&self.scripts.revoke, deal_id, &[user]).await?;
         let Some((ticket, until_ms)) = revoked else {
             return Ok(None);
         };
         self.revoked.insert(&ticket, until_ms);
+        // Not in the script: the stream is shared by all lines, so on a Redis Cluster it
+        // lives in another slot. A failure here is returned; revoking again is harmless.
+        revocation::announce(self, deal_id, &ticket, until_ms).await?;
         metrics::counter!(telemetry::WAITING_ROOM_REVOKED).increment(1);
         Ok(Some(ticket))
     }

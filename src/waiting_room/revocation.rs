@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::WaitingRoom;
 use crate::config::millis;
+use crate::redis_link::RedisError;
 
 /// The stream, under `redis.key_prefix`.
 pub const STREAM_KEY: &str = "wr:revoked";
@@ -43,6 +44,29 @@ impl Revoked {
 
 /// One stream entry: its id and its field/value pairs.
 type Entry = (String, Vec<String>);
+
+/// Appends a revoked pass to the stream, trimmed to about `revocations_max` entries.
+pub(super) async fn announce(
+    room: &WaitingRoom,
+    deal_id: &str,
+    pass_id: &str,
+    until_ms: i64,
+) -> Result<(), RedisError> {
+    let cmd = redis::cmd("XADD")
+        .arg(room.redis.key(STREAM_KEY))
+        .arg("MAXLEN")
+        .arg("~")
+        .arg(room.settings.revocations_max)
+        .arg("*")
+        .arg("deal")
+        .arg(deal_id)
+        .arg("pass")
+        .arg(pass_id)
+        .arg("until")
+        .arg(until_ms)
+        .clone();
+    room.redis.run::<String>(&cmd).await.map(drop)
+}
 
 /// Follows the revocation stream until `shutdown`.
 pub async fn follow(room: WaitingRoom, shutdown: CancellationToken) {

@@ -1,5 +1,7 @@
 //! The Lua scripts that change a line. Each step is one script, so it is atomic in Redis and
-//! every instance sees one line. All take the same KEYS, in the order of `Keys::all`:
+//! every instance sees one line. The line scripts take the same KEYS, in the order of
+//! `Keys::of`, all of one deal and so of one Redis Cluster slot (their names share the
+//! deal's hash tag); nothing shared by all lines is touched by them:
 //!
 //! 1 `meta` hash: `seq` (tickets issued), `admitted_through`, `admitted_total`,
 //!   `abandoned_total`, `state` (`sold_out` while sold out), `sold_out_at`, `budget`,
@@ -9,10 +11,14 @@
 //! 5 `t_issue` ticket → issue number; 6 `t_seen` ticket → last poll (ms);
 //! 7 `t_adm` ticket → pass expiry (ms), once admitted; 8 `t_skip` ticket → skipped at (ms);
 //! 9 `line` sorted set of waiting tickets by position; 10 `active` sorted set of passes by
-//! expiry (ms); 11 the advancer lease; 12 the shared sold-out set; 13 `issued` list of
-//! tickets in issue order; 14 `used` sorted set of passes that placed an order, by the time
-//! they did (ms); 15 the lines version, bumped when a new line takes its first ticket; 16 the
-//! revocation stream every instance reads.
+//! expiry (ms); 11 `issued` list of tickets in issue order; 12 `used` sorted set of passes
+//! that placed an order, by the time they did (ms).
+//!
+//! The lease scripts (`RENEW`, `RESIGN`) take the advancer's keys, of one slot of their own:
+//! 1 the lease; 2 the lines version, bumped when a new line takes its first ticket; 3 the
+//! lease epoch, bumped whenever the lease changes hands. A line script run by the advancer
+//! is fenced by that epoch rather than by reading the lease: `meta` remembers the highest
+//! epoch that touched the line, and an older one is refused.
 //!
 //! `meta` also keeps `units_left`: the units of the last stock snapshot not yet promised to
 //! an outstanding pass, which polls report as the buyer's odds.
@@ -50,19 +56,24 @@ local function ensure_seed(seed, hash)
     redis.call('HSET', KEYS[1], 'seed', seed, 'seed_sha256', hash)
   end
 end
-local function holds_lease(token)
-  return redis.call('GET', KEYS[11]) == token
+local function holds_lease(epoch)
+  epoch = tonumber(epoch)
+  local seen = tonumber(redis.call('HGET', KEYS[1], 'lease_epoch') or '0')
+  if epoch < seen then return false end
+  if epoch > seen then redis.call('HSET', KEYS[1], 'lease_epoch', epoch) end
+  return true
 end
 "#;
 
 /// ARGV: user, a fresh ticket id, seed, seed hash (both empty for fifo), keys ttl ms.
 /// Returns the status of the user's one ticket, issuing it on first call; nil when the user
 /// has none and the line was closed (`DRAIN`). Every join pushes the expiry of the line's
-/// keys out, so a finished line leaves Redis on its own.
+/// keys out, so a finished line leaves Redis on its own. The caller bumps the lines
+/// version when the ticket is the line's first.
 const JOIN: &str = r#"
 local now = now_ms()
 for i = 1, 10 do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
-redis.call('PEXPIRE', KEYS[13], ARGV[5])
+redis.call('PEXPIRE', KEYS[11], ARGV[5])
 local t = redis.call('HGET', KEYS[2], ARGV[1])
 if not t then
   if redis.call('HEXISTS', KEYS[1], 'closed_at') == 1 then return false end
@@ -73,9 +84,8 @@ if not t then
   redis.call('HSET', KEYS[4], t, n)
   redis.call('HSET', KEYS[5], t, n)
   redis.call('ZADD', KEYS[9], n, t)
-  redis.call('RPUSH', KEYS[13], t)
+  redis.call('RPUSH', KEYS[11], t)
   ensure_seed(ARGV[3], ARGV[4])
-  if n == 1 then redis.call('INCR', KEYS[15]) end
 end
 redis.call('HSET', KEYS[6], t, now)
 return status(t, now)
@@ -106,15 +116,15 @@ return {m[1] or '0', tostring(redis.call('ZCARD', KEYS[9])), m[2] or '', m[3] or
 /// counts its unit as taken until a stock snapshot younger than that shows it.
 const RELEASE: &str = r#"
 local freed = redis.call('ZREM', KEYS[10], ARGV[1])
-redis.call('ZADD', KEYS[14], now_ms(), ARGV[1])
-redis.call('PEXPIRE', KEYS[14], ARGV[2])
+redis.call('ZADD', KEYS[12], now_ms(), ARGV[1])
+redis.call('PEXPIRE', KEYS[12], ARGV[2])
 return freed
 "#;
 
-/// ARGV: user, revocation stream length max, deal id. Ends the user's session on the line: a pass
-/// stops working (its slot frees), a waiting ticket leaves the line; both read `expired`.
-/// Appends {deal, ticket, until ms} to the revocation stream every instance follows.
-/// Returns {ticket, until ms}, or false when the user has none.
+/// ARGV: user. Ends the user's session on the line: a pass stops working (its slot frees), a
+/// waiting ticket leaves the line; both read `expired`. Returns {ticket, until ms} for the
+/// caller to append to the revocation stream every instance follows, or false when the
+/// user has none.
 const REVOKE: &str = r#"
 local t = redis.call('HGET', KEYS[2], ARGV[1])
 if not t then return false end
@@ -124,13 +134,10 @@ if until_ms > now then redis.call('HSET', KEYS[7], t, now) end
 if redis.call('ZREM', KEYS[9], t) == 1 then redis.call('HSET', KEYS[8], t, now) end
 redis.call('ZREM', KEYS[10], t)
 redis.call('HINCRBY', KEYS[1], 'revoked_total', 1)
-local keep = tostring(math.max(until_ms, now))
-redis.call('XADD', KEYS[16], 'MAXLEN', '~', ARGV[2], '*', 'deal', ARGV[3], 'pass', t,
-  'until', keep)
-return {t, keep}
+return {t, tostring(math.max(until_ms, now))}
 "#;
 
-/// ARGV: lease token, deal id, admit_per_second, max_active, units available in the last
+/// ARGV: lease epoch, flagged sold out (0/1, from the shared sold-out set), admit_per_second, max_active, units available in the last
 /// stock snapshot (-1: unknown), pass ttl ms, abandon grace ms, when that snapshot was taken
 /// (Redis ms, read before the query), tickets max, burst ms, may admit (0/1), keys ttl ms,
 /// stock multiple, snapshot age max ms.
@@ -145,7 +152,7 @@ if not holds_lease(ARGV[1]) then return {-1, 0, 0, 0} end
 local now = now_ms()
 local age_max = tonumber(ARGV[14])
 redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', now)
-redis.call('ZREMRANGEBYSCORE', KEYS[14], '-inf', now - 2 * age_max)
+redis.call('ZREMRANGEBYSCORE', KEYS[12], '-inf', now - 2 * age_max)
 local active = redis.call('ZCARD', KEYS[10])
 local waiting = redis.call('ZCARD', KEYS[9])
 if redis.call('HEXISTS', KEYS[1], 'closed_at') == 1 then return {0, 0, active, waiting} end
@@ -161,9 +168,9 @@ local available, snap_at = tonumber(ARGV[5]), tonumber(ARGV[8])
 local stale = available >= 0 and now - snap_at > age_max
 local unsold = nil
 if available >= 0 and not stale then
-  unsold = available - redis.call('ZCOUNT', KEYS[14], snap_at, '+inf')
+  unsold = available - redis.call('ZCOUNT', KEYS[12], snap_at, '+inf')
 end
-if (unsold and unsold <= 0) or redis.call('SISMEMBER', KEYS[12], ARGV[2]) == 1 then
+if (unsold and unsold <= 0) or ARGV[2] == '1' then
   if redis.call('HGET', KEYS[1], 'state') ~= 'sold_out' then
     redis.call('HSET', KEYS[1], 'state', 'sold_out', 'sold_out_at', now)
   end
@@ -239,7 +246,7 @@ end
 return {#batch, redis.call('ZCARD', KEYS[9]), redis.call('ZCARD', KEYS[10])}
 "#;
 
-/// ARGV: lease token, seed, seed hash, shuffle size max. Before a random-order line opens:
+/// ARGV: lease epoch, seed, seed hash, shuffle size max. Before a random-order line opens:
 /// fixes the pre-queue (`prequeue_size`, once) and the seed. Returns {prequeue size,
 /// seed, shuffled (0/1)}, or {-1} without the lease.
 const FREEZE: &str = r#"
@@ -254,13 +261,13 @@ end
 return {tonumber(size), m[3], (m[4] == '1') and 1 or 0}
 "#;
 
-/// ARGV: lease token, start, stop. The tickets issued `start+1`-th to `stop+1`-th.
+/// ARGV: lease epoch, start, stop. The tickets issued `start+1`-th to `stop+1`-th.
 const ISSUED: &str = r#"
 if not holds_lease(ARGV[1]) then return false end
-return redis.call('LRANGE', KEYS[13], ARGV[2], ARGV[3])
+return redis.call('LRANGE', KEYS[11], ARGV[2], ARGV[3])
 "#;
 
-/// ARGV: lease token, then position, ticket pairs. Moves tickets to their shuffled places.
+/// ARGV: lease epoch, then position, ticket pairs. Moves tickets to their shuffled places.
 const PLACE: &str = r#"
 if not holds_lease(ARGV[1]) then return -1 end
 for i = 2, #ARGV, 2 do
@@ -270,30 +277,36 @@ end
 return 0
 "#;
 
-/// ARGV: lease token. Marks the shuffle done, which publishes the seed.
+/// ARGV: lease epoch. Marks the shuffle done, which publishes the seed.
 const SHUFFLED: &str = r#"
 if not holds_lease(ARGV[1]) then return -1 end
 redis.call('HSET', KEYS[1], 'shuffled', '1')
 return 0
 "#;
 
-/// ARGV: lease token, ttl ms. Renews the lease if ours, takes it if free. Returns {1 when
-/// held, the lines version, Redis's clock in ms}: a new version means a new line to read.
+/// ARGV: lease token, ttl ms. Renews the lease if ours, takes it if free (a new epoch: past
+/// the last one and at least Redis's clock in ms, so it still grows if the epoch key was
+/// lost while lines kept the one they saw).
+/// Returns {1 when held, the lines version, Redis's clock in ms, the lease epoch}: a new
+/// version means a new line to read.
 const RENEW: &str = r#"
 local held = 0
-if holds_lease(ARGV[1]) then
-  redis.call('PEXPIRE', KEYS[11], ARGV[2])
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
   held = 1
-elseif redis.call('SET', KEYS[11], ARGV[1], 'NX', 'PX', ARGV[2]) then
+elseif redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local last = tonumber(redis.call('GET', KEYS[3]) or '0')
+  redis.call('SET', KEYS[3], string.format('%d', math.max(last + 1, now_ms())))
   held = 1
 end
-return {held, tonumber(redis.call('GET', KEYS[15]) or '0'), now_ms()}
+return {held, tonumber(redis.call('GET', KEYS[2]) or '0'), now_ms(),
+  tonumber(redis.call('GET', KEYS[3]) or '0')}
 "#;
 
 /// ARGV: lease token. Gives the lease up on shutdown, if still ours.
 const RESIGN: &str = r#"
-if not holds_lease(ARGV[1]) then return 0 end
-redis.call('DEL', KEYS[11])
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
 return 1
 "#;
 

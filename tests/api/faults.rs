@@ -79,8 +79,9 @@ async fn an_old_sold_out_flag_restored_in_redis_does_not_stick() {
     app.wait_for_deal_state(&deal, "sold_out").await;
     app.adjust_stock(&deal, 5).await.expect(200);
     app.wait_for_deal_state(&deal, "open").await;
-    let client = redis::Client::open(app.settings.redis.url.as_str()).unwrap();
-    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+    let mut redis = crate::helpers::redis_connection(&app.settings.redis.url)
+        .await
+        .unwrap();
     let key = format!("{}soldout", app.settings.redis.key_prefix);
 
     // Act

@@ -201,8 +201,7 @@ async fn without_redis_each_gateway_keeps_its_share_of_the_user_budget() {
         let url = redis_url.clone();
         let key = format!("{}instances", settings.redis.key_prefix);
         async move {
-            let client = redis::Client::open(url).ok()?;
-            let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+            let mut conn = crate::helpers::redis_connection(&url).await.ok()?;
             let n: u32 = redis::cmd("ZCARD")
                 .arg(key)
                 .query_async(&mut conn)

@@ -13,6 +13,7 @@ mod batch_model;
 mod cancel_expiry;
 mod concurrency;
 mod deals;
+mod failover;
 mod faults;
 mod global_limits;
 mod grouping;

@@ -126,8 +126,9 @@ async fn a_sold_out_flag_contradicted_by_stock_is_a_finding() {
     let deal = app.given_deal(&new_deal("flagged", 5, 1)).await;
     let mut settings = app.settings.clone();
     settings.redis.key_prefix = format!("fgtest:{}:", unique_suffix());
-    let client = redis::Client::open(settings.redis.url.as_str()).unwrap();
-    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+    let mut redis = crate::helpers::redis_connection(&settings.redis.url)
+        .await
+        .unwrap();
     let key = format!("{}soldout", settings.redis.key_prefix);
     redis::cmd("SADD")
         .arg(&key)

@@ -211,15 +211,13 @@ async fn tickets_polls_and_passes_follow_the_contract() {
         "pass rejections are counted"
     );
     assert_eq!(crate::helpers::order_count(&app.db).await, 1);
-    let mut redis = redis::Client::open(app.settings.redis.url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
+    let mut redis = crate::helpers::redis_connection(&app.settings.redis.url)
         .await
         .unwrap();
     let prefix = &app.settings.redis.key_prefix;
     for name in ["meta", "users", "t_adm", "active"] {
         let ttl: i64 = redis::cmd("PTTL")
-            .arg(format!("{prefix}wr:{deal}:{name}"))
+            .arg(format!("{prefix}wr:{{{deal}}}:{name}"))
             .query_async(&mut redis)
             .await
             .unwrap();

@@ -271,12 +271,10 @@ async fn act(app: &TestApp, i: usize, user: &str, deal: &str, body: &Value, tall
 /// with no pass outstanding, for a second; returns the largest excess seen (orders in
 /// flight between the two reads show as +1 each).
 async fn watch_bound(app: Arc<TestApp>, deal: String, finished: Arc<AtomicBool>) -> i64 {
-    let mut redis = redis::Client::open(app.settings.redis.url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
+    let mut redis = crate::helpers::redis_connection(&app.settings.redis.url)
         .await
         .unwrap();
-    let active_key = format!("{}wr:{deal}:active", app.settings.redis.key_prefix);
+    let active_key = format!("{}wr:{{{deal}}}:active", app.settings.redis.key_prefix);
     let over_max = AtomicI64::new(i64::MIN);
     let mut quiet_since: Option<Instant> = None;
     let (mut zero_at, mut told_at): (Option<Instant>, Option<Duration>) = (None, None);

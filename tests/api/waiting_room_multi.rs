@@ -9,12 +9,11 @@ use std::time::{Duration, Instant};
 
 use flashgate::config::Settings;
 use futures_like::run_all;
-use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    Api, ChildGuard, Reply, TestDb, assert_invariants, delete_redis_keys, metric_value,
-    test_settings, unique_suffix,
+    Api, ChildGuard, Reply, TestDb, TestRedis, assert_invariants, delete_redis_keys, metric_value,
+    redis_connection, test_settings, unique_suffix,
 };
 use crate::multi_process::wait_until_healthy;
 use crate::waiting_room::{line, room_deal};
@@ -121,13 +120,12 @@ impl Cluster {
         }
     }
 
-    async fn redis(&self) -> MultiplexedConnection {
-        let client = redis::Client::open(self.settings.redis.url.as_str()).unwrap();
-        client.get_multiplexed_async_connection().await.unwrap()
+    async fn redis(&self) -> TestRedis {
+        redis_connection(&self.settings.redis.url).await.unwrap()
     }
 
     fn key(&self, deal: &str, name: &str) -> String {
-        format!("{}wr:{deal}:{name}", self.settings.redis.key_prefix)
+        format!("{}wr:{{{deal}}}:{name}", self.settings.redis.key_prefix)
     }
 
     pub(crate) async fn cleanup(mut self) {
@@ -172,7 +170,7 @@ mod futures_like {
 }
 
 /// Unexpired, unused-or-used passes: `t_adm` entries whose expiry is still ahead.
-async fn passes_outstanding(redis: &mut MultiplexedConnection, key: &str) -> usize {
+async fn passes_outstanding(redis: &mut TestRedis, key: &str) -> usize {
     let adm: HashMap<String, i64> = redis::cmd("HGETALL")
         .arg(key)
         .query_async(redis)

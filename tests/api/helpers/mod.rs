@@ -5,6 +5,7 @@ mod api;
 mod db;
 mod process;
 mod psp;
+mod redis_server;
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -21,6 +22,7 @@ pub use api::*;
 pub use db::*;
 pub use process::*;
 pub use psp::*;
+pub use redis_server::*;
 
 /// How long a test waits for something the gateway promises "within about a second".
 pub const EVENTUALLY: Duration = Duration::from_secs(3);
@@ -47,25 +49,6 @@ pub fn test_log() -> bool {
 
 pub fn unique_suffix() -> String {
     Uuid::now_v7().simple().to_string()
-}
-
-/// Removes every Redis key under `prefix`; best effort, a leak only costs memory.
-pub async fn delete_redis_keys(url: &str, prefix: &str) {
-    let Ok(client) = redis::Client::open(url) else {
-        return;
-    };
-    let connect = client.get_multiplexed_async_connection();
-    let Ok(Ok(mut conn)) = tokio::time::timeout(Duration::from_secs(1), connect).await else {
-        return;
-    };
-    let script =
-        "for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end return 0";
-    let _ = redis::cmd("EVAL")
-        .arg(script)
-        .arg(0)
-        .arg(format!("{prefix}*"))
-        .query_async::<i64>(&mut conn)
-        .await;
 }
 
 /// Settings for a test: compiled-in defaults, a fresh database and Redis prefix, generous
