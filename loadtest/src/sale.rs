@@ -139,6 +139,9 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
     ensure_loopback(&config.ops_url)?;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(config.concurrency)
+        // Dropped before the gateway's header read timeout closes them, so no request is
+        // sent on a connection the server is closing.
+        .pool_idle_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(10))
         .build()
         .map_err(|e| e.to_string())?;
