@@ -107,6 +107,10 @@ pub fn http_client_from(local: Option<IpAddr>) -> reqwest::Client {
         .local_address(local)
         .timeout(Duration::from_secs(30))
         .pool_max_idle_per_host(256)
+        // The gateway closes a keep-alive connection idle for `header_read_timeout_ms`; a
+        // request sent on it at that moment fails. Dropping idle connections well before
+        // avoids the race on a loaded machine.
+        .pool_idle_timeout(Duration::from_secs(2))
         .build()
         .expect("build HTTP client")
 }
