@@ -68,6 +68,7 @@ impl State {
             lanes: o.lanes,
             batch_max: o.batch_max,
             retries_max: o.retries_max,
+            commit_before_answer: settings.database.transaction_pooler,
         };
         let hook = payments
             .as_ref()

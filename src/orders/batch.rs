@@ -57,6 +57,8 @@ pub struct BatchOptions {
     /// The buckets this batch's lane draws from first; empty means any free bucket.
     pub share: Vec<i32>,
     pub hook: Option<Arc<dyn PlacementHook>>,
+    /// Runs the statement in a transaction of its own, committed before returning.
+    pub commit_before_answer: bool,
 }
 
 /// The answers of a batch, one per request in order.
@@ -141,7 +143,7 @@ async fn run(
     let fingerprints: Vec<&[u8]> = requests.iter().map(|r| r.fingerprint.as_slice()).collect();
     let units: Vec<i32> = requests.iter().map(|r| r.quantity).collect();
     let hook = options.hook.as_deref();
-    let rows: Vec<Row> = sqlx::query_as(
+    let query = sqlx::query_as(
         "SELECT * FROM orders_place_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
     )
     .bind(&deal.id)
@@ -154,9 +156,15 @@ async fn run(
     .bind(&options.share)
     .bind(wait_all)
     .bind(hook.map(PlacementHook::sql_function))
-    .bind(hook.map(PlacementHook::argument))
-    .fetch_all(pool)
-    .await?;
+    .bind(hook.map(PlacementHook::argument));
+    let rows: Vec<Row> = if options.commit_before_answer {
+        let mut tx = pool.begin().await?;
+        let rows = query.fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        rows
+    } else {
+        query.fetch_all(pool).await?
+    };
     assert!(
         rows.iter()
             .enumerate()

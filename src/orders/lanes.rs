@@ -35,6 +35,10 @@ pub struct LaneSettings {
     pub batch_max: usize,
     /// A batch that hit a deadlock or serialization failure runs again this many times.
     pub retries_max: u32,
+    /// Behind a transaction-pooling PgBouncer every checkout is one transaction that commits
+    /// only when the connection goes back to the pool, after the answers would be sent: the
+    /// batch then commits its own transaction before anyone is answered.
+    pub commit_before_answer: bool,
 }
 
 /// One order waiting for its batch.
@@ -176,6 +180,7 @@ async fn run_batch(context: &Context, lane: usize, lanes: usize, jobs: Vec<Job>)
     let options = BatchOptions {
         share: inventory::share(lane, lanes, deal.bucket_count),
         hook: context.hook.clone(),
+        commit_before_answer: context.settings.commit_before_answer,
     };
     let requests: Vec<Request> = jobs.iter().map(|job| job.request.clone()).collect();
     let size = requests.len();

@@ -116,6 +116,7 @@ async fn run_case(app: &TestApp, case: &Case) {
     let options = BatchOptions {
         share: vec![case.share],
         hook: None,
+        commit_before_answer: false,
     };
     let batch = place_batch(
         &app.db,
