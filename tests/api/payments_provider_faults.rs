@@ -107,7 +107,12 @@ async fn an_order_whose_create_was_lost_waits_for_the_provider_then_expires_with
     );
     let attempts = attempts_of(&app.db, &order_id).await;
     assert_eq!(attempts.len(), 1);
-    assert_eq!(attempts[0].status, "EXPIRED");
+    // The attempt ends with the order: expired by the sweeper, or failed by the provider's
+    // cancellation of its session when that webhook is recorded first.
+    assert!(
+        ["EXPIRED", "FAILED"].contains(&attempts[0].status.as_str()),
+        "{attempts:?}"
+    );
     assert_eq!(
         attempts[0].provider_payment_id.as_deref(),
         intents[0]["id"].as_str()
