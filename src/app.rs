@@ -99,10 +99,17 @@ impl Application {
         let background = CancellationToken::new();
         let tasks = TaskTracker::new();
         spawn_background(&tasks, &self.state, &background);
+        let tasks_stop = Duration::from_millis(self.state.settings.server.tasks_stop_ms);
         http::serve(self.listeners, self.state, self.shutdown.clone()).await;
         background.cancel();
         tasks.close();
-        tasks.wait().await;
+        if tokio::time::timeout(tasks_stop, tasks.wait()).await.is_err() {
+            tracing::warn!(
+                still_running = tasks.len(),
+                ?tasks_stop,
+                "background tasks did not stop in time; exiting without them"
+            );
+        }
         tracing::info!("stopped");
         Ok(())
     }

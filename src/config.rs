@@ -68,6 +68,10 @@ pub struct ServerSettings {
     /// After the signal, how long `/readyz` fails while requests are still served, so load
     /// balancers stop sending traffic before the listener closes.
     pub drain_delay_ms: u64,
+    /// After the connections are drained, how long background tasks (sweeper, outbox,
+    /// advancer) get to stop; a task still busy then is dropped mid-flight, which is safe
+    /// because each of its transactions rolls back, and the process exits anyway.
+    pub tasks_stop_ms: u64,
     /// Open connections one client address may hold; more are closed at once.
     pub connections_per_client_max: usize,
     /// A request body not fully received within this is answered 408.
