@@ -103,7 +103,10 @@ impl Application {
         http::serve(self.listeners, self.state, self.shutdown.clone()).await;
         background.cancel();
         tasks.close();
-        if tokio::time::timeout(tasks_stop, tasks.wait()).await.is_err() {
+        if tokio::time::timeout(tasks_stop, tasks.wait())
+            .await
+            .is_err()
+        {
             tracing::warn!(
                 still_running = tasks.len(),
                 ?tasks_stop,
