@@ -34,6 +34,7 @@ pub async fn start_payment(
         .get(AUTHORIZATION)
         .map(HeaderValue::as_bytes);
     let user = state.admission.authenticate(values)?;
+    super::router::record_user(&user);
     let order_id = Uuid::parse_str(raw_id).map_err(|_| Problem::not_found("no such order"))?;
     let key = request
         .headers()

@@ -11,6 +11,7 @@ use http::{Response, StatusCode};
 use http_body_util::Full;
 use serde::Serialize;
 
+use super::request_id::RequestId;
 use crate::admission::Rejection;
 use crate::admission::limits::Limited;
 use crate::admission::token::TokenError;
@@ -43,6 +44,9 @@ pub enum Kind {
     ReservationExpired,
     PaymentAttemptsExhausted,
     ChallengeRequired,
+    MethodNotAllowed,
+    OrderNotPending,
+    PayloadTooLarge,
 }
 
 impl Kind {
@@ -64,6 +68,9 @@ impl Kind {
                 ("payment-attempts-exhausted", "Too many payment attempts")
             }
             Kind::ChallengeRequired => ("challenge-required", "Proof of work required"),
+            Kind::MethodNotAllowed => ("method-not-allowed", "Method not allowed"),
+            Kind::OrderNotPending => ("order-not-pending", "Order not pending"),
+            Kind::PayloadTooLarge => ("payload-too-large", "Payload too large"),
         }
     }
 }
@@ -83,6 +90,7 @@ struct Body<'a> {
     title: &'a str,
     status: u16,
     detail: &'a str,
+    instance: &'a str,
 }
 
 impl Problem {
@@ -105,7 +113,7 @@ impl Problem {
 
     pub fn payload_too_large(bytes_max: usize) -> Self {
         Self::new(
-            Kind::InvalidRequest,
+            Kind::PayloadTooLarge,
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("request body exceeds {bytes_max} bytes"),
         )
@@ -127,9 +135,9 @@ impl Problem {
 
     pub fn method_not_allowed(allow: &'static str) -> Self {
         Self::new(
-            Kind::InvalidRequest,
+            Kind::MethodNotAllowed,
             StatusCode::METHOD_NOT_ALLOWED,
-            format!("allowed: {allow}"),
+            format!("this resource answers {allow}"),
         )
         .with_header(http::header::ALLOW, HeaderValue::from_static(allow))
     }
@@ -157,13 +165,21 @@ impl Problem {
         self
     }
 
-    pub fn into_response(self) -> Response<Full<Bytes>> {
+    /// The problem type's slug, as it ends the `type` URI (logged as the outcome).
+    pub fn slug(&self) -> &'static str {
+        self.kind.slug_and_title().0
+    }
+
+    /// The answer to the request `id`, which `instance` names (`urn:flashgate:request:<id>`).
+    pub fn into_response(self, id: &RequestId) -> Response<Full<Bytes>> {
         let (slug, title) = self.kind.slug_and_title();
+        let instance = id.urn();
         let body = Body {
             type_uri: format!("{TYPE_BASE}{slug}"),
             title,
             status: self.status.as_u16(),
             detail: &self.detail,
+            instance: &instance,
         };
         let json = serde_json::to_vec(&body).unwrap_or_default();
         let mut response = Response::new(Full::new(Bytes::from(json)));
@@ -202,6 +218,79 @@ impl Problem {
             HeaderName::from_static("ratelimit"),
             header(format!("\"{name}\";r=0;t={retry}")),
         )
+    }
+}
+
+/// A JSON body that does not fit its request: the field and the reason in the words of the
+/// API (`quantity must be an integer (got string "2")`), never serde's or Rust's type names.
+impl From<serde_path_to_error::Error<serde_json::Error>> for Problem {
+    fn from(error: serde_path_to_error::Error<serde_json::Error>) -> Self {
+        let inner = error.inner();
+        if inner.classify() != serde_json::error::Category::Data {
+            return Problem::invalid(format!(
+                "the body is not valid JSON (line {}, column {})",
+                inner.line(),
+                inner.column()
+            ));
+        }
+        let path = error.path().to_string();
+        Problem::invalid(json_detail(&path, &json_message(inner)))
+    }
+}
+
+/// serde_json's message without its position.
+fn json_message(error: &serde_json::Error) -> String {
+    let message = error.to_string();
+    match message.rfind(" at line ") {
+        Some(end) => message[..end].to_owned(),
+        None => message,
+    }
+}
+
+/// The detail for `message` about the field at `path` (`.` for the body itself).
+fn json_detail(path: &str, message: &str) -> String {
+    let prefix = match path {
+        "." => String::new(),
+        path => format!("{path}."),
+    };
+    if let Some(rest) = message.strip_prefix("missing field `") {
+        return format!("{prefix}{} is required", rest.trim_end_matches('`'));
+    }
+    if message.starts_with("unknown field") {
+        return match path {
+            "." => message.to_owned(),
+            path => format!("{path}: {message}"),
+        };
+    }
+    let subject = match path {
+        "." => "the body",
+        path => path,
+    };
+    let invalid = message
+        .strip_prefix("invalid type: ")
+        .or_else(|| message.strip_prefix("invalid value: "));
+    match invalid.and_then(|rest| rest.split_once(", expected ")) {
+        Some((got, expected)) => {
+            format!("{subject} must be {} (got {got})", plain_expectation(expected))
+        }
+        None => format!("{subject}: {message}"),
+    }
+}
+
+/// What serde expected, in the API's words instead of Rust's.
+fn plain_expectation(expected: &str) -> &str {
+    const INTEGERS: [&str; 12] = [
+        "i8", "i16", "i32", "i64", "i128", "isize", "u8", "u16", "u32", "u64", "u128", "usize",
+    ];
+    match expected {
+        e if INTEGERS.contains(&e) => "an integer",
+        "f32" | "f64" => "a number",
+        "a map" => "an object",
+        "a sequence" => "an array",
+        "a borrowed string" | "a string" => "a string",
+        e if e.starts_with("struct ") => "an object",
+        e if e.starts_with("enum ") || e.starts_with("variant ") => "one of the documented values",
+        e => e,
     }
 }
 
@@ -281,9 +370,11 @@ impl From<OrderError> for Problem {
                 "this Idempotency-Key was already used with a different request",
             ),
             OrderError::NotFound => Problem::not_found("no such order"),
-            OrderError::InvalidState(status) => Problem::conflict(format!(
-                "the order is {status}; only PENDING_PAYMENT orders can be cancelled"
-            )),
+            OrderError::InvalidState(status) => Problem::new(
+                Kind::OrderNotPending,
+                StatusCode::CONFLICT,
+                format!("the order is {status}; only PENDING_PAYMENT orders can be cancelled"),
+            ),
             OrderError::Store(error) => error.into(),
         }
     }
@@ -324,7 +415,11 @@ impl From<CheckoutError> for Problem {
     fn from(error: CheckoutError) -> Self {
         match error {
             CheckoutError::NotFound => Problem::not_found("no such order"),
-            CheckoutError::NotPending => Problem::conflict("the order is not waiting for payment"),
+            CheckoutError::NotPending => Problem::new(
+                Kind::OrderNotPending,
+                StatusCode::CONFLICT,
+                "the order is not waiting for payment",
+            ),
             error @ CheckoutError::Expired => Problem::new(
                 Kind::ReservationExpired,
                 StatusCode::CONFLICT,

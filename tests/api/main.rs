@@ -48,6 +48,8 @@ mod payments_tls;
 mod payments_webhooks;
 mod rate_limits;
 mod redis_outage;
+mod request_id;
+mod problem_types;
 mod shutdown;
 mod sweeper_crash;
 mod waiting_room;
