@@ -94,7 +94,26 @@ struct CreateDeal {
 }
 
 impl CreateDeal {
+    /// The rules between times, answered 422: each time is valid on its own.
+    fn check_times(&self) -> Result<(), Problem> {
+        if let (Some(starts), Some(ends)) = (self.starts_at, self.ends_at)
+            && starts >= ends
+        {
+            return Err(Problem::unprocessable("starts_at must be before ends_at"));
+        }
+        let prequeue = self.waiting_room.as_ref().and_then(|w| w.prequeue_opens_at);
+        if let (Some(opens), Some(starts)) = (prequeue, self.starts_at)
+            && opens > starts
+        {
+            return Err(Problem::unprocessable(
+                "waiting_room.prequeue_opens_at must not be after starts_at",
+            ));
+        }
+        Ok(())
+    }
+
     fn into_new_deal(self) -> Result<NewDeal, Problem> {
+        self.check_times()?;
         Ok(NewDeal {
             id: DealId::parse(&self.id.0)?,
             name: self.name,

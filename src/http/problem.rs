@@ -107,6 +107,16 @@ impl Problem {
         Self::new(Kind::InvalidRequest, StatusCode::BAD_REQUEST, detail)
     }
 
+    /// Well-formed input that breaks a rule across fields (an end before its start), which
+    /// a schema of each field cannot state.
+    pub fn unprocessable(detail: impl Into<String>) -> Self {
+        Self::new(
+            Kind::InvalidRequest,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            detail,
+        )
+    }
+
     pub fn not_found(detail: impl Into<String>) -> Self {
         Self::new(Kind::NotFound, StatusCode::NOT_FOUND, detail)
     }

@@ -50,7 +50,7 @@ pub(super) struct WaitingRoomInput {
     #[serde(default)]
     queue_order: Option<String>,
     #[serde(default)]
-    prequeue_opens_at: Option<DateTime<Utc>>,
+    pub(super) prequeue_opens_at: Option<DateTime<Utc>>,
     #[serde(default, deserialize_with = "super::integer::optional")]
     pow_bits: Option<i32>,
     #[serde(default)]
