@@ -69,9 +69,9 @@ pub fn json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
     }
     let mut reader = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut reader).map_err(Problem::from)?;
-    reader.end().map_err(|_| {
-        Problem::invalid("the body is not valid JSON: more follows the object")
-    })?;
+    reader
+        .end()
+        .map_err(|_| Problem::invalid("the body is not valid JSON: more follows the object"))?;
     Ok(value)
 }
 

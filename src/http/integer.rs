@@ -52,8 +52,8 @@ impl<'de, T: TryFrom<i64>> Visitor<'de> for Integer<T> {
     }
 
     fn visit_u64<E: Error>(self, value: u64) -> Result<T, E> {
-        let value = i64::try_from(value)
-            .map_err(|_| E::custom(format!("{value} is out of range")))?;
+        let value =
+            i64::try_from(value).map_err(|_| E::custom(format!("{value} is out of range")))?;
         Self::fit(value)
     }
 

@@ -16,7 +16,7 @@ mod payments;
 pub mod problem;
 mod public;
 mod queue;
-mod request_id;
+pub mod request_id;
 mod review;
 mod router;
 mod server;

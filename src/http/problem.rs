@@ -281,7 +281,10 @@ fn json_detail(path: &str, message: &str) -> String {
         .or_else(|| message.strip_prefix("invalid value: "));
     match invalid.and_then(|rest| rest.split_once(", expected ")) {
         Some((got, expected)) => {
-            format!("{subject} must be {} (got {got})", plain_expectation(expected))
+            format!(
+                "{subject} must be {} (got {got})",
+                plain_expectation(expected)
+            )
         }
         None => format!("{subject}: {message}"),
     }

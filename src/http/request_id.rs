@@ -110,7 +110,14 @@ mod tests {
 
     #[test]
     fn unsafe_empty_or_long_ids_are_refused() {
-        for raw in [&b""[..], b"a b", b"a\"b", b"a/b", b"<script>", "é".as_bytes()] {
+        for raw in [
+            &b""[..],
+            b"a b",
+            b"a\"b",
+            b"a/b",
+            b"<script>",
+            "é".as_bytes(),
+        ] {
             assert!(RequestId::parse(raw, 64).is_none(), "{raw:?}");
         }
         assert!(RequestId::parse(&[b'a'; 65], 64).is_none());

@@ -81,17 +81,21 @@ impl<'a> Route<'a> {
                 ("/v1/deals/{id}/orders", "POST", Route::PlaceOrder(id))
             }
             ["v1", "deals", id, "queue"] if post => return Route::JoinQueue(id),
-            ["v1", "deals", id, "queue"] => {
-                ("/v1/deals/{id}/queue", "GET, HEAD, POST", Route::QueueStatus(id))
-            }
+            ["v1", "deals", id, "queue"] => (
+                "/v1/deals/{id}/queue",
+                "GET, HEAD, POST",
+                Route::QueueStatus(id),
+            ),
             ["v1", "deals", id, "queue", "challenge"] => (
                 "/v1/deals/{id}/queue/challenge",
                 "GET, HEAD",
                 Route::QueueChallenge(id),
             ),
-            [".well-known", "flashgate-keys.json"] => {
-                ("/.well-known/flashgate-keys.json", "GET, HEAD", Route::PassKeys)
-            }
+            [".well-known", "flashgate-keys.json"] => (
+                "/.well-known/flashgate-keys.json",
+                "GET, HEAD",
+                Route::PassKeys,
+            ),
             ["wait", id] => ("/wait/{deal_id}", "GET, HEAD", Route::WaitPage(id)),
             ["admin", "deals", id, "queue", "revoke"] => (
                 "/admin/deals/{id}/queue/revoke",
@@ -117,9 +121,11 @@ impl<'a> Route<'a> {
             ["admin", "deals", id, "stock"] => {
                 ("/admin/deals/{id}/stock", "POST", Route::AdjustStock(id))
             }
-            ["admin", "deals", id, "inventory"] => {
-                ("/admin/deals/{id}/inventory", "GET, HEAD", Route::Inventory(id))
-            }
+            ["admin", "deals", id, "inventory"] => (
+                "/admin/deals/{id}/inventory",
+                "GET, HEAD",
+                Route::Inventory(id),
+            ),
             ["admin", "deals", id, "pause"] => {
                 ("/admin/deals/{id}/pause", "POST", Route::PauseDeal(id))
             }

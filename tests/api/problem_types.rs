@@ -37,7 +37,10 @@ async fn cancelling_an_order_twice_is_order_not_pending() {
     let again = app.cancel_order(&token, order_id).await;
 
     let body = again.expect_problem(409, "order-not-pending");
-    assert!(body["detail"].as_str().unwrap().contains("CANCELLED"), "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("CANCELLED"),
+        "{body}"
+    );
     app.cleanup().await;
 }
 
@@ -76,7 +79,10 @@ async fn details_name_the_field_not_rust_types() {
     for (body, says) in [
         (r#"{"quantity":"2"}"#, "quantity must be an integer"),
         (r#"{"quantity":49.5}"#, "quantity must be an integer"),
-        (r#"{"quantity":1e20}"#, "quantity: 100000000000000000000 is out of range"),
+        (
+            r#"{"quantity":1e20}"#,
+            "quantity: 100000000000000000000 is out of range",
+        ),
         ("{}", "quantity is required"),
         (r#"{"quantity":"#, "the body is not valid JSON"),
     ] {

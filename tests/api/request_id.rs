@@ -32,7 +32,12 @@ async fn an_invalid_or_missing_id_is_replaced_by_a_fresh_one() {
     let too_long = "a".repeat(app.settings.server.request_id_bytes_max + 1);
     let mut seen = Vec::new();
 
-    for sent in [None, Some("has space"), Some("<script>"), Some(too_long.as_str())] {
+    for sent in [
+        None,
+        Some("has space"),
+        Some("<script>"),
+        Some(too_long.as_str()),
+    ] {
         let mut request = app.client.get(app.url("/healthz"));
         if let Some(sent) = sent {
             request = request.header("X-Request-Id", sent);

@@ -277,7 +277,9 @@ impl Reply {
         );
         assert_eq!(body["status"], json!(status), "status member: {body}");
         assert!(body["detail"].is_string(), "detail missing: {body}");
-        let id = self.header("x-request-id").expect("every answer has X-Request-Id");
+        let id = self
+            .header("x-request-id")
+            .expect("every answer has X-Request-Id");
         assert_eq!(
             body["instance"],
             format!("urn:flashgate:request:{id}"),
