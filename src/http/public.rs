@@ -193,21 +193,24 @@ pub async fn place_order(
     let key = IdempotencyKey::parse(key, orders_settings.idempotency_key_bytes_max)?;
     let asked: OrderRequest = body::json(&bytes)?;
     let pool = &state.pools.request;
-    let quantity = match Quantity::new(asked.quantity, orders_settings.quantity_max) {
-        Ok(quantity) => quantity,
-        Err(invalid) => return Err(refuse_quantity(state, &request, &key, invalid).await),
-    };
-    let admitted = state
+    let quantity = Quantity::new(asked.quantity, orders_settings.quantity_max);
+    // Admission (limits, window, pass) does not depend on the quantity: a quantity out of
+    // range is refused after it, so that its key check below is held to the same limits.
+    let mut admitted = state
         .admission
         .admit_order(
             pool,
             deal_id.as_str(),
             header(&request, AUTHORIZATION),
             header(&request, super::queue::PASS_HEADER),
-            quantity,
+            quantity.as_ref().map_or(Quantity::ONE, |q| *q),
         )
         .await?;
     super::router::record_user(&admitted.user);
+    admitted.quantity = match quantity {
+        Ok(quantity) => quantity,
+        Err(invalid) => return Err(refuse_quantity(pool, &admitted.user, &key, invalid).await),
+    };
     let pass = admitted.pass.clone();
     let placed = state.orders.place(admitted, key).await?;
     if let Some(pass) = pass.as_ref().filter(|_| !placed.replayed) {
@@ -240,16 +243,13 @@ pub async fn place_order(
 
 /// A quantity out of range was never stored, so under a key already used it is a
 /// conflict, answered before the range itself.
-async fn refuse_quantity<B>(
-    state: &State,
-    request: &Request<B>,
+async fn refuse_quantity(
+    pool: &sqlx::PgPool,
+    user: &UserId,
     key: &IdempotencyKey,
     invalid: crate::domain::InvalidInput,
 ) -> Problem {
-    let Ok(user) = state.admission.authenticate(header(request, AUTHORIZATION)) else {
-        return invalid.into();
-    };
-    match orders::key_used(&state.pools.request, &user, key.as_str()).await {
+    match orders::key_used(pool, user, key.as_str()).await {
         Ok(true) => OrderError::IdempotencyConflict.into(),
         Ok(false) => invalid.into(),
         Err(error) => error.into(),
