@@ -54,6 +54,11 @@ for limit in PER_IP PER_USER PER_DEAL; do
     export "FLASHGATE__LIMITS__${limit}__RATE_PER_SECOND=100000"
     export "FLASHGATE__LIMITS__${limit}__BURST=100000"
 done
+# Timeouts that answer 503 under load are generous here: on a busy machine a slow Redis or
+# pool is no finding of this check (outages are tested in tests/api/redis_outage.rs and
+# tests/api/faults.rs).
+export FLASHGATE__REDIS__COMMAND_TIMEOUT_MS=2000
+export FLASHGATE__DATABASE__ACQUIRE_TIMEOUT_MS=5000
 export RUST_LOG="${RUST_LOG:-warn}"
 
 target/debug/flashgate serve >"$log" 2>&1 &

@@ -68,7 +68,10 @@ pub fn json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
         return Err(Problem::invalid("the body must be a JSON object"));
     }
     let mut reader = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut reader).map_err(Problem::from)?;
+    let value = serde_path_to_error::deserialize(&mut reader).map_err(|error| {
+        let well_formed = serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok();
+        Problem::invalid_json(&error, well_formed)
+    })?;
     reader
         .end()
         .map_err(|_| Problem::invalid("the body is not valid JSON: more follows the object"))?;

@@ -231,19 +231,27 @@ impl Problem {
     }
 }
 
-/// A JSON body that does not fit its request: the field and the reason in the words of the
-/// API (`quantity must be an integer (got string "2")`), never serde's or Rust's type names.
-impl From<serde_path_to_error::Error<serde_json::Error>> for Problem {
-    fn from(error: serde_path_to_error::Error<serde_json::Error>) -> Self {
+impl Problem {
+    /// A JSON body that does not fit its request: the field and the reason in the words of
+    /// the API (`quantity must be an integer (got string "2")`), never serde's or Rust's
+    /// type names. `well_formed` tells whether the body is JSON at all: a value of the wrong
+    /// kind for a field of fixed values is reported by serde_json as a syntax error.
+    pub fn invalid_json(
+        error: &serde_path_to_error::Error<serde_json::Error>,
+        well_formed: bool,
+    ) -> Self {
         let inner = error.inner();
-        if inner.classify() != serde_json::error::Category::Data {
+        let path = error.path().to_string();
+        if !well_formed {
             return Problem::invalid(format!(
                 "the body is not valid JSON (line {}, column {})",
                 inner.line(),
                 inner.column()
             ));
         }
-        let path = error.path().to_string();
+        if inner.classify() != serde_json::error::Category::Data {
+            return Problem::invalid(format!("{path} is not one of the accepted values"));
+        }
         Problem::invalid(json_detail(&path, &json_message(inner)))
     }
 }
@@ -267,9 +275,10 @@ fn json_detail(path: &str, message: &str) -> String {
         return format!("{prefix}{} is required", rest.trim_end_matches('`'));
     }
     if message.starts_with("unknown field") {
-        return match path {
-            "." => message.to_owned(),
-            path => format!("{path}: {message}"),
+        // The path ends with the unknown field itself; name the object that has it.
+        return match path.rsplit_once('.') {
+            Some((parent, _)) => format!("{parent}: {message}"),
+            None => message.to_owned(),
         };
     }
     let subject = match path {
@@ -470,6 +479,83 @@ impl From<WebhookRejection> for Problem {
                 Problem::overloaded("no payment attempt matches this event yet; deliver it again")
             }
             WebhookRejection::Store(error) => error.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Outer {
+        name: String,
+        inner: Option<Inner>,
+        policy: Option<crate::domain::LatePaymentPolicy>,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Inner {
+        count: u32,
+    }
+
+    fn detail(json: &str) -> String {
+        let mut reader = serde_json::Deserializer::from_str(json);
+        let error = serde_path_to_error::deserialize::<_, Outer>(&mut reader).unwrap_err();
+        let well_formed = serde_json::from_str::<serde::de::IgnoredAny>(json).is_ok();
+        Problem::invalid_json(&error, well_formed).detail
+    }
+
+    #[test]
+    fn json_details_speak_of_fields_not_rust_types() {
+        let cases = [
+            (r#"{"inner":null}"#, "name is required"),
+            (r#"{"name":5}"#, "name must be a string (got integer `5`)"),
+            (
+                r#"{"name":"a","inner":1}"#,
+                "inner must be an object (got integer `1`)",
+            ),
+            (
+                r#"{"name":"a","inner":{"count":-1}}"#,
+                "inner.count must be an integer",
+            ),
+            (
+                r#"{"name":"a","policy":7}"#,
+                "policy is not one of the accepted values",
+            ),
+            (
+                r#"{"name":"a","policy":"x"}"#,
+                "policy: unknown variant `x`",
+            ),
+            (r#"{"name":"a","x":1}"#, "unknown field `x`"),
+            (
+                r#"{"name":"a","inner":{"count":1,"y":2}}"#,
+                "inner: unknown field `y`",
+            ),
+            (
+                r#"{"name":"#,
+                "the body is not valid JSON (line 1, column 8)",
+            ),
+        ];
+        for (json, starts) in cases {
+            let detail = detail(json);
+            assert!(detail.starts_with(starts), "{json}: {detail}");
+            for rust in [
+                "u32",
+                "struct",
+                "enum",
+                "Inner",
+                "Outer",
+                "LatePaymentPolicy",
+            ] {
+                assert!(!detail.contains(rust), "{json}: {detail}");
+            }
         }
     }
 }
