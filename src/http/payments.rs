@@ -55,7 +55,7 @@ pub async fn start_payment(
         .as_ref()
         .ok_or_else(|| Problem::not_found("payments are not enabled"))?;
     if order.status() != OrderStatus::PendingPayment {
-        return Err(Problem::conflict(format!(
+        return Err(Problem::order_not_pending(format!(
             "the order is {}; only PENDING_PAYMENT orders can be paid",
             order.status()
         )));

@@ -165,6 +165,11 @@ impl Problem {
         Self::new(Kind::InvalidRequest, StatusCode::CONFLICT, detail)
     }
 
+    /// The order has left `PENDING_PAYMENT`: it can no longer be cancelled or paid.
+    pub fn order_not_pending(detail: impl Into<String>) -> Self {
+        Self::new(Kind::OrderNotPending, StatusCode::CONFLICT, detail)
+    }
+
     pub fn overloaded(detail: impl Into<String>) -> Self {
         Self::new(Kind::Overloaded, StatusCode::SERVICE_UNAVAILABLE, detail)
             .with_header(RETRY_AFTER, HeaderValue::from_static("1"))
@@ -392,11 +397,9 @@ impl From<OrderError> for Problem {
                 "this Idempotency-Key was already used with a different request",
             ),
             OrderError::NotFound => Problem::not_found("no such order"),
-            OrderError::InvalidState(status) => Problem::new(
-                Kind::OrderNotPending,
-                StatusCode::CONFLICT,
-                format!("the order is {status}; only PENDING_PAYMENT orders can be cancelled"),
-            ),
+            OrderError::InvalidState(status) => Problem::order_not_pending(format!(
+                "the order is {status}; only PENDING_PAYMENT orders can be cancelled"
+            )),
             OrderError::Store(error) => error.into(),
         }
     }
@@ -437,11 +440,9 @@ impl From<CheckoutError> for Problem {
     fn from(error: CheckoutError) -> Self {
         match error {
             CheckoutError::NotFound => Problem::not_found("no such order"),
-            CheckoutError::NotPending => Problem::new(
-                Kind::OrderNotPending,
-                StatusCode::CONFLICT,
-                "the order is not waiting for payment",
-            ),
+            CheckoutError::NotPending => {
+                Problem::order_not_pending("the order is not waiting for payment")
+            }
             error @ CheckoutError::Expired => Problem::new(
                 Kind::ReservationExpired,
                 StatusCode::CONFLICT,
