@@ -79,6 +79,9 @@ pub struct ServerSettings {
     pub trusted_proxies: Vec<IpNet>,
     pub client_ip_header: String,
     pub public_cache_max_age_seconds: u32,
+    /// Longest `X-Request-Id` a caller may send; a longer or unsafe one is replaced by a
+    /// generated id.
+    pub request_id_bytes_max: usize,
 }
 
 #[derive(Clone, Deserialize)]
@@ -263,6 +266,16 @@ impl std::fmt::Debug for PaymentSettings {
 #[serde(deny_unknown_fields)]
 pub struct TelemetrySettings {
     pub log_filter: String,
+    /// `text` for people at a terminal, `json` (one object per line) for log collectors.
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 /// The invariant audit every instance runs in the background.
@@ -478,6 +491,10 @@ impl Settings {
         check(
             s.body_bytes_max >= 64,
             "server.body_bytes_max must be at least 64",
+        )?;
+        check(
+            (16..=128).contains(&s.request_id_bytes_max),
+            "server.request_id_bytes_max must be 16..=128",
         )?;
         check(
             s.header_read_timeout_ms > 0,

@@ -101,7 +101,7 @@ fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    telemetry::init_logging(&settings.telemetry.log_filter);
+    telemetry::init_logging(&settings.telemetry);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
