@@ -138,7 +138,12 @@ fn sold_out_mirror(c: &mut Criterion) {
         .build()
         .unwrap();
     // Neither Redis nor PostgreSQL answers here: flags are set in memory only.
-    let redis = RedisHandle::new("redis://127.0.0.1:1", "bench:", Duration::from_millis(1));
+    let redis = RedisHandle::new(
+        "redis://127.0.0.1:1",
+        "bench:",
+        Duration::from_millis(1),
+        Duration::from_secs(60),
+    );
     let sold_out = SoldOut::new(redis, 1000, Duration::from_secs(60));
     runtime.block_on(async {
         let pool = sqlx::postgres::PgPoolOptions::new()

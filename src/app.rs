@@ -24,10 +24,10 @@ use crate::telemetry;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
-    #[error("database: {0}")]
-    Database(#[from] sqlx::Error),
-    #[error("migrations: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error(transparent)]
+    Connect(#[from] store::ConnectError),
+    #[error(transparent)]
+    Migrate(#[from] store::MigrateError),
     #[error("cannot listen on {0}: {1}")]
     Bind(SocketAddr, std::io::Error),
     #[error("payment provider client: {0}")]
@@ -49,14 +49,17 @@ impl Application {
         telemetry::prometheus();
         let settings = Arc::new(settings);
         if settings.database.migrate_on_start {
-            store::migrate(&settings.database).await?;
+            let applied = store::migrate(&settings.database).await?;
+            for migration in &applied {
+                tracing::info!(
+                    version = migration.version,
+                    description = %migration.description,
+                    "migration applied"
+                );
+            }
         }
         let pools = Pools::new(&settings.database)?;
-        let redis = RedisHandle::new(
-            &settings.redis.url,
-            &settings.redis.key_prefix,
-            millis(settings.redis.command_timeout_ms),
-        );
+        let redis = RedisHandle::from_settings(&settings.redis);
         redis.connect().await;
         let admission = Admission::new(&settings, redis.clone());
         let (public, local_addr) = bind(settings.server.listen).await?;
