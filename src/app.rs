@@ -294,8 +294,12 @@ async fn sample_metrics(state: Arc<State>, shutdown: CancellationToken) {
     let interval = millis(state.settings.deals.metrics_interval_ms);
     loop {
         state.pools.record_metrics();
-        if let Err(error) = record_inventory(&state.pools.background).await {
+        let retain_seconds = state.settings.deals.metrics_retain_seconds;
+        if let Err(error) = record_inventory(&state.pools.background, retain_seconds).await {
             tracing::debug!(%error, "inventory gauges not refreshed");
+        }
+        if let Err(error) = retire_deal_series(&state.pools.background, retain_seconds).await {
+            tracing::debug!(%error, "series of ended deals not retired");
         }
         if state.payments.is_some()
             && let Err(error) = record_payment_backlog(&state.pools.background).await
@@ -308,11 +312,14 @@ async fn sample_metrics(state: Arc<State>, shutdown: CancellationToken) {
     }
 }
 
-/// Deals still on sale, or ended within the last day, get inventory gauges.
-async fn record_inventory(pool: &PgPool) -> Result<(), StoreError> {
+/// Deals still on sale, or ended within `deals.metrics_retain_seconds`, get inventory
+/// gauges.
+async fn record_inventory(pool: &PgPool, retain_seconds: u64) -> Result<(), StoreError> {
     let deals: Vec<String> = sqlx::query_scalar(
-        "SELECT id FROM deals WHERE ends_at IS NULL OR ends_at > now() - interval '1 day'",
+        "SELECT id FROM deals
+          WHERE ends_at IS NULL OR ends_at > now() - make_interval(secs => $1)",
     )
+    .bind(retain_seconds as f64)
     .fetch_all(pool)
     .await?;
     for (deal, totals) in inventory::totals(pool, &deals).await? {
@@ -328,6 +335,30 @@ async fn record_inventory(pool: &PgPool) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Drops the series of deals that have them but ended more than `retain_seconds` ago or
+/// no longer exist.
+async fn retire_deal_series(pool: &PgPool, retain_seconds: u64) -> Result<(), StoreError> {
+    let metrics = telemetry::prometheus();
+    let with_series: Vec<String> = metrics.deals().into_iter().collect();
+    if with_series.is_empty() {
+        return Ok(());
+    }
+    let kept: Vec<String> = sqlx::query_scalar(
+        "SELECT id FROM deals
+          WHERE id = ANY($1) AND (ends_at IS NULL OR ends_at > now() - make_interval(secs => $2))",
+    )
+    .bind(&with_series)
+    .bind(retain_seconds as f64)
+    .fetch_all(pool)
+    .await?;
+    let retired = with_series
+        .into_iter()
+        .filter(|deal| !kept.contains(deal))
+        .collect();
+    metrics.retire_deals(&retired);
+    Ok(())
+}
+
 /// Refunds waiting for the provider and side effects waiting in the outbox.
 async fn record_payment_backlog(pool: &PgPool) -> Result<(), StoreError> {
     let refunds = crate::payments::refunds::pending(pool).await?;
@@ -336,6 +367,10 @@ async fn record_payment_backlog(pool: &PgPool) -> Result<(), StoreError> {
     let failed = crate::payments::refunds::failed_count(pool).await?;
     metrics::gauge!(telemetry::REFUNDS_GIVEN_UP).set(failed as f64);
     metrics::gauge!(telemetry::OUTBOX_BACKLOG).set(outbox as f64);
+    let refund_age = crate::payments::refunds::pending_oldest_seconds(pool).await?;
+    metrics::gauge!(telemetry::REFUNDS_PENDING_OLDEST).set(refund_age);
+    let outbox_age = crate::payments::outbox::oldest_seconds(pool).await?;
+    metrics::gauge!(telemetry::OUTBOX_OLDEST).set(outbox_age);
     let (in_review, oldest) = crate::payments::review::backlog(pool).await?;
     metrics::gauge!(telemetry::MANUAL_REVIEW_ORDERS).set(in_review as f64);
     metrics::gauge!(telemetry::MANUAL_REVIEW_OLDEST).set(oldest);

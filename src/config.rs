@@ -212,6 +212,10 @@ pub struct DealSettings {
     /// deals than this, each unknown id is looked up (and its absence cached) on its own.
     pub catalogue_ids_max: usize,
     pub metrics_interval_ms: u64,
+    /// How long after a deal ends (or at once when it is deleted) its `deal`-labelled
+    /// series stay on `/metrics`; after that they are dropped, so the label does not grow
+    /// with every deal ever sold.
+    pub metrics_retain_seconds: u64,
 }
 
 /// The payment provider and the workers that settle payments.

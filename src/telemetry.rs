@@ -2,11 +2,21 @@
 //!
 //! Metric names live here as constants so the exporter, the code that records and the
 //! dashboard agree on one spelling. Labels are bounded: route templates, reasons, outcomes
-//! and deal ids, never raw paths, users or addresses.
+//! and deal ids, never raw paths, users or addresses; deal ids leave once their deal ended
+//! `deals.metrics_retain_seconds` ago ([`retention`]). The documented list of every family
+//! is docs/METRICS.md, checked against `/metrics` by a test.
 
-use std::sync::OnceLock;
+mod process;
+pub mod retention;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_util::MetricKindMask;
+
+use retention::{Retaining, Retention};
 
 pub const HTTP_REQUESTS: &str = "flashgate_http_requests_total";
 pub const HTTP_DURATION: &str = "flashgate_http_request_duration_seconds";
@@ -55,6 +65,34 @@ pub const WAITING_ROOM_ESTIMATED_WAIT: &str = "flashgate_waiting_room_estimated_
 pub const WAITING_ROOM_PASS_REJECTIONS: &str = "flashgate_waiting_room_pass_rejections_total";
 pub const WAITING_ROOM_REVOKED: &str = "flashgate_waiting_room_passes_revoked_total";
 pub const WAITING_ROOM_CHALLENGES: &str = "flashgate_waiting_room_challenges_total";
+pub const BUILD_INFO: &str = "flashgate_build_info";
+pub const RESERVATION_TRANSACTION: &str = "flashgate_reservation_transaction_seconds";
+pub const DB_RETRIES: &str = "flashgate_db_retries_total";
+pub const DB_POOL_WAIT: &str = "flashgate_db_pool_wait_seconds";
+pub const REFUNDS_PENDING_OLDEST: &str = "flashgate_refunds_pending_oldest_seconds";
+pub const OUTBOX_OLDEST: &str = "flashgate_outbox_oldest_seconds";
+
+/// The version and, when it was built from a git checkout, the commit (`build.rs`).
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+const COMMIT: &str = env!("FLASHGATE_GIT_COMMIT");
+
+/// Routes on the buyer's path whose 5xx answers are exported at zero from the start, so
+/// the first failure moves `increase()` (the 5xx alert); spelled as `http::router` names
+/// its route templates.
+const ZERO_ROUTES: [&str; 8] = [
+    "/v1/deals/{id}",
+    "/v1/deals/{id}/orders",
+    "/v1/deals/{id}/queue",
+    "/v1/deals/{id}/queue/{ticket}",
+    "/v1/orders/{id}",
+    "/v1/orders/{id}/cancel",
+    "/v1/orders/{id}/payments",
+    "/v1/webhooks/{provider}",
+];
+
+/// How long a retired deal's series may stay unrendered before the exporter drops them:
+/// every other series is touched before each render, so only retired ones go idle.
+const RETIRED_IDLE: Duration = Duration::from_millis(1);
 
 /// Latency buckets in seconds: fine below 10 ms where the hot path lives, coarse above.
 const LATENCY_BUCKETS_SECONDS: [f64; 16] = [
@@ -70,13 +108,50 @@ const BATCH_SIZE_BUCKETS: [f64; 16] = [
 /// Webhook lag buckets in seconds: providers deliver within seconds, retries within minutes.
 const LAG_BUCKETS_SECONDS: [f64; 10] = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
 
-static PROMETHEUS: OnceLock<PrometheusHandle> = OnceLock::new();
+/// The process-wide metrics: the Prometheus exporter's handle and the series it keeps.
+pub struct Metrics {
+    handle: PrometheusHandle,
+    retention: Arc<Retention>,
+}
+
+impl Metrics {
+    /// Housekeeping the exporter needs now and then (histogram buckets).
+    pub fn run_upkeep(&self) {
+        self.handle.run_upkeep();
+    }
+
+    /// The text exposition: process figures read now, retired deals' series left out.
+    pub fn render(&self) -> String {
+        process::record();
+        self.retention.touch();
+        self.handle.render()
+    }
+
+    /// Deals that have series on `/metrics`.
+    pub fn deals(&self) -> BTreeSet<String> {
+        self.retention.deals()
+    }
+
+    /// Drops every series of these deals from the next render on (until recorded again).
+    pub fn retire_deals(&self, deals: &BTreeSet<String>) {
+        if !deals.is_empty() {
+            tracing::debug!(?deals, "metric series of ended deals retired");
+            self.retention.retire(deals);
+        }
+    }
+}
+
+static PROMETHEUS: OnceLock<Metrics> = OnceLock::new();
 
 /// The process-wide Prometheus recorder, installed on first use. Several gateways in one
 /// process (as in tests) share it.
-pub fn prometheus() -> &'static PrometheusHandle {
+pub fn prometheus() -> &'static Metrics {
     PROMETHEUS.get_or_init(|| {
-        let handle = PrometheusBuilder::new()
+        let recorder = PrometheusBuilder::new()
+            .idle_timeout(
+                MetricKindMask::COUNTER | MetricKindMask::GAUGE,
+                Some(RETIRED_IDLE),
+            )
             .set_buckets_for_metric(
                 Matcher::Full(HTTP_DURATION.to_owned()),
                 &LATENCY_BUCKETS_SECONDS,
@@ -99,15 +174,37 @@ pub fn prometheus() -> &'static PrometheusHandle {
                     &BATCH_SIZE_BUCKETS,
                 )
             })
-            .and_then(|builder| builder.install_recorder())
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full(RESERVATION_TRANSACTION.to_owned()),
+                    &LATENCY_BUCKETS_SECONDS,
+                )
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full(DB_POOL_WAIT.to_owned()),
+                    &LATENCY_BUCKETS_SECONDS,
+                )
+            })
+            .expect("the histogram buckets are valid")
+            .build_recorder();
+        let handle = recorder.handle();
+        let retention = Arc::new(Retention::default());
+        let retaining = Retaining {
+            inner: recorder,
+            retention: retention.clone(),
+        };
+        metrics::set_global_recorder(retaining)
             .expect("the Prometheus recorder is installed once per process");
         describe();
+        process::describe();
         export_zeroes();
-        handle
+        metrics::gauge!(BUILD_INFO, "version" => VERSION, "commit" => COMMIT).set(1.0);
+        Metrics { handle, retention }
     })
 }
 
-/// Unlabelled counters exist from the start, at zero: an alert on `increase()` needs the
+/// Unlabelled counters, and every outcome of the ones alerts watch, exist from the start, at zero: an alert on `increase()` needs the
 /// series before the first event, and a dashboard shows 0 rather than "no data".
 fn export_zeroes() {
     for name in [
@@ -115,10 +212,41 @@ fn export_zeroes() {
         REDIS_ERRORS,
         DB_POOL_TIMEOUTS,
         CONNECTIONS_REFUSED,
+        GROUPED_ORDERS,
+        WAITING_ROOM_REVOKED,
     ] {
         metrics::counter!(name).increment(0);
     }
+    for outcome in ["ok", "error", "panic"] {
+        metrics::counter!(SWEEPER_RUNS, "outcome" => outcome).increment(0);
+        metrics::counter!(AUDIT_RUNS, "outcome" => outcome).increment(0);
+    }
+    for route in ZERO_ROUTES {
+        for status in ["500", "503"] {
+            metrics::counter!(HTTP_REQUESTS, "route" => route, "status" => status).increment(0);
+        }
+    }
+    metrics::counter!(DB_RETRIES, "operation" => "reservation").increment(0);
+    export_challenge_zeroes();
     export_payment_zeroes();
+}
+
+/// Every outcome of a proof-of-work check (`waiting_room::challenge` spells them).
+fn export_challenge_zeroes() {
+    use crate::waiting_room::challenge::ChallengeError;
+    let failures = [
+        ChallengeError::Missing,
+        ChallengeError::Forged,
+        ChallengeError::OtherUser,
+        ChallengeError::OtherDeal,
+        ChallengeError::Expired,
+        ChallengeError::TooEasy,
+        ChallengeError::Replayed,
+    ];
+    let outcomes = failures.map(ChallengeError::outcome);
+    for outcome in outcomes.into_iter().chain(["solved"]) {
+        metrics::counter!(WAITING_ROOM_CHALLENGES, "outcome" => outcome).increment(0);
+    }
 }
 
 /// Payment counters that only move when something goes wrong exist from the start, at
@@ -308,14 +436,47 @@ fn describe() {
         "Pending orders past expires_at by more than ops.overdue_after_seconds."
     );
     describe_counter!(AUDIT_RUNS, "Invariant audits run, by outcome.");
+    describe_database();
     describe_waiting_room();
+}
+
+fn describe_database() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!(
+        BUILD_INFO,
+        "Always 1; the version and git commit this gateway was built from, as labels."
+    );
+    describe_histogram!(
+        RESERVATION_TRANSACTION,
+        metrics::Unit::Seconds,
+        "Time one reservation batch spent in PostgreSQL, from its connection to its answer."
+    );
+    describe_counter!(
+        DB_RETRIES,
+        "Transactions run again after a deadlock or serialization failure, by operation."
+    );
+    describe_histogram!(
+        DB_POOL_WAIT,
+        metrics::Unit::Seconds,
+        "Time a reservation batch waited for a free connection from its pool."
+    );
+    describe_gauge!(
+        REFUNDS_PENDING_OLDEST,
+        metrics::Unit::Seconds,
+        "Age of the oldest refund not yet confirmed by the provider; 0 when none waits."
+    );
+    describe_gauge!(
+        OUTBOX_OLDEST,
+        metrics::Unit::Seconds,
+        "Age of the oldest outbox entry not yet carried out; 0 when none waits."
+    );
 }
 
 fn describe_waiting_room() {
     use metrics::{describe_counter, describe_gauge};
     describe_gauge!(
         WAITING_ROOM_QUEUE_LENGTH,
-        "Tickets waiting in a deal's line (reported by the advancing instance)."
+        "Tickets waiting in a deal's line, as the instance advancing it reports; 0 from the others and once the deal sold out."
     );
     describe_counter!(
         WAITING_ROOM_ADMITTED,
@@ -336,7 +497,7 @@ fn describe_waiting_room() {
     describe_gauge!(
         WAITING_ROOM_ESTIMATED_WAIT,
         metrics::Unit::Seconds,
-        "Wait of the last ticket in a deal's line at its admission rate."
+        "Wait of the last ticket in a deal's line at its admission rate; 0 once the deal sold out."
     );
     describe_counter!(
         WAITING_ROOM_PASS_REJECTIONS,

@@ -1,8 +1,10 @@
 //! flashgate-loadtest: flash sales against a running gateway, on loopback only.
 //!
+//! - [`cli`]: the command line, checked against every command in the docs.
 //! - [`sale`]: a bounded sale (closed loop or open-loop arrivals) with HDR latency per
 //!   outcome, a timeline, and a verdict checked against the inventory and, when given,
 //!   the database.
+//! - [`summary`]: the report as text for people; [`progress`]: the live line meanwhile.
 //! - [`chart`]: the timeline as an SVG chart.
 //! - [`pow`]: the proof-of-work client that joins a line whose deal asks for one.
 //! - [`bare`]: a bare hyper server answering a tiny JSON body, the baseline that
@@ -13,5 +15,8 @@
 pub mod bare;
 pub mod chaos;
 pub mod chart;
+pub mod cli;
 pub mod pow;
+pub mod progress;
 pub mod sale;
+pub mod summary;

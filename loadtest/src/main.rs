@@ -1,45 +1,12 @@
 //! The `flashgate-loadtest` command: a bounded sale against a gateway on loopback, or the
 //! bare baseline server.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::Parser;
+use flashgate_loadtest::cli::{Cli, Command};
 use flashgate_loadtest::{bare, chaos, chart, sale};
-
-#[derive(Parser)]
-#[command(about = "Flash sales against flashgate on loopback, bounded in count and time")]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Run a sale; exits non-zero on oversell, a broken invariant or a lost order.
-    Sale {
-        #[command(flatten)]
-        config: sale::SaleConfig,
-        /// Where to write the JSON result.
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// Where to write the SVG chart of the timeline.
-        #[arg(long)]
-        chart: Option<PathBuf>,
-    },
-    /// A whole sale under a seeded fault schedule; exits non-zero on any ledger violation
-    /// and prints the seed and the schedule to replay it.
-    Chaos {
-        #[command(flatten)]
-        config: chaos::ChaosConfig,
-    },
-    /// Serve a tiny JSON body on every request: the baseline for rejection cost.
-    BareServer {
-        #[arg(long, default_value = "127.0.0.1:8099")]
-        listen: SocketAddr,
-    },
-}
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -98,7 +65,12 @@ fn write_outputs(
             report["users"],
             report["requests_per_second"].as_f64().unwrap_or(0.0)
         );
-        std::fs::write(path, chart::svg(&title, &timeline))?;
+        let run = chart::Run {
+            stock: report["stock"].as_i64().unwrap_or(0),
+            elapsed_seconds: report["elapsed_seconds"].as_f64().unwrap_or(0.0),
+            timeline: &timeline,
+        };
+        std::fs::write(path, chart::svg(&title, &run))?;
     }
     Ok(())
 }

@@ -14,6 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+
+pub use crate::summary::summary;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
@@ -92,11 +94,16 @@ pub struct Slot {
     pub available: i64,
 }
 
-struct Recorder {
-    outcomes: Outcomes,
+pub(crate) struct Recorder {
+    pub(crate) outcomes: Outcomes,
     per_second: Vec<Histogram<u64>>,
     created_per_second: Vec<u64>,
     order_ids: Vec<String>,
+    /// Units on sale: every order is for one unit, so the sale sold out when this many
+    /// orders were created.
+    stock: i64,
+    /// When the order that took the last unit was answered, measured from the start.
+    sold_out_at: Option<Duration>,
 }
 
 fn histogram() -> Histogram<u64> {
@@ -104,6 +111,17 @@ fn histogram() -> Histogram<u64> {
 }
 
 impl Recorder {
+    fn new(stock: i64) -> Self {
+        Self {
+            outcomes: Outcomes::new(),
+            per_second: Vec::new(),
+            created_per_second: Vec::new(),
+            order_ids: Vec::new(),
+            stock,
+            sold_out_at: None,
+        }
+    }
+
     fn record(&mut self, second: usize, outcome: &str, micros: u64, order_id: Option<String>) {
         let micros = micros.max(1);
         self.outcomes
@@ -118,6 +136,15 @@ impl Recorder {
         if let Some(id) = order_id {
             self.created_per_second[second] += 1;
             self.order_ids.push(id);
+        }
+    }
+
+    /// Notes the answer time of a created order that took the last unit.
+    fn note_sold_out(&mut self, answered_after: Duration) {
+        if self.sold_out_at.is_none()
+            && i64::try_from(self.order_ids.len()).is_ok_and(|n| n >= self.stock)
+        {
+            self.sold_out_at = Some(answered_after);
         }
     }
 }
@@ -147,12 +174,7 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
         .map_err(|e| e.to_string())?;
     let deal_id = format!("lt-{}", uuid::Uuid::now_v7().simple());
     create_deal(&client, config, &deal_id).await?;
-    let recorder = Arc::new(Mutex::new(Recorder {
-        outcomes: Outcomes::new(),
-        per_second: Vec::new(),
-        created_per_second: Vec::new(),
-        order_ids: Vec::new(),
-    }));
+    let recorder = Arc::new(Mutex::new(Recorder::new(config.stock)));
     // Every token is minted before the clock starts, so signing costs the run nothing.
     let tokens: Arc<Vec<String>> = Arc::new(
         (0..config.users)
@@ -161,7 +183,7 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
     );
     let cpu_before = process_cpu_seconds();
     let started = Instant::now();
-    let stock_samples = Arc::new(Mutex::new(Vec::<(usize, i64)>::new()));
+    let stock_samples = Arc::new(Mutex::new(Vec::<(Duration, i64)>::new()));
     let sampler = tokio::spawn(sample_stock(
         client.clone(),
         config.clone(),
@@ -169,6 +191,12 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
         started,
         stock_samples.clone(),
     ));
+    let progress = crate::progress::Progress::start(
+        started,
+        config.stock,
+        recorder.clone(),
+        stock_samples.clone(),
+    );
     let paid = drive(
         &client,
         config,
@@ -180,6 +208,7 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
     .await;
     sampler.abort();
     let elapsed = started.elapsed();
+    progress.finish().await;
     let cpu_used = process_cpu_seconds()
         .zip(cpu_before)
         .map(|(after, before)| after - before);
@@ -194,6 +223,7 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
     };
     let samples = stock_samples.lock().map(|s| s.clone()).unwrap_or_default();
     let timeline = timeline(&recorder, &samples);
+    let sold_out_after = sold_out_after(&recorder, &samples);
     let mut report = report(
         config,
         &deal_id,
@@ -203,6 +233,7 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
         &inventory,
         db.as_ref(),
     );
+    report["sold_out_after_seconds"] = json!(sold_out_after);
     report["paid_at_checkout"] = json!(paid);
     report["load_generator_cpu_seconds"] = json!(cpu_used);
     Ok(report)
@@ -328,7 +359,7 @@ async fn drive(
             let (outcome, created) =
                 buy(&client, &url, &tokens[user], &key, retries, pass.as_deref()).await;
             if let Some(checkout_url) = created.as_ref().and_then(|c| c.checkout_url.as_deref())
-                && rand_fraction() < pay_fraction
+                && pays(pay_fraction)
                 && pay(&client, checkout_url).await
             {
                 paid.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -337,8 +368,10 @@ async fn drive(
             let micros = u64::try_from(scheduled.elapsed().as_micros()).unwrap_or(u64::MAX);
             let second =
                 usize::try_from(scheduled.duration_since(started).as_secs()).unwrap_or(usize::MAX);
+            let answered_after = started.elapsed();
             if let Ok(mut recorder) = recorder.lock() {
                 recorder.record(second, &outcome, micros, order_id);
+                recorder.note_sold_out(answered_after);
             }
             drop(permit);
         });
@@ -347,11 +380,10 @@ async fn drive(
     paid.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// A uniform number in [0, 1) without a generator crate: the low bits of a fresh v7 uuid's
-/// random part are good enough to choose who pays.
-fn rand_fraction() -> f64 {
-    let bits = uuid::Uuid::now_v7().as_u128() as u64;
-    (bits >> 11) as f64 / (1u64 << 53) as f64
+/// Whether this buyer pays: true with probability `fraction`, from a uniform draw in
+/// [0, 1) of the thread's cryptographically seeded generator.
+fn pays(fraction: f64) -> bool {
+    rand::random::<f64>() < fraction
 }
 
 /// Takes a place in the deal's line and polls, as the server asks, until admitted: the
@@ -452,7 +484,7 @@ async fn sample_stock(
     config: SaleConfig,
     deal_id: String,
     started: Instant,
-    samples: Arc<Mutex<Vec<(usize, i64)>>>,
+    samples: Arc<Mutex<Vec<(Duration, i64)>>>,
 ) {
     // With the database at hand, the 32 bucket rows are read directly: the inventory
     // endpoint also checks every reservation line against its order, whose cost grows with
@@ -479,7 +511,7 @@ async fn sample_stock(
         if let Some(available) = available
             && let Ok(mut samples) = samples.lock()
         {
-            samples.push((started.elapsed().as_secs() as usize, available));
+            samples.push((started.elapsed(), available));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -601,14 +633,29 @@ pub fn verdict(
     (reasons.is_empty(), reasons)
 }
 
-fn timeline(recorder: &Recorder, samples: &[(usize, i64)]) -> Vec<Slot> {
+/// Seconds from the start to the answer that took the last unit, to the millisecond; or,
+/// when units came back (so the count of orders does not tell), to the first stock sample
+/// that read none left. `None` when the sale did not sell out.
+fn sold_out_after(recorder: &Recorder, samples: &[(Duration, i64)]) -> Option<f64> {
+    let sampled = samples
+        .iter()
+        .find(|(_, available)| *available == 0)
+        .map(|(at, _)| *at);
+    recorder
+        .sold_out_at
+        .or(sampled)
+        .map(|at| (at.as_secs_f64() * 1000.0).round() / 1000.0)
+}
+
+fn timeline(recorder: &Recorder, samples: &[(Duration, i64)]) -> Vec<Slot> {
     let mut last_available = -1;
     recorder
         .per_second
         .iter()
         .enumerate()
         .map(|(second, h)| {
-            if let Some((_, available)) = samples.iter().rev().find(|(s, _)| *s == second) {
+            let in_second = |at: &Duration| at.as_secs() as usize == second;
+            if let Some((_, available)) = samples.iter().rev().find(|(at, _)| in_second(at)) {
                 last_available = *available;
             }
             Slot {
@@ -641,7 +688,6 @@ fn report(
             (outcome, json!({"count": h.len(), "p50_us": q(0.5), "p90_us": q(0.9), "p99_us": q(0.99), "max_us": h.max()}))
         })
         .collect();
-    let sold_out_after = timeline.iter().position(|slot| slot.available == 0);
     json!({
         "deal_id": deal_id,
         "stock": config.stock, "buckets": config.buckets, "users": config.users,
@@ -649,7 +695,6 @@ fn report(
         "elapsed_seconds": elapsed.as_secs_f64(),
         "requests": requests,
         "requests_per_second": requests as f64 / elapsed.as_secs_f64().max(1e-9),
-        "sold_out_after_seconds": sold_out_after,
         "latency_by_outcome": latency,
         "timeline": timeline.iter().map(|s| json!({"responses": s.responses, "created": s.created, "p50_us": s.p50_us, "p99_us": s.p99_us, "available": s.available})).collect::<Vec<_>>(),
         "inventory": inventory,
@@ -676,42 +721,6 @@ pub fn timeline_from_report(report: &Value) -> Vec<Slot> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-/// A few lines for people.
-pub fn summary(report: &Value) -> String {
-    let mut lines = vec![format!(
-        "{} requests in {:.2} s = {:.0} req/s (stock {}, {} buckets, {} users, concurrency {}, rate {})",
-        report["requests"],
-        report["elapsed_seconds"].as_f64().unwrap_or(0.0),
-        report["requests_per_second"].as_f64().unwrap_or(0.0),
-        report["stock"],
-        report["buckets"],
-        report["users"],
-        report["concurrency"],
-        report["rate"],
-    )];
-    if let Some(outcomes) = report["latency_by_outcome"].as_object() {
-        for (outcome, l) in outcomes {
-            lines.push(format!(
-                "  {outcome:>5}: {:>7} responses, p50 {} us, p90 {} us, p99 {} us, max {} us",
-                l["count"], l["p50_us"], l["p90_us"], l["p99_us"], l["max_us"]
-            ));
-        }
-    }
-    lines.push(format!(
-        "sold out after: {} s",
-        report["sold_out_after_seconds"]
-    ));
-    lines.push(format!(
-        "inventory: available {} reserved {} sold {} invariant_holds {}",
-        report["inventory"]["available"],
-        report["inventory"]["reserved"],
-        report["inventory"]["sold"],
-        report["inventory"]["invariant_holds"]
-    ));
-    lines.push(format!("verdict: {}", report["verdict"]));
-    lines.join("\n")
 }
 
 #[cfg(test)]
@@ -757,6 +766,32 @@ mod tests {
             "lost order"
         );
         assert!(!verdict(10, 10, &json!({}), None).0, "unreadable");
+    }
+
+    #[test]
+    fn the_pay_fraction_is_the_share_that_pays() {
+        for fraction in [0.0, 0.1, 0.3, 0.5, 0.74, 0.8, 1.0] {
+            let paid = (0..10_000).filter(|_| pays(fraction)).count();
+            let share = paid as f64 / 10_000.0;
+            assert!(
+                (share - fraction).abs() <= 0.02,
+                "--pay-fraction {fraction} paid {share}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_sell_out_time_is_kept_below_a_second() {
+        let mut recorder = Recorder::new(2);
+        for (at, id) in [(120, "a"), (412, "b")] {
+            recorder.record(0, "201", 1, Some(id.to_owned()));
+            recorder.note_sold_out(Duration::from_millis(at));
+        }
+        assert_eq!(sold_out_after(&recorder, &[]), Some(0.412));
+        let unsold = Recorder::new(5);
+        let sampled = [(Duration::from_millis(700), 0)];
+        assert_eq!(sold_out_after(&unsold, &sampled), Some(0.7));
+        assert_eq!(sold_out_after(&unsold, &[]), None);
     }
 
     #[test]

@@ -30,6 +30,16 @@ impl Scope {
             Scope::Deal => "per_deal",
         }
     }
+
+    /// The `reason` label of a request this limit turned away: named as a rate, so it
+    /// cannot be read as the deal's `per_user_limit` on units.
+    pub fn rejection_reason(self) -> &'static str {
+        match self {
+            Scope::Ip => "rate_per_ip",
+            Scope::User => "rate_per_user",
+            Scope::Deal => "rate_per_deal",
+        }
+    }
 }
 
 /// A limit was hit: when to retry, and the policy that applied (for the RateLimit headers).

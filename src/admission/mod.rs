@@ -63,7 +63,7 @@ impl Rejection {
     /// The metric label.
     fn reason(&self) -> &'static str {
         match self {
-            Rejection::RateLimited(limited) => limited.scope.as_str(),
+            Rejection::RateLimited(limited) => limited.scope.rejection_reason(),
             Rejection::SoldOut => "sold_out",
             Rejection::Unauthorized(_) => "unauthorized",
             Rejection::UnknownDeal => "unknown_deal",

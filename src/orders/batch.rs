@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
+use sqlx::{Connection, PgPool};
 use uuid::Uuid;
 
 use super::{Order, OrderError, Placed, StatusColumn, fingerprint};
@@ -19,6 +19,7 @@ use crate::admission::Admitted;
 use crate::deals::Deal;
 use crate::domain::IdempotencyKey;
 use crate::store::StoreError;
+use crate::telemetry;
 
 /// Work another module adds to the order transaction for the orders a batch placed
 /// (payments opens their first payment attempt). Orders knows it only through this
@@ -157,14 +158,19 @@ async fn run(
     .bind(wait_all)
     .bind(hook.map(PlacementHook::sql_function))
     .bind(hook.map(PlacementHook::argument));
+    let waiting = std::time::Instant::now();
+    let mut conn = pool.acquire().await?;
+    metrics::histogram!(telemetry::DB_POOL_WAIT).record(waiting.elapsed().as_secs_f64());
+    let running = std::time::Instant::now();
     let rows: Vec<Row> = if options.commit_before_answer {
-        let mut tx = pool.begin().await?;
+        let mut tx = conn.begin().await?;
         let rows = query.fetch_all(&mut *tx).await?;
         tx.commit().await?;
         rows
     } else {
-        query.fetch_all(pool).await?
+        query.fetch_all(&mut *conn).await?
     };
+    metrics::histogram!(telemetry::RESERVATION_TRANSACTION).record(running.elapsed().as_secs_f64());
     assert!(
         rows.iter()
             .enumerate()

@@ -246,6 +246,7 @@ async fn place_retrying(
         match batch::place_batch(pool, deal, requests, options).await {
             Err(StoreError::Retryable(error)) if attempt < retries_max => {
                 tracing::debug!(%error, attempt, "reservation batch retried");
+                metrics::counter!(telemetry::DB_RETRIES, "operation" => "reservation").increment(1);
                 attempt += 1;
             }
             outcome => return outcome,

@@ -116,6 +116,16 @@ pub async fn retry_later(pool: &PgPool, id: i64, error: &str) -> Result<(), Stor
     Ok(())
 }
 
+/// How long the oldest entry not yet carried out has waited, in seconds; 0 when none.
+pub async fn oldest_seconds(pool: &PgPool) -> Result<f64, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(created_at))::float8, 0)
+           FROM outbox WHERE done_at IS NULL",
+    )
+    .fetch_one(pool)
+    .await?)
+}
+
 /// Entries not yet carried out.
 pub async fn backlog(pool: &PgPool) -> Result<i64, StoreError> {
     Ok(

@@ -161,6 +161,16 @@ pub async fn failed_count(pool: &PgPool) -> Result<i64, StoreError> {
     )
 }
 
+/// How long the oldest refund not yet confirmed has waited, in seconds; 0 when none.
+pub async fn pending_oldest_seconds(pool: &PgPool) -> Result<f64, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(created_at))::float8, 0)
+           FROM refunds WHERE status = 'PENDING'",
+    )
+    .fetch_one(pool)
+    .await?)
+}
+
 /// Refunds requested and not yet confirmed.
 pub async fn pending(pool: &PgPool) -> Result<i64, StoreError> {
     Ok(

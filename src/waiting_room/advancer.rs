@@ -14,7 +14,7 @@
 //! passes outstanding plus passes that ordered since the stock snapshot never exceed
 //! `stock_multiple ×` the snapshot's available units (see `scripts::ADVANCE`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -99,6 +99,10 @@ struct Advancer {
     /// The lines version the last snapshot saw.
     version: i64,
     rates: HashMap<String, RateWindow>,
+    /// Deals whose line gauges this instance has set: zeroed when it stops advancing them
+    /// (the lease moved, the line closed, shutdown), so a dashboard summing or taking the
+    /// largest value over instances shows only the current holder's figures.
+    reported: HashSet<String>,
 }
 
 /// Runs until `shutdown`, then gives the lease up so another instance takes over at once.
@@ -115,6 +119,7 @@ pub async fn run(room: WaitingRoom, pool: PgPool, shutdown: CancellationToken) {
         snapshot_ms: 0,
         version: -1,
         rates: HashMap::new(),
+        reported: HashSet::new(),
     };
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -126,6 +131,7 @@ pub async fn run(room: WaitingRoom, pool: PgPool, shutdown: CancellationToken) {
         advancer.tick().await;
     }
     advancer.resign().await;
+    advancer.clear_gauges(|_| true);
 }
 
 impl Advancer {
@@ -142,12 +148,21 @@ impl Advancer {
             self.read_at = None;
         }
         if !self.holding {
+            self.clear_gauges(|_| true);
             return;
         }
         let refresh = millis(self.room.settings.stock_refresh_ms);
         if version != self.version || self.read_at.is_none_or(|at| at.elapsed() >= refresh) {
             match self.read_lines().await {
                 Ok(lines) => {
+                    let open: HashSet<&str> = lines.iter().map(|l| l.id.as_str()).collect();
+                    let closed: HashSet<String> = self
+                        .reported
+                        .iter()
+                        .filter(|deal| !open.contains(deal.as_str()))
+                        .cloned()
+                        .collect();
+                    self.clear_gauges(|deal| closed.contains(deal));
                     self.lines = lines;
                     self.snapshot_ms = redis_now_ms;
                     self.version = version;
@@ -159,8 +174,9 @@ impl Advancer {
         let lines = std::mem::take(&mut self.lines);
         let sold_out = self.sold_out().await;
         for line in &lines {
-            match self.advance(line, sold_out.contains(&line.id)).await {
-                Ok(Some(step)) => self.record(line, step),
+            let line_sold_out = sold_out.contains(&line.id);
+            match self.advance(line, line_sold_out).await {
+                Ok(Some(step)) => self.record(line, step, line_sold_out),
                 Ok(None) => break,
                 Err(error) => tracing::debug!(%error, deal = line.id, "line not advanced"),
             }
@@ -311,15 +327,40 @@ impl Advancer {
         Ok(done == 0)
     }
 
-    fn record(&mut self, line: &Line, step: Step) {
+    /// Zeroes the line gauges of the reported deals `which` selects and forgets them.
+    fn clear_gauges(&mut self, which: impl Fn(&str) -> bool) {
+        let cleared: Vec<String> = self
+            .reported
+            .iter()
+            .filter(|deal| which(deal))
+            .cloned()
+            .collect();
+        for deal in cleared {
+            for gauge in [
+                telemetry::WAITING_ROOM_QUEUE_LENGTH,
+                telemetry::WAITING_ROOM_PASSES_ACTIVE,
+                telemetry::WAITING_ROOM_ESTIMATED_WAIT,
+                telemetry::WAITING_ROOM_ADMISSION_RATE,
+            ] {
+                metrics::gauge!(gauge, "deal" => deal.clone()).set(0.0);
+            }
+            self.rates.remove(&deal);
+            self.reported.remove(&deal);
+        }
+    }
+
+    /// Publishes one step. A sold-out line admits nobody more: the tickets still in it are
+    /// told so when they poll, so it shows no queue and no wait.
+    fn record(&mut self, line: &Line, step: Step, sold_out: bool) {
         let deal = line.id.clone();
+        self.reported.insert(deal.clone());
         let rate = f64::from(line.terms.admit_per_second);
-        metrics::gauge!(telemetry::WAITING_ROOM_QUEUE_LENGTH, "deal" => deal.clone())
-            .set(step.waiting as f64);
+        let waiting = if sold_out { 0.0 } else { step.waiting as f64 };
+        metrics::gauge!(telemetry::WAITING_ROOM_QUEUE_LENGTH, "deal" => deal.clone()).set(waiting);
         metrics::gauge!(telemetry::WAITING_ROOM_PASSES_ACTIVE, "deal" => deal.clone())
             .set(step.active as f64);
         metrics::gauge!(telemetry::WAITING_ROOM_ESTIMATED_WAIT, "deal" => deal.clone())
-            .set(step.waiting as f64 / rate);
+            .set(waiting / rate);
         metrics::counter!(telemetry::WAITING_ROOM_ADMITTED, "deal" => deal.clone())
             .increment(step.admitted as u64);
         metrics::counter!(telemetry::WAITING_ROOM_ABANDONED, "deal" => deal.clone())

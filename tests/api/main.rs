@@ -22,6 +22,8 @@ mod grouping;
 mod health;
 mod idempotency;
 mod lanes;
+mod metrics_docs;
+mod metrics_lifecycle;
 mod model;
 mod multi_process;
 mod negative_cache;

@@ -232,7 +232,7 @@ const WAITING_ROOM_SERIES: [(&str, &str); 3] = [
 /// which the reconciler settles; alongside, a deal behind a waiting room (one pass at a
 /// time): a buyer admitted who orders with the pass, one refused without a pass, and one
 /// who stops polling and is skipped; then the background gauges.
-async fn small_sale(app: &PayApp) -> String {
+pub(crate) async fn small_sale(app: &PayApp) -> String {
     // The waiting room: q is admitted, gone queues behind q and never polls again.
     let room = json!({"admit_per_second": 100, "max_active": 1, "pass_ttl_seconds": 120});
     let queued = app
@@ -345,6 +345,21 @@ async fn small_sale(app: &PayApp) -> String {
     exposition
 }
 
+/// A gateway with payments through the simulator and background work sped up, for
+/// [`small_sale`].
+pub(crate) async fn sale_app() -> PayApp {
+    spawn_pay_app_with(|s| {
+        s.deals.metrics_interval_ms = 200;
+        s.ops.audit_interval_ms = 1000;
+        s.payments.reconcile_interval_ms = 200;
+        s.payments.reconcile_after_seconds = 1;
+        s.waiting_room.stock_refresh_ms = 100;
+        s.waiting_room.abandon_after_seconds = 2;
+        s.waiting_room.refresh_after_seconds_max = 1;
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn every_dashboard_and_alert_metric_is_exported() {
     // Arrange
@@ -358,16 +373,7 @@ async fn every_dashboard_and_alert_metric_is_exported() {
         expressions.len()
     );
     assert!(alerts.len() >= 6, "only {} alert rules", alerts.len());
-    let app = spawn_pay_app_with(|s| {
-        s.deals.metrics_interval_ms = 200;
-        s.ops.audit_interval_ms = 1000;
-        s.payments.reconcile_interval_ms = 200;
-        s.payments.reconcile_after_seconds = 1;
-        s.waiting_room.stock_refresh_ms = 100;
-        s.waiting_room.abandon_after_seconds = 2;
-        s.waiting_room.refresh_after_seconds_max = 1;
-    })
-    .await;
+    let app = sale_app().await;
 
     // Act
     let exported = exported_names(&small_sale(&app).await);

@@ -1,0 +1,45 @@
+//! The `flashgate-loadtest` command line, in the library so that tests can check every
+//! command the docs show against the real definition (`Cli::try_parse_from`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::{chaos, sale};
+
+#[derive(Parser)]
+#[command(
+    name = "flashgate-loadtest",
+    about = "Flash sales against flashgate on loopback, bounded in count and time"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run a sale; exits non-zero on oversell, a broken invariant or a lost order.
+    Sale {
+        #[command(flatten)]
+        config: sale::SaleConfig,
+        /// Where to write the JSON result.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Where to write the SVG chart of the timeline.
+        #[arg(long)]
+        chart: Option<PathBuf>,
+    },
+    /// A whole sale under a seeded fault schedule; exits non-zero on any ledger violation
+    /// and prints the seed and the schedule to replay it.
+    Chaos {
+        #[command(flatten)]
+        config: chaos::ChaosConfig,
+    },
+    /// Serve a tiny JSON body on every request: the baseline for rejection cost.
+    BareServer {
+        #[arg(long, default_value = "127.0.0.1:8099")]
+        listen: SocketAddr,
+    },
+}
