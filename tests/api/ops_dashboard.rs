@@ -14,6 +14,10 @@ use crate::waiting_room::{join, order_with_pass, poll_until, room_deal};
 
 const DASHBOARD: &str = include_str!("../../config/grafana/flashgate.json");
 const ALERTS: &str = include_str!("../../config/prometheus/alerts.yml");
+const OPERATIONS: &str = include_str!("../../docs/OPERATIONS.md");
+
+/// Series Prometheus itself makes (the scrape's health), not the gateway.
+const PROMETHEUS_SERIES: [&str; 1] = ["up"];
 
 /// PromQL words that look like identifiers but are not metric names.
 const KEYWORDS: [&str; 12] = [
@@ -153,13 +157,19 @@ fn dashboard_expressions(value: &Value, found: &mut Vec<String>) {
     }
 }
 
-fn alert_expressions() -> Vec<String> {
+fn alert_rules() -> Vec<Value> {
     let rules: Value = serde_norway::from_str(ALERTS).expect("alerts.yml is YAML");
     rules["groups"]
         .as_array()
         .expect("groups")
         .iter()
-        .flat_map(|g| g["rules"].as_array().expect("rules").iter())
+        .flat_map(|g| g["rules"].as_array().expect("rules").iter().cloned())
+        .collect()
+}
+
+fn alert_expressions() -> Vec<String> {
+    alert_rules()
+        .iter()
         .map(|r| {
             r["expr"]
                 .as_str()
@@ -384,7 +394,7 @@ async fn every_dashboard_and_alert_metric_is_exported() {
         let names = metric_names(expr);
         assert!(!names.is_empty(), "no metric found in {expr:?}");
         for name in names {
-            if !exported.contains(&name) {
+            if !exported.contains(&name) && !PROMETHEUS_SERIES.contains(&name.as_str()) {
                 missing.push(format!("{name} (in {expr})"));
             }
         }
@@ -394,6 +404,47 @@ async fn every_dashboard_and_alert_metric_is_exported() {
         "never exported: {missing:#?}\nexported: {exported:#?}"
     );
     app.cleanup().await;
+}
+
+/// Every alert pages or raises a ticket, links its runbook section by an absolute URL built
+/// from the `runbook_base_url` external label, has that section in docs/OPERATIONS.md, and
+/// has a promtool test.
+#[test]
+fn every_alert_has_a_severity_a_runbook_and_a_test() {
+    let tests: String = std::fs::read_dir(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/prometheus/tests"
+    ))
+    .expect("config/prometheus/tests")
+    .flatten()
+    .map(|entry| std::fs::read_to_string(entry.path()).expect("a test file"))
+    .collect();
+    let mut problems = Vec::new();
+    for rule in alert_rules() {
+        let name = rule["alert"].as_str().expect("every rule is an alert");
+        let severity = rule["labels"]["severity"].as_str().unwrap_or_default();
+        if !["page", "ticket"].contains(&severity) {
+            problems.push(format!(
+                "{name}: severity {severity:?} is neither page nor ticket"
+            ));
+        }
+        let anchor = name.to_ascii_lowercase();
+        let url = format!("{{{{ $externalLabels.runbook_base_url }}}}/OPERATIONS.md#{anchor}");
+        if rule["annotations"]["runbook_url"].as_str() != Some(url.as_str()) {
+            problems.push(format!("{name}: runbook_url is not {url:?}"));
+        }
+        if !OPERATIONS.lines().any(|line| line == format!("### {name}")) {
+            problems.push(format!(
+                "{name}: no section \"### {name}\" in docs/OPERATIONS.md"
+            ));
+        }
+        if !tests.contains(&format!("alertname: {name}\n")) {
+            problems.push(format!(
+                "{name}: no promtool test in config/prometheus/tests/"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
 }
 
 #[test]
