@@ -204,8 +204,19 @@ flashgate_services() (
         log "Redis answers PONG on ${REDIS_HOST}:${REDIS_PORT}"
     }
 
+    # The demo in the README reads answers with curl and picks fields out with jq.
+    ensure_demo_tools() {
+        local missing=()
+        command -v curl >/dev/null 2>&1 || missing+=(curl)
+        command -v jq >/dev/null 2>&1 || missing+=(jq)
+        if [[ ${#missing[@]} -gt 0 ]]; then
+            apt_install "${missing[@]}"
+        fi
+    }
+
     ensure_postgres
     ensure_redis
+    ensure_demo_tools
     log "ready: postgres://postgres@${PG_HOST}:${PG_PORT}/${PG_DB} redis://${REDIS_HOST}:${REDIS_PORT}"
 )
 
