@@ -24,11 +24,14 @@ struct Series<'a> {
     points: Vec<(f64, f64)>,
 }
 
-/// The run being drawn: what was stocked, how long it ran, and one slot per second.
+/// The run being drawn: what was stocked, how long it ran, one slot per second, and the
+/// stock as sampled during the run (seconds since start, units available), which draws
+/// the stock finer than a second when given.
 pub struct Run<'a> {
     pub stock: i64,
     pub elapsed_seconds: f64,
     pub timeline: &'a [Slot],
+    pub stock_samples: &'a [(f64, i64)],
 }
 
 impl Run<'_> {
@@ -58,9 +61,18 @@ impl Run<'_> {
         points
     }
 
-    /// Units available: the stocked amount at the start, then each slot's last sample.
+    /// Units available: the stocked amount at the start, then every sample, or each
+    /// slot's last sample when the samples are not at hand.
     fn available(&self) -> Vec<(f64, f64)> {
         let mut points = vec![(0.0, self.stock as f64)];
+        if !self.stock_samples.is_empty() {
+            points.extend(
+                self.stock_samples
+                    .iter()
+                    .map(|(t, units)| (*t, *units as f64)),
+            );
+            return points;
+        }
         for (i, slot) in self.timeline.iter().enumerate() {
             if slot.available >= 0 {
                 points.push((self.span(i).1, slot.available as f64));
@@ -263,6 +275,7 @@ mod tests {
             stock: 100,
             elapsed_seconds: 1.6,
             timeline: &slots,
+            stock_samples: &[],
         };
         let svg = svg("sale <1>", &run);
         assert!(svg.starts_with("<svg"));
@@ -288,6 +301,7 @@ mod tests {
             stock: 10,
             elapsed_seconds: 0.4,
             timeline: &slots,
+            stock_samples: &[(0.1, 8), (0.25, 3), (0.35, 0)],
         };
         let svg = svg("short", &run);
         for polyline in svg.lines().filter(|l| l.starts_with("<polyline")) {
@@ -298,6 +312,16 @@ mod tests {
             );
         }
         assert!(svg.contains(">0.4</text>"), "{svg}");
+        let stock_line = svg
+            .lines()
+            .filter(|l| l.contains("#9467bd"))
+            .next()
+            .unwrap_or_default();
+        assert_eq!(
+            stock_line.matches(',').count(),
+            4,
+            "the stocked amount and three samples: {stock_line}"
+        );
         // 500 responses in 0.4 s are 1250 per second.
         assert!(svg.contains(">1400</text>") || svg.contains(">1500</text>"));
     }

@@ -65,10 +65,12 @@ fn write_outputs(
             report["users"],
             report["requests_per_second"].as_f64().unwrap_or(0.0)
         );
+        let samples = sale::stock_samples_from_report(report);
         let run = chart::Run {
             stock: report["stock"].as_i64().unwrap_or(0),
             elapsed_seconds: report["elapsed_seconds"].as_f64().unwrap_or(0.0),
             timeline: &timeline,
+            stock_samples: &samples,
         };
         std::fs::write(path, chart::svg(&title, &run))?;
     }

@@ -234,6 +234,10 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
         db.as_ref(),
     );
     report["sold_out_after_seconds"] = json!(sold_out_after);
+    report["stock_samples"] = samples
+        .iter()
+        .map(|(at, units)| json!([at.as_secs_f64(), units]))
+        .collect();
     report["paid_at_checkout"] = json!(paid);
     report["load_generator_cpu_seconds"] = json!(cpu_used);
     Ok(report)
@@ -701,6 +705,19 @@ fn report(
         "database": db.map(|d| json!({"holding_orders": d.holding_orders, "holding_units": d.holding_units, "acknowledged": d.acknowledged, "acknowledged_found": d.acknowledged_found})),
         "verdict": {"ok": ok, "created": created, "reasons": reasons},
     })
+}
+
+/// The stock samples back out of a report: (seconds since start, units available).
+pub fn stock_samples_from_report(report: &Value) -> Vec<(f64, i64)> {
+    report["stock_samples"]
+        .as_array()
+        .map(|samples| {
+            samples
+                .iter()
+                .filter_map(|s| Some((s[0].as_f64()?, s[1].as_i64()?)))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The timeline back out of a report.
