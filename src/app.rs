@@ -1,6 +1,7 @@
 //! Builds the whole gateway from `Settings`: pools, Redis, admission, background tasks and
 //! the HTTP server. The only module that knows every other one.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -292,13 +293,15 @@ fn spawn_ops(tasks: &TaskTracker, state: &Arc<State>, shutdown: &CancellationTok
 /// Publishes pool occupancy and per-deal inventory gauges.
 async fn sample_metrics(state: Arc<State>, shutdown: CancellationToken) {
     let interval = millis(state.settings.deals.metrics_interval_ms);
+    let mut known = HashSet::new();
     loop {
         state.pools.record_metrics();
         let retain_seconds = state.settings.deals.metrics_retain_seconds;
         if let Err(error) = record_inventory(&state.pools.background, retain_seconds).await {
             tracing::debug!(%error, "inventory gauges not refreshed");
         }
-        if let Err(error) = retire_deal_series(&state.pools.background, retain_seconds).await {
+        let retiring = retire_deal_series(&state.pools.background, retain_seconds, &mut known);
+        if let Err(error) = retiring.await {
             tracing::debug!(%error, "series of ended deals not retired");
         }
         if state.payments.is_some()
@@ -335,27 +338,33 @@ async fn record_inventory(pool: &PgPool, retain_seconds: u64) -> Result<(), Stor
     Ok(())
 }
 
-/// Drops the series of deals that have them but ended more than `retain_seconds` ago or
-/// no longer exist.
-async fn retire_deal_series(pool: &PgPool, retain_seconds: u64) -> Result<(), StoreError> {
+/// Drops the series of deals that ended more than `retain_seconds` ago, and of deals in
+/// `known` (the deals with series this instance found in its database last time) that are
+/// gone. Only deals of this instance's own database are retired: several gateways in one
+/// process share the metrics.
+async fn retire_deal_series(
+    pool: &PgPool,
+    retain_seconds: u64,
+    known: &mut HashSet<String>,
+) -> Result<(), StoreError> {
     let metrics = telemetry::prometheus();
     let with_series: Vec<String> = metrics.deals().into_iter().collect();
-    if with_series.is_empty() {
-        return Ok(());
-    }
-    let kept: Vec<String> = sqlx::query_scalar(
-        "SELECT id FROM deals
-          WHERE id = ANY($1) AND (ends_at IS NULL OR ends_at > now() - make_interval(secs => $2))",
+    let rows: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT id, ends_at IS NOT NULL AND ends_at <= now() - make_interval(secs => $2)
+           FROM deals WHERE id = ANY($1)",
     )
     .bind(&with_series)
     .bind(retain_seconds as f64)
     .fetch_all(pool)
     .await?;
-    let retired = with_series
+    let existing: HashSet<String> = rows.iter().map(|(id, _)| id.clone()).collect();
+    let retired = rows
         .into_iter()
-        .filter(|deal| !kept.contains(deal))
+        .filter_map(|(id, ended)| ended.then_some(id))
+        .chain(known.iter().filter(|id| !existing.contains(*id)).cloned())
         .collect();
     metrics.retire_deals(&retired);
+    *known = existing;
     Ok(())
 }
 

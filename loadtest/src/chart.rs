@@ -314,8 +314,7 @@ mod tests {
         assert!(svg.contains(">0.4</text>"), "{svg}");
         let stock_line = svg
             .lines()
-            .filter(|l| l.contains("#9467bd"))
-            .next()
+            .find(|l| l.contains("#9467bd"))
             .unwrap_or_default();
         assert_eq!(
             stock_line.matches(',').count(),
