@@ -1,12 +1,13 @@
 //! How series come and go: a deal's series leave `/metrics` once it ended
 //! `deals.metrics_retain_seconds` ago while others stay, outcome counters are exported at
-//! zero from the start, and a sold-out waiting-room line shows no queue and no wait.
+//! zero from the start, a sold-out waiting-room line shows no queue and no wait, and an
+//! instance that lost the advancer lease stops reporting the lines it advanced.
 
 use std::time::Duration;
 
 use serde_json::json;
 
-use crate::helpers::{eventually, metric_value, new_deal, spawn_app_with};
+use crate::helpers::{eventually, metric_value, new_deal, redis_connection, spawn_app_with};
 use crate::waiting_room::{join, order_with_pass, poll_until, room_deal};
 
 const SETTLE: Duration = Duration::from_secs(15);
@@ -127,6 +128,64 @@ async fn a_sold_out_line_shows_no_queue_and_no_wait() {
     assert!(
         cleared.is_some(),
         "a sold-out line still shows a queue:\n{}",
+        app.metrics().await
+    );
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_instance_that_loses_the_advancer_lease_reports_its_lines_at_zero() {
+    // Arrange: a line with buyers waiting behind one pass, advanced by this instance.
+    let app = spawn_app_with(|s| {
+        s.waiting_room.stock_refresh_ms = 100;
+    })
+    .await;
+    let room = json!({"admit_per_second": 100, "max_active": 1, "pass_ttl_seconds": 120});
+    let deal = app
+        .given_deal(&room_deal("moving-lease", 10, room, json!({})))
+        .await;
+    for user in ["first", "second", "third"] {
+        join(&app, user, &deal).await.expect(201);
+    }
+    let label = format!("deal=\"{deal}\"");
+    let reported = eventually(SETTLE, || async {
+        let text = app.metrics().await;
+        (metric_value(&text, "flashgate_waiting_room_queue_length", &label) >= 2.0).then_some(())
+    })
+    .await;
+    assert!(
+        reported.is_some(),
+        "the line shows its queue:\n{}",
+        app.metrics().await
+    );
+
+    // Act: another instance holds the lease now (as after this one missed its renewals).
+    let lease = format!("{}wr:{{advancer}}:lease", app.settings.redis.key_prefix);
+    let mut redis = redis_connection(&app.settings.redis.url).await.unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(&lease)
+        .arg("another-instance")
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+
+    // Assert: the line still has buyers waiting, but this instance no longer reports them.
+    let cleared = eventually(SETTLE, || async {
+        let text = app.metrics().await;
+        let queue = metric_value(&text, "flashgate_waiting_room_queue_length", &label);
+        let wait = metric_value(
+            &text,
+            "flashgate_waiting_room_estimated_wait_seconds",
+            &label,
+        );
+        (queue == 0.0 && wait == 0.0).then_some(())
+    })
+    .await;
+    assert!(
+        cleared.is_some(),
+        "the old holder still reports the line:\n{}",
         app.metrics().await
     );
     app.cleanup().await;
