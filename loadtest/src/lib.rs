@@ -1,5 +1,7 @@
 //! flashgate-loadtest: flash sales against a running gateway, on loopback only.
 //!
+//! - [`verdict`]: what must hold after any sale, checked against the inventory and the
+//!   database.
 //! - [`cli`]: the command line, checked against every command in the docs.
 //! - [`sale`]: a bounded sale (closed loop or open-loop arrivals) with HDR latency per
 //!   outcome, a timeline, and a verdict checked against the inventory and, when given,
@@ -20,3 +22,4 @@ pub mod pow;
 pub mod progress;
 pub mod sale;
 pub mod summary;
+pub mod verdict;

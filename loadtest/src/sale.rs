@@ -14,10 +14,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-
-pub use crate::summary::summary;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
+
+pub use crate::summary::summary;
+use crate::verdict::{DbCheck, check_database, verdict};
 
 /// What to run.
 #[derive(Debug, Clone, clap::Args)]
@@ -540,103 +541,6 @@ async fn get_inventory(
         .map_err(|e| e.to_string())
 }
 
-/// What the database says about the orders behind the answers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DbCheck {
-    /// Orders of the deal holding units (pending or paid).
-    pub holding_orders: i64,
-    /// Units those orders hold.
-    pub holding_units: i64,
-    /// Acknowledged order ids (201s) that exist in the database.
-    pub acknowledged_found: i64,
-    pub acknowledged: i64,
-}
-
-async fn check_database(url: &str, deal_id: &str, order_ids: &[String]) -> Result<DbCheck, String> {
-    let pool = sqlx::PgPool::connect(url)
-        .await
-        .map_err(|e| e.to_string())?;
-    let (holding_orders, holding_units): (i64, i64) = sqlx::query_as(
-        "SELECT count(*), COALESCE(sum(quantity), 0)::bigint FROM orders
-          WHERE deal_id = $1 AND status IN ('PENDING_PAYMENT', 'PAID')",
-    )
-    .bind(deal_id)
-    .fetch_one(&pool)
-    .await
-    .map_err(|e| e.to_string())?;
-    let ids: Vec<uuid::Uuid> = order_ids
-        .iter()
-        .filter_map(|id| uuid::Uuid::parse_str(id).ok())
-        .collect();
-    let found: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE id = ANY($1)")
-        .bind(&ids)
-        .fetch_one(&pool)
-        .await
-        .map_err(|e| e.to_string())?;
-    pool.close().await;
-    Ok(DbCheck {
-        holding_orders,
-        holding_units,
-        acknowledged_found: found,
-        acknowledged: order_ids.len() as i64,
-    })
-}
-
-/// Pass or fail, with every reason to fail.
-pub fn verdict(
-    stock: i64,
-    created: u64,
-    inventory: &Value,
-    db: Option<&DbCheck>,
-) -> (bool, Vec<String>) {
-    let mut reasons = Vec::new();
-    let field = |name: &str| inventory[name].as_i64();
-    let (Some(available), Some(reserved), Some(sold), Some(total)) = (
-        field("available"),
-        field("reserved"),
-        field("sold"),
-        field("stock_total"),
-    ) else {
-        return (false, vec![format!("unreadable inventory: {inventory}")]);
-    };
-    if inventory["invariant_holds"] != json!(true) {
-        reasons.push("the gateway reports the inventory invariant broken".to_owned());
-    }
-    if total != available + reserved + sold {
-        reasons.push(format!(
-            "stock_total {total} != available {available} + reserved {reserved} + sold {sold}"
-        ));
-    }
-    if reserved + sold > stock {
-        reasons.push(format!(
-            "oversold: {} units held of {stock}",
-            reserved + sold
-        ));
-    }
-    if i64::try_from(created).unwrap_or(i64::MAX) != reserved + sold {
-        reasons.push(format!(
-            "{created} orders acknowledged but {} units held",
-            reserved + sold
-        ));
-    }
-    if let Some(db) = db {
-        if db.acknowledged_found != db.acknowledged {
-            reasons.push(format!(
-                "{} acknowledged orders missing from the database",
-                db.acknowledged - db.acknowledged_found
-            ));
-        }
-        if db.holding_units != reserved + sold || db.holding_units > stock {
-            reasons.push(format!(
-                "orders hold {} units; inventory says {}",
-                db.holding_units,
-                reserved + sold
-            ));
-        }
-    }
-    (reasons.is_empty(), reasons)
-}
-
 /// Seconds from the start to the answer that took the last unit, to the millisecond; or,
 /// when units came back (so the count of orders does not tell), to the first stock sample
 /// that read none left. `None` when the sale did not sell out.
@@ -743,47 +647,6 @@ pub fn timeline_from_report(report: &Value) -> Vec<Slot> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn inventory(available: i64, reserved: i64, sold: i64, total: i64, holds: bool) -> Value {
-        json!({"available": available, "reserved": reserved, "sold": sold, "stock_total": total, "invariant_holds": holds})
-    }
-
-    #[test]
-    fn a_clean_sale_passes() {
-        let (ok, reasons) = verdict(10, 10, &inventory(0, 10, 0, 10, true), None);
-        assert!(ok, "{reasons:?}");
-    }
-
-    #[test]
-    fn oversell_broken_invariant_and_lost_orders_fail() {
-        assert!(
-            !verdict(10, 11, &inventory(0, 11, 0, 11, true), None).0,
-            "oversell"
-        );
-        assert!(
-            !verdict(10, 9, &inventory(1, 9, 0, 11, true), None).0,
-            "sum off"
-        );
-        assert!(
-            !verdict(10, 10, &inventory(0, 10, 0, 10, false), None).0,
-            "gateway says broken"
-        );
-        assert!(
-            !verdict(10, 9, &inventory(0, 10, 0, 10, true), None).0,
-            "acknowledged != held"
-        );
-        let lost = DbCheck {
-            holding_orders: 9,
-            holding_units: 9,
-            acknowledged_found: 9,
-            acknowledged: 10,
-        };
-        assert!(
-            !verdict(10, 10, &inventory(0, 10, 0, 10, true), Some(&lost)).0,
-            "lost order"
-        );
-        assert!(!verdict(10, 10, &json!({}), None).0, "unreadable");
-    }
 
     #[test]
     fn the_pay_fraction_is_the_share_that_pays() {
