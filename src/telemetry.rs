@@ -10,6 +10,8 @@ mod process;
 pub mod retention;
 mod zeroes;
 
+pub use zeroes::ZERO_ROUTES;
+
 use std::collections::BTreeSet;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;

@@ -12,7 +12,7 @@ use super::{
 /// Routes on the buyer's path whose 5xx answers are exported at zero from the start, so
 /// the first failure moves `increase()` (the 5xx alert); spelled as `http::router` names
 /// its route templates.
-const ZERO_ROUTES: [&str; 8] = [
+pub const ZERO_ROUTES: [&str; 8] = [
     "/v1/deals/{id}",
     "/v1/deals/{id}/orders",
     "/v1/deals/{id}/queue",

@@ -190,3 +190,47 @@ async fn an_instance_that_loses_the_advancer_lease_reports_its_lines_at_zero() {
     );
     app.cleanup().await;
 }
+
+/// The routes whose 5xx series are exported at zero are spelled as the router names them:
+/// a request to each lands on a series of that very template.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_zero_exported_routes_are_real_route_templates() {
+    // Arrange
+    let app = spawn_app_with(|_| {}).await;
+    let id = "0190a000-0000-7000-8000-000000000000";
+    let post = ["orders", "queue", "cancel", "payments", "webhooks"];
+
+    // Act: one request to each template, placeholders filled.
+    for template in flashgate::telemetry::ZERO_ROUTES {
+        let path = template
+            .replace("{id}", id)
+            .replace("{ticket}", "t")
+            .replace("{provider}", "sim");
+        let url = app.url(&path);
+        let request = if post
+            .iter()
+            .any(|p| template.ends_with(&format!("{p}}}")) || template.ends_with(p))
+        {
+            app.client.post(url).body("{}")
+        } else {
+            app.client.get(url)
+        };
+        request.send().await.expect("the gateway answers");
+    }
+
+    // Assert
+    let text = app.metrics().await;
+    for template in flashgate::telemetry::ZERO_ROUTES {
+        let answered = text.lines().any(|line| {
+            line.starts_with("flashgate_http_requests_total{")
+                && line.contains(&format!("route=\"{template}\""))
+                && !line.contains("status=\"500\"")
+                && !line.contains("status=\"503\"")
+        });
+        assert!(
+            answered,
+            "no answered request counted under {template}:\n{text}"
+        );
+    }
+    app.cleanup().await;
+}
