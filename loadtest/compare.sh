@@ -123,10 +123,17 @@ metrics_dump() { curl -sf "http://127.0.0.1:$OPS_PORT/metrics" | grep '^flashgat
 # A sale whose verdict fails (exit 2) is reported with its reasons rather than ending the
 # comparison; the script still exits non-zero at the end. Any other failure is fatal.
 FAILED_VERDICTS=0
+# Every load-tester command line as run, for docs/PERFORMANCE.md (where a test checks that
+# each still parses).
+SALE_COMMANDS=()
 sale() {
     local rc=0
-    target/release/flashgate-loadtest sale --base-url "http://127.0.0.1:$GW_PORT" --ops-url "http://127.0.0.1:$OPS_PORT" \
-        --database-url "$GW_URL" "$@" || rc=$?
+    local args=(sale --base-url "http://127.0.0.1:$GW_PORT" --ops-url "http://127.0.0.1:$OPS_PORT"
+        --database-url "$GW_URL" "$@")
+    local line
+    line=$(printf '%q ' "${args[@]}")
+    SALE_COMMANDS+=("flashgate-loadtest ${line% }")
+    target/release/flashgate-loadtest "${args[@]}" || rc=$?
     if [ "$rc" = 2 ]; then
         FAILED_VERDICTS=$((FAILED_VERDICTS + 1))
         log "a sale's verdict failed: $*"
@@ -269,6 +276,12 @@ ${OPEN_P50} ms, p99 ${OPEN_P99} ms (latency from the scheduled start), verdict $
 
 A whole sale (100,000 units, 200,000 users, one attempt each, $CLIENTS in flight): $SELLOUT.
 Throughput, p50/p99 latency and remaining stock over time: [sale.svg](sale.svg).
+
+The load tester's runs, as run (the warm-up, (c), (c'), the whole sale):
+
+\`\`\`sh
+$(printf '%s\n' "${SALE_COMMANDS[@]}")
+\`\`\`
 MD
 )
 echo "$TABLE"

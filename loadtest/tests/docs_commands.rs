@@ -93,7 +93,13 @@ fn words(segment: &str) -> Vec<String> {
     let mut word = String::new();
     let mut quote = None;
     let mut any = false;
+    let mut escaped = false;
     for c in segment.chars() {
+        if escaped {
+            word.push(c);
+            escaped = false;
+            continue;
+        }
         match quote {
             Some(q) if c == q => quote = None,
             Some(_) => word.push(c),
@@ -101,6 +107,7 @@ fn words(segment: &str) -> Vec<String> {
                 quote = Some(c);
                 any = true;
             }
+            None if c == '\\' => escaped = true,
             None if c.is_whitespace() => {
                 if any || !word.is_empty() {
                     words.push(std::mem::take(&mut word));
@@ -296,5 +303,9 @@ fn commands_are_found_and_checked_as_written() {
         Cli::try_parse_from(["flashgate-loadtest", "--base-url", "http://127.0.0.1:8080"]).is_err()
     );
     assert!(is_sketch(&["list|show".to_owned()]));
+    assert_eq!(
+        words(r#"--out /tmp/x\ y.json -d '{"a": 1}'"#),
+        ["--out", "/tmp/x y.json", "-d", r#"{"a": 1}"#]
+    );
     assert_eq!(fill("<order_id>").len(), 36);
 }
