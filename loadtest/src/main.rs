@@ -34,10 +34,14 @@ enum Command {
         #[command(flatten)]
         config: chaos::ChaosConfig,
     },
-    /// Serve a tiny JSON body on every request: the baseline for rejection cost.
+    /// Serve one fixed answer on every request: the baseline for rejection cost.
     BareServer {
         #[arg(long, default_value = "127.0.0.1:8099")]
         listen: SocketAddr,
+        /// An HTTP/1.1 response as `curl -si` prints it, replayed as the answer; without
+        /// it, a tiny JSON body.
+        #[arg(long, value_name = "FILE")]
+        answer: Option<PathBuf>,
     },
 }
 
@@ -46,13 +50,25 @@ async fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Sale { config, out, chart } => run_sale(&config, out, chart).await,
         Command::Chaos { config } => run_chaos(&config).await,
-        Command::BareServer { listen } => match bare::serve(listen).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(error) => {
-                eprintln!("bare server: {error}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::BareServer { listen, answer } => run_bare(listen, answer).await,
+    }
+}
+
+async fn run_bare(listen: SocketAddr, answer: Option<PathBuf>) -> ExitCode {
+    let answer = match answer.as_deref().map(bare::Answer::from_file) {
+        None => bare::Answer::tiny_json(),
+        Some(Ok(answer)) => answer,
+        Some(Err(error)) => {
+            eprintln!("bare server: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match bare::serve(listen, answer).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("bare server: {error}");
+            ExitCode::FAILURE
+        }
     }
 }
 
