@@ -14,10 +14,13 @@ pub mod limits;
 pub mod soldout;
 pub mod token;
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use chrono::Utc;
+use metrics::Counter;
 use sqlx::PgPool;
 
 use crate::config::Settings;
@@ -258,8 +261,20 @@ impl Admission {
     }
 }
 
+thread_local! {
+    /// This thread's rejection counters by reason, registered once: a refusal flood then
+    /// costs an increment each, not a label set built and looked up in the shared registry.
+    static REJECTIONS: RefCell<HashMap<&'static str, Counter>> = RefCell::new(HashMap::new());
+}
+
 /// Counts a rejection once, where it is made.
 fn counted(rejection: Rejection) -> Rejection {
-    metrics::counter!(telemetry::ADMISSION_REJECTIONS, "reason" => rejection.reason()).increment(1);
+    let reason = rejection.reason();
+    REJECTIONS.with_borrow_mut(|counters| {
+        counters
+            .entry(reason)
+            .or_insert_with(|| metrics::counter!(telemetry::ADMISSION_REJECTIONS, "reason" => reason))
+            .increment(1);
+    });
     rejection
 }

@@ -3,13 +3,16 @@
 //! Every error enum of the layers below is mapped here, and only here, to a status code,
 //! a problem type and the headers a client needs to react (`Retry-After`, `RateLimit`).
 
+use std::borrow::Cow;
+use std::fmt;
+
 use bytes::Bytes;
 use http::header::{
     CACHE_CONTROL, CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE,
 };
 use http::{Response, StatusCode};
 use http_body_util::Full;
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
 use crate::admission::Rejection;
 use crate::admission::limits::Limited;
@@ -72,25 +75,48 @@ impl Kind {
 pub struct Problem {
     kind: Kind,
     status: StatusCode,
-    detail: String,
+    /// Borrowed for the fixed details of the refusals a flood gets, so those allocate nothing.
+    detail: Cow<'static, str>,
     headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 #[derive(Serialize)]
 struct Body<'a> {
     #[serde(rename = "type")]
-    type_uri: String,
+    type_uri: TypeUri,
     title: &'a str,
     status: u16,
     detail: &'a str,
 }
 
+/// The `type` URI of a problem kind, written straight into the body.
+struct TypeUri(&'static str);
+
+impl Serialize for TypeUri {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl fmt::Display for TypeUri {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{TYPE_BASE}{}", self.0)
+    }
+}
+
+/// Room for a whole problem body, so rendering it does not grow the buffer.
+const BODY_BYTES_TYPICAL: usize = 192;
+
 impl Problem {
     pub fn new(kind: Kind, status: StatusCode, detail: impl Into<String>) -> Self {
+        Self::with_detail(kind, status, Cow::Owned(detail.into()))
+    }
+
+    fn with_detail(kind: Kind, status: StatusCode, detail: Cow<'static, str>) -> Self {
         Self {
             kind,
             status,
-            detail: detail.into(),
+            detail,
             headers: Vec::new(),
         }
     }
@@ -160,13 +186,18 @@ impl Problem {
     pub fn into_response(self) -> Response<Full<Bytes>> {
         let (slug, title) = self.kind.slug_and_title();
         let body = Body {
-            type_uri: format!("{TYPE_BASE}{slug}"),
+            type_uri: TypeUri(slug),
             title,
             status: self.status.as_u16(),
             detail: &self.detail,
         };
-        let json = serde_json::to_vec(&body).unwrap_or_default();
-        let mut response = Response::new(Full::new(Bytes::from(json)));
+        let mut json = Vec::with_capacity(BODY_BYTES_TYPICAL);
+        if serde_json::to_writer(&mut json, &body).is_err() {
+            json.clear();
+        }
+        // Exactly sized: `Bytes` takes a full vector over without allocating again.
+        let json = Bytes::from(json.into_boxed_slice());
+        let mut response = Response::new(Full::new(json));
         *response.status_mut() = self.status;
         let headers = response.headers_mut();
         headers.insert(
@@ -185,12 +216,14 @@ impl Problem {
         let retry = limited.retry_after_seconds;
         let header =
             |text: String| HeaderValue::from_str(&text).unwrap_or(HeaderValue::from_static("1"));
-        Self::new(
+        let mut problem = Self::new(
             Kind::RateLimited,
             StatusCode::TOO_MANY_REQUESTS,
             format!("{name} rate limit reached; retry in {retry} s"),
-        )
-        .with_header(RETRY_AFTER, header(retry.to_string()))
+        );
+        problem.headers.reserve_exact(3);
+        problem
+            .with_header(RETRY_AFTER, HeaderValue::from(retry))
         .with_header(
             HeaderName::from_static("ratelimit-policy"),
             header(format!(
@@ -235,8 +268,8 @@ fn sale_not_open(detail: impl Into<String>) -> Problem {
     Problem::new(Kind::SaleNotOpen, StatusCode::CONFLICT, detail)
 }
 
-fn sold_out(detail: impl Into<String>) -> Problem {
-    Problem::new(Kind::SoldOut, StatusCode::CONFLICT, detail)
+fn sold_out(detail: impl Into<Cow<'static, str>>) -> Problem {
+    Problem::with_detail(Kind::SoldOut, StatusCode::CONFLICT, detail.into())
 }
 
 fn per_user_limit(limit: i32) -> Problem {

@@ -1,16 +1,20 @@
 //! Maps method and path to a handler; times and counts every request by route template.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{CONNECTION, HeaderValue};
-use http::{Method, Request, Response};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
+use metrics::{Counter, Histogram};
 
 use super::problem::Problem;
 use super::{State, admin, ops, payments, public, queue, review, wait_page};
@@ -24,6 +28,9 @@ pub enum Face {
     /// Operators: metrics, the admin API, the audit.
     Ops,
 }
+
+/// The most path segments of any route.
+const SEGMENTS_MAX: usize = 5;
 
 /// A matched route. Ids are raw path segments, parsed by the handlers.
 #[derive(Debug, PartialEq, Eq)]
@@ -64,10 +71,20 @@ pub enum Route<'a> {
 
 impl<'a> Route<'a> {
     pub fn of(method: &Method, path: &'a str) -> Self {
-        let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        // On the stack: no route has more segments, and this runs for every request.
+        let mut segments = [""; SEGMENTS_MAX];
+        let mut count = 0;
+        for segment in path.trim_start_matches('/').split('/') {
+            let Some(slot) = segments.get_mut(count) else {
+                return Route::Unknown;
+            };
+            *slot = segment;
+            count += 1;
+        }
+        let segments = &segments[..count];
         let get = method == Method::GET || method == Method::HEAD;
         let post = method == Method::POST;
-        let (template, allow, route) = match segments.as_slice() {
+        let (template, allow, route) = match segments {
             ["healthz"] => ("/healthz", "GET", Route::Healthz),
             ["readyz"] => ("/readyz", "GET", Route::Readyz),
             ["metrics"] => ("/metrics", "GET", Route::Metrics),
@@ -205,15 +222,15 @@ pub async fn handle(
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let started = Instant::now();
-    let path = request.uri().path().to_owned();
-    let mut route = Route::of(request.method(), &path);
+    // The clone shares the request's bytes: the route borrows the path, the handler the request.
+    let uri = request.uri().clone();
+    let mut route = Route::of(request.method(), uri.path());
     if !route.served_on(face) {
         route = Route::Unknown;
     }
     let template = route.template();
     let timeout = crate::config::millis(state.settings.server.request_timeout_ms);
-    let response = match tokio::time::timeout(timeout, dispatch(&state, peer, route, request)).await
-    {
+    let response = match in_time(timeout, dispatch(&state, peer, route, request)).await {
         Ok(Ok(response)) => response,
         Ok(Err(problem)) => problem.into_response(),
         Err(_) => Problem::overloaded("the request took too long").into_response(),
@@ -225,12 +242,44 @@ pub async fn handle(
             .headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));
     }
-    let status = response.status().as_u16().to_string();
-    metrics::counter!(telemetry::HTTP_REQUESTS, "route" => template, "status" => status)
-        .increment(1);
-    metrics::histogram!(telemetry::HTTP_DURATION, "route" => template)
-        .record(started.elapsed().as_secs_f64());
+    record(template, response.status(), started.elapsed());
     Ok(response)
+}
+
+/// `work`'s output, or `Elapsed` after `timeout`. Refusals are answered on the first poll,
+/// so the timer is created only for a request that has to wait.
+async fn in_time<F: Future>(
+    timeout: Duration,
+    work: F,
+) -> Result<F::Output, tokio::time::error::Elapsed> {
+    let mut work = std::pin::pin!(work);
+    let first = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
+    match first {
+        Poll::Ready(output) => Ok(output),
+        Poll::Pending => tokio::time::timeout(timeout, work).await,
+    }
+}
+
+thread_local! {
+    /// This thread's handles of the request metrics, by route template and status:
+    /// registered once, so answering records two numbers instead of building labels and
+    /// looking them up in the shared registry.
+    static REQUEST_METRICS: RefCell<HashMap<(&'static str, StatusCode), (Counter, Histogram)>> =
+        RefCell::new(HashMap::new());
+}
+
+fn record(template: &'static str, status: StatusCode, elapsed: Duration) {
+    REQUEST_METRICS.with_borrow_mut(|handles| {
+        let (requests, duration) = handles.entry((template, status)).or_insert_with(|| {
+            let status = status.as_u16().to_string();
+            (
+                metrics::counter!(telemetry::HTTP_REQUESTS, "route" => template, "status" => status),
+                metrics::histogram!(telemetry::HTTP_DURATION, "route" => template),
+            )
+        });
+        requests.increment(1);
+        duration.record(elapsed.as_secs_f64());
+    });
 }
 
 async fn dispatch(
