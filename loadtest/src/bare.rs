@@ -81,11 +81,37 @@ impl Answer {
     }
 }
 
-/// Serves until the process ends; prints the bound address first.
-pub async fn serve(listen: SocketAddr, answer: Answer) -> std::io::Result<()> {
+/// Serves until the process ends; prints the bound address first. With `loops` above
+/// zero, each of that many threads runs its own current-thread runtime accepting on a
+/// copy of the listener, instead of the one multi-thread runtime `main` started: the
+/// layout to compare the default with.
+pub async fn serve(listen: SocketAddr, answer: Answer, loops: usize) -> std::io::Result<()> {
     let listener = TcpListener::bind(listen).await?;
     println!("bare server listening on http://{}", listener.local_addr()?);
     let answer = Arc::new(answer);
+    if loops == 0 {
+        return accept(listener, answer).await;
+    }
+    let listener = listener.into_std()?;
+    let mut threads = Vec::new();
+    for _ in 0..loops {
+        let (copy, answer) = (listener.try_clone()?, answer.clone());
+        threads.push(std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async move { accept(TcpListener::from_std(copy)?, answer).await })
+        }));
+    }
+    for thread in threads {
+        thread
+            .join()
+            .map_err(|_| std::io::Error::other("a serving thread panicked"))??;
+    }
+    Ok(())
+}
+
+async fn accept(listener: TcpListener, answer: Arc<Answer>) -> std::io::Result<()> {
     loop {
         let (stream, _) = listener.accept().await?;
         let _ = stream.set_nodelay(true);

@@ -42,6 +42,10 @@ enum Command {
         /// it, a tiny JSON body.
         #[arg(long, value_name = "FILE")]
         answer: Option<PathBuf>,
+        /// Serve on this many current-thread runtimes, one thread each, sharing the
+        /// listener; 0 serves on the process's multi-thread runtime.
+        #[arg(long, default_value_t = 0)]
+        loops: usize,
     },
 }
 
@@ -50,11 +54,15 @@ async fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Sale { config, out, chart } => run_sale(&config, out, chart).await,
         Command::Chaos { config } => run_chaos(&config).await,
-        Command::BareServer { listen, answer } => run_bare(listen, answer).await,
+        Command::BareServer {
+            listen,
+            answer,
+            loops,
+        } => run_bare(listen, answer, loops).await,
     }
 }
 
-async fn run_bare(listen: SocketAddr, answer: Option<PathBuf>) -> ExitCode {
+async fn run_bare(listen: SocketAddr, answer: Option<PathBuf>, loops: usize) -> ExitCode {
     let answer = match answer.as_deref().map(bare::Answer::from_file) {
         None => bare::Answer::tiny_json(),
         Some(Ok(answer)) => answer,
@@ -63,7 +71,7 @@ async fn run_bare(listen: SocketAddr, answer: Option<PathBuf>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match bare::serve(listen, answer).await {
+    match bare::serve(listen, answer, loops).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("bare server: {error}");

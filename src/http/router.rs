@@ -282,6 +282,9 @@ fn record(template: &'static str, status: StatusCode, elapsed: Duration) {
     });
 }
 
+/// Handlers that wait on PostgreSQL, Redis or a body run boxed: a future holding any of
+/// them inline would be tens of kilobytes, copied into place for every request, refusals
+/// included. Placing an order boxes its own slow part, after the refusals it can give at once.
 async fn dispatch(
     state: &State,
     peer: SocketAddr,
@@ -290,32 +293,32 @@ async fn dispatch(
 ) -> Result<Response<Full<Bytes>>, Problem> {
     match route {
         Route::Healthz => Ok(admin::healthz()),
-        Route::Readyz => Ok(admin::readyz(state).await),
+        Route::Readyz => Ok(Box::pin(admin::readyz(state)).await),
         Route::Metrics => Ok(admin::metrics(state)),
-        Route::GetDeal(id) => public::get_deal(state, peer, &request, id).await,
+        Route::GetDeal(id) => Box::pin(public::get_deal(state, peer, &request, id)).await,
         Route::PlaceOrder(id) => public::place_order(state, peer, request, id).await,
-        Route::JoinQueue(id) => queue::join(state, peer, &request, id).await,
-        Route::QueueStatus(id) => queue::line(state, peer, &request, id).await,
-        Route::PollTicket(id, ticket) => queue::poll(state, peer, &request, id, ticket).await,
-        Route::GetOrder(id) => public::get_order(state, peer, &request, id).await,
-        Route::CancelOrder(id) => public::cancel_order(state, peer, &request, id).await,
-        Route::StartPayment(id) => payments::start_payment(state, peer, request, id).await,
-        Route::Webhook(provider) => payments::webhook(state, request, provider).await,
-        Route::CreateDeal => admin::create_deal(state, request).await,
-        Route::AdjustStock(id) => admin::adjust_stock(state, request, id).await,
-        Route::Inventory(id) => admin::inventory(state, &request, id).await,
-        Route::PauseDeal(id) => ops::set_paused(state, &request, id, true).await,
-        Route::ResumeDeal(id) => ops::set_paused(state, &request, id, false).await,
-        Route::Rebalance(id) => ops::rebalance(state, request, id).await,
-        Route::Audit => ops::audit(state, &request).await,
+        Route::JoinQueue(id) => Box::pin(queue::join(state, peer, &request, id)).await,
+        Route::QueueStatus(id) => Box::pin(queue::line(state, peer, &request, id)).await,
+        Route::PollTicket(id, ticket) => Box::pin(queue::poll(state, peer, &request, id, ticket)).await,
+        Route::GetOrder(id) => Box::pin(public::get_order(state, peer, &request, id)).await,
+        Route::CancelOrder(id) => Box::pin(public::cancel_order(state, peer, &request, id)).await,
+        Route::StartPayment(id) => Box::pin(payments::start_payment(state, peer, request, id)).await,
+        Route::Webhook(provider) => Box::pin(payments::webhook(state, request, provider)).await,
+        Route::CreateDeal => Box::pin(admin::create_deal(state, request)).await,
+        Route::AdjustStock(id) => Box::pin(admin::adjust_stock(state, request, id)).await,
+        Route::Inventory(id) => Box::pin(admin::inventory(state, &request, id)).await,
+        Route::PauseDeal(id) => Box::pin(ops::set_paused(state, &request, id, true)).await,
+        Route::ResumeDeal(id) => Box::pin(ops::set_paused(state, &request, id, false)).await,
+        Route::Rebalance(id) => Box::pin(ops::rebalance(state, request, id)).await,
+        Route::Audit => Box::pin(ops::audit(state, &request)).await,
         Route::OpenApi => Ok(ops::openapi()),
-        Route::QueueChallenge(id) => queue::challenge(state, peer, &request, id).await,
+        Route::QueueChallenge(id) => Box::pin(queue::challenge(state, peer, &request, id)).await,
         Route::PassKeys => queue::keys(state),
-        Route::RevokeQueue(id) => queue::revoke(state, request, id).await,
+        Route::RevokeQueue(id) => Box::pin(queue::revoke(state, request, id)).await,
         Route::WaitPage(id) => Ok(wait_page::page(state, id)),
-        Route::ReviewQueue => review::list(state, &request).await,
-        Route::ReviewFulfil(id) => review::fulfil(state, &request, id).await,
-        Route::ReviewRefund(id) => review::refund(state, &request, id).await,
+        Route::ReviewQueue => Box::pin(review::list(state, &request)).await,
+        Route::ReviewFulfil(id) => Box::pin(review::fulfil(state, &request, id)).await,
+        Route::ReviewRefund(id) => Box::pin(review::refund(state, &request, id)).await,
         Route::WrongMethod { allow, .. } => Err(Problem::method_not_allowed(allow)),
         Route::Unknown => Err(Problem::not_found("no such resource")),
     }
