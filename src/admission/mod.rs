@@ -246,10 +246,18 @@ impl Admission {
 
     /// A sold-out deal still lets through users who ordered it, whose request may be the
     /// retry of an order they hold; PostgreSQL then replays it or answers sold out.
+    /// Whom the token names is read first, unverified: anyone else is refused whatever
+    /// the token is worth, so only a request the mirror would let through pays for the
+    /// signature check.
     fn may_replay(&self, deal_id: &str, authorization: Option<&[u8]>) -> bool {
-        self.tokens
-            .verify(authorization)
-            .is_ok_and(|user| self.sold_out.may_replay(deal_id, user.as_str()))
+        let Some(claimed) = token::claimed_subject(authorization) else {
+            return false;
+        };
+        self.sold_out.may_replay(deal_id, &claimed)
+            && self
+                .tokens
+                .verify(authorization)
+                .is_ok_and(|user| self.sold_out.may_replay(deal_id, user.as_str()))
     }
 
     /// The deal's cached settings.
