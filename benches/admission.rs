@@ -14,6 +14,7 @@ use flashgate::admission::token::{TokenVerifier, mint_token};
 use flashgate::config::{LimitSettings, RateSettings};
 use flashgate::domain::{OrderEvent, OrderStatus};
 use flashgate::http::problem::Problem;
+use flashgate::http::request_id::RequestId;
 use flashgate::redis_link::RedisHandle;
 use flashgate::waiting_room::{Challenges, Passes, challenge};
 
@@ -137,7 +138,12 @@ fn sold_out_mirror(c: &mut Criterion) {
         .build()
         .unwrap();
     // Neither Redis nor PostgreSQL answers here: flags are set in memory only.
-    let redis = RedisHandle::new("redis://127.0.0.1:1", "bench:", Duration::from_millis(1));
+    let redis = RedisHandle::new(
+        "redis://127.0.0.1:1",
+        "bench:",
+        Duration::from_millis(1),
+        Duration::from_secs(60),
+    );
     let sold_out = SoldOut::new(redis, 1000, Duration::from_secs(60));
     runtime.block_on(async {
         let pool = sqlx::postgres::PgPoolOptions::new()
@@ -157,12 +163,14 @@ fn sold_out_mirror(c: &mut Criterion) {
 }
 
 fn problem_json(c: &mut Criterion) {
+    let id = RequestId::generate();
     c.bench_function("problem/render_overloaded", |b| {
         b.iter(|| {
             Problem::overloaded(black_box("no database capacity right now; retry shortly"))
-                .into_response()
+                .into_response(&id)
         })
     });
+    c.bench_function("request_id/generate", |b| b.iter(RequestId::generate));
 }
 
 fn transitions(c: &mut Criterion) {

@@ -24,10 +24,10 @@ use crate::telemetry;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
-    #[error("database: {0}")]
-    Database(#[from] sqlx::Error),
-    #[error("migrations: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error(transparent)]
+    Connect(#[from] store::ConnectError),
+    #[error(transparent)]
+    Migrate(#[from] store::MigrateError),
     #[error("cannot listen on {0}: {1}")]
     Bind(SocketAddr, std::io::Error),
     #[error("payment provider client: {0}")]
@@ -49,14 +49,17 @@ impl Application {
         telemetry::prometheus();
         let settings = Arc::new(settings);
         if settings.database.migrate_on_start {
-            store::migrate(&settings.database).await?;
+            let applied = store::migrate(&settings.database).await?;
+            for migration in &applied {
+                tracing::info!(
+                    version = migration.version,
+                    description = %migration.description,
+                    "migration applied"
+                );
+            }
         }
         let pools = Pools::new(&settings.database)?;
-        let redis = RedisHandle::new(
-            &settings.redis.url,
-            &settings.redis.key_prefix,
-            millis(settings.redis.command_timeout_ms),
-        );
+        let redis = RedisHandle::from_settings(&settings.redis);
         redis.connect().await;
         let admission = Admission::new(&settings, redis.clone());
         let (public, local_addr) = bind(settings.server.listen).await?;
@@ -99,10 +102,20 @@ impl Application {
         let background = CancellationToken::new();
         let tasks = TaskTracker::new();
         spawn_background(&tasks, &self.state, &background);
+        let tasks_stop = Duration::from_millis(self.state.settings.server.tasks_stop_ms);
         http::serve(self.listeners, self.state, self.shutdown.clone()).await;
         background.cancel();
         tasks.close();
-        tasks.wait().await;
+        if tokio::time::timeout(tasks_stop, tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                still_running = tasks.len(),
+                ?tasks_stop,
+                "background tasks did not stop in time; exiting without them"
+            );
+        }
         tracing::info!("stopped");
         Ok(())
     }

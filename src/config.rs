@@ -13,6 +13,12 @@ use figment::providers::{Env, Format, Toml};
 use ipnet::IpNet;
 use serde::Deserialize;
 
+mod sources;
+mod urls;
+
+use sources::Sources;
+pub use urls::redact_url;
+
 /// The defaults, shipped inside the binary.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
@@ -27,10 +33,10 @@ const NAMED_ENV: [(&str, &str); 7] = [
     ("FLASHGATE_JWT_SECRET", "auth.jwt_secret"),
 ];
 
+/// A configuration that cannot be used; the message names the setting as it was given
+/// (environment variable, or key and file) and what is wrong with it.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("configuration could not be read: {0}")]
-    Load(#[from] Box<figment::Error>),
     #[error("invalid configuration: {0}")]
     Invalid(String),
 }
@@ -68,6 +74,10 @@ pub struct ServerSettings {
     /// After the signal, how long `/readyz` fails while requests are still served, so load
     /// balancers stop sending traffic before the listener closes.
     pub drain_delay_ms: u64,
+    /// After the connections are drained, how long background tasks (sweeper, outbox,
+    /// advancer) get to stop; a task still busy then is dropped mid-flight, which is safe
+    /// because each of its transactions rolls back, and the process exits anyway.
+    pub tasks_stop_ms: u64,
     /// Open connections one client address may hold; more are closed at once.
     pub connections_per_client_max: usize,
     /// A request body not fully received within this is answered 408.
@@ -75,6 +85,9 @@ pub struct ServerSettings {
     pub trusted_proxies: Vec<IpNet>,
     pub client_ip_header: String,
     pub public_cache_max_age_seconds: u32,
+    /// Longest `X-Request-Id` a caller may send; a longer or unsafe one is replaced by a
+    /// generated id.
+    pub request_id_bytes_max: usize,
 }
 
 #[derive(Clone, Deserialize)]
@@ -106,6 +119,8 @@ pub struct RedisSettings {
     pub key_prefix: String,
     pub command_timeout_ms: u64,
     pub reconnect_interval_ms: u64,
+    /// While Redis stays unreachable, the log repeats its warning at most this often.
+    pub outage_log_interval_ms: u64,
 }
 
 #[derive(Clone, Deserialize)]
@@ -259,6 +274,16 @@ impl std::fmt::Debug for PaymentSettings {
 #[serde(deny_unknown_fields)]
 pub struct TelemetrySettings {
     pub log_filter: String,
+    /// `text` for people at a terminal, `json` (one object per line) for log collectors.
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 /// The invariant audit every instance runs in the background.
@@ -341,23 +366,23 @@ impl std::fmt::Debug for WaitingRoomSettings {
 impl Settings {
     /// Defaults, then `config_file` if given, then the environment; validated.
     pub fn load(config_file: Option<&Path>) -> Result<Self, ConfigError> {
+        let sources = Sources::new(config_file);
         let mut figment = Figment::from(Toml::string(DEFAULT_TOML));
         if let Some(path) = config_file {
-            if !path.is_file() {
-                return Err(ConfigError::Invalid(format!(
-                    "config file {} does not exist",
-                    path.display()
-                )));
-            }
+            check_config_file(path)?;
             figment = figment.merge(Toml::file(path));
         }
-        figment = figment.merge(Env::prefixed("FLASHGATE__").split("__"));
+        figment = figment.merge(Env::prefixed(sources::ENV_PREFIX).split("__"));
         for (var, key) in NAMED_ENV {
             if let Ok(value) = std::env::var(var) {
                 figment = figment.merge((key, value));
             }
         }
-        let settings: Settings = figment.extract().map_err(Box::new)?;
+        for key in ["server.listen", "server.ops_listen"] {
+            figment = sources.resolve_listen(figment, key)?;
+        }
+        let settings: Settings = figment.extract().map_err(|error| sources.describe(error))?;
+        urls::check_database(&settings.database, &sources)?;
         settings.validate()?;
         Ok(settings)
     }
@@ -476,6 +501,10 @@ impl Settings {
             "server.body_bytes_max must be at least 64",
         )?;
         check(
+            (16..=128).contains(&s.request_id_bytes_max),
+            "server.request_id_bytes_max must be 16..=128",
+        )?;
+        check(
             s.header_read_timeout_ms > 0,
             "server.header_read_timeout_ms must be > 0",
         )?;
@@ -544,6 +573,10 @@ impl Settings {
         check(
             self.redis.reconnect_interval_ms > 0,
             "redis.reconnect_interval_ms must be > 0",
+        )?;
+        check(
+            self.redis.outage_log_interval_ms >= 1000,
+            "redis.outage_log_interval_ms must be at least 1000",
         )
     }
 
@@ -716,23 +749,52 @@ impl Settings {
     /// Outside `demo`, every secret must be set to a value of its own, at least
     /// [`SECRET_BYTES_MIN`] long: the shipped defaults are public. The payment provider's
     /// API key and webhook secret count only when payments are enabled. The error names
-    /// the first offending setting and how to set it.
+    /// every offending setting and how to set it.
     pub fn check_secrets(&self) -> Result<(), ConfigError> {
+        let problems: Vec<String> = self.secrets().iter().filter_map(Secret::problem).collect();
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(ConfigError::Invalid(format!(
+            "`serve` needs secrets of its own of at least {SECRET_BYTES_MIN} bytes \
+             (e.g. the output of `openssl rand -hex 32`); only `flashgate demo` runs with \
+             the development defaults: {}",
+            problems.join("; ")
+        )))
+    }
+
+    /// The secret settings still at their public development default, for the warning
+    /// `demo` prints.
+    pub fn default_secrets(&self) -> Vec<&'static str> {
+        self.secrets()
+            .iter()
+            .filter(|secret| secret.value == secret.default)
+            .map(|secret| secret.key)
+            .collect()
+    }
+
+    fn secrets(&self) -> Vec<Secret<'_>> {
         let defaults = Self::defaults();
+        let known = |key, env, value, default: &str| Secret {
+            key,
+            env,
+            value,
+            default: default.to_owned(),
+        };
         let mut secrets = vec![
-            Secret::new(
+            known(
                 "auth.jwt_secret",
                 "FLASHGATE_JWT_SECRET",
                 &self.auth.jwt_secret,
                 &defaults.auth.jwt_secret,
             ),
-            Secret::new(
+            known(
                 "auth.admin_token",
                 "FLASHGATE_ADMIN_TOKEN",
                 &self.auth.admin_token,
                 &defaults.auth.admin_token,
             ),
-            Secret::new(
+            known(
                 "waiting_room.pass_secret",
                 "FLASHGATE__WAITING_ROOM__PASS_SECRET",
                 &self.waiting_room.pass_secret,
@@ -740,20 +802,20 @@ impl Settings {
             ),
         ];
         if self.payments.enabled {
-            secrets.push(Secret::new(
+            secrets.push(known(
                 "payments.webhook_secret",
                 "FLASHGATE__PAYMENTS__WEBHOOK_SECRET",
                 &self.payments.webhook_secret,
                 &defaults.payments.webhook_secret,
             ));
-            secrets.push(Secret::new(
+            secrets.push(known(
                 "payments.api_key",
                 "FLASHGATE__PAYMENTS__API_KEY",
                 &self.payments.api_key,
                 &defaults.payments.api_key,
             ));
         }
-        secrets.iter().try_for_each(Secret::check)
+        secrets
     }
 }
 
@@ -765,33 +827,24 @@ struct Secret<'a> {
     key: &'static str,
     env: &'static str,
     value: &'a str,
-    default: &'a str,
+    /// Owned: the defaults are parsed afresh for each check.
+    default: String,
 }
 
-impl<'a> Secret<'a> {
-    fn new(key: &'static str, env: &'static str, value: &'a str, default: &'a str) -> Self {
-        Self {
-            key,
-            env,
-            value,
-            default,
-        }
-    }
-
-    fn check(&self) -> Result<(), ConfigError> {
+impl Secret<'_> {
+    /// What is wrong with the secret and how to set it, if anything is.
+    fn problem(&self) -> Option<String> {
         let problem = if self.value == self.default {
             "is left at its public development default".to_owned()
         } else if self.value.len() < SECRET_BYTES_MIN {
             format!("is {} bytes long", self.value.len())
         } else {
-            return Ok(());
+            return None;
         };
-        Err(ConfigError::Invalid(format!(
-            "{} {problem}; `serve` needs a secret of its own of at least {SECRET_BYTES_MIN} bytes: \
-             set {} (or {} in the --config file), e.g. to the output of `openssl rand -hex 32`; \
-             only `flashgate demo` runs with the development defaults",
+        Some(format!(
+            "{} {problem} (set {}, or {} in the --config file)",
             self.key, self.env, self.key
-        )))
+        ))
     }
 }
 
@@ -848,14 +901,19 @@ impl std::fmt::Debug for AuthSettings {
     }
 }
 
-/// Drops the password from a connection URL.
-fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            format!("{}://<redacted>{}", &url[..scheme_end], &url[at..])
-        }
-        _ => url.to_owned(),
-    }
+/// `--config` must name a readable file; a directory or a missing path is said as such.
+fn check_config_file(path: &Path) -> Result<(), ConfigError> {
+    let problem = match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => "is a directory, not a file".to_owned(),
+        Ok(meta) if meta.is_file() => return Ok(()),
+        Ok(_) => "is not a regular file".to_owned(),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => "does not exist".to_owned(),
+        Err(error) => format!("cannot be read: {error}"),
+    };
+    Err(ConfigError::Invalid(format!(
+        "--config {} {problem}",
+        path.display()
+    )))
 }
 
 #[cfg(test)]
@@ -867,15 +925,6 @@ mod tests {
         let settings = Settings::defaults();
         settings.validate().unwrap();
         assert_eq!(settings.orders.idempotency_key_bytes_max, 255);
-    }
-
-    #[test]
-    fn redacts_passwords() {
-        assert_eq!(
-            redact_url("postgres://u:secret@h:5432/db"),
-            "postgres://<redacted>@h:5432/db"
-        );
-        assert_eq!(redact_url("redis://127.0.0.1"), "redis://127.0.0.1");
     }
 
     #[test]
@@ -904,6 +953,27 @@ mod tests {
         assert!(error.contains("payments.api_key"), "{error}");
         settings.payments.api_key = "k".repeat(32);
         settings.check_secrets().unwrap();
+    }
+
+    #[test]
+    fn names_every_secret_at_its_default() {
+        let mut settings = Settings::defaults();
+        assert_eq!(
+            settings.default_secrets(),
+            [
+                "auth.jwt_secret",
+                "auth.admin_token",
+                "waiting_room.pass_secret"
+            ]
+        );
+        settings.auth.admin_token = "a".repeat(32);
+        let error = settings.check_secrets().unwrap_err().to_string();
+        assert!(
+            error.contains("auth.jwt_secret is left")
+                && error.contains("waiting_room.pass_secret is left")
+                && !error.contains("auth.admin_token"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -55,8 +55,8 @@ enum Command {
         /// The user id (`sub`).
         #[arg(long)]
         user: String,
-        /// Seconds until the token expires.
-        #[arg(long, default_value_t = 3600)]
+        /// Seconds until the token expires (1 to a year).
+        #[arg(long, default_value_t = 3600, value_parser = token_ttl_seconds, allow_negative_numbers = true)]
         ttl_seconds: i64,
     },
     /// Run the payment-provider simulator (hosted checkout, signed webhooks, fault
@@ -69,9 +69,33 @@ enum ReviewCommand {
     /// List the orders waiting for review, oldest first.
     List,
     /// Take the order's units again and keep the money; refused when the units are gone.
-    Fulfil { order_id: uuid::Uuid },
+    Fulfil {
+        /// The order's id (from `review list`).
+        order_id: uuid::Uuid,
+    },
     /// Give the money back.
-    Refund { order_id: uuid::Uuid },
+    Refund {
+        /// The order's id (from `review list`).
+        order_id: uuid::Uuid,
+    },
+}
+
+/// Longest lifetime `flashgate token` mints: a year (and no overflow of `exp`).
+const TOKEN_TTL_SECONDS_MAX: i64 = 366 * 86_400;
+
+fn token_ttl_seconds(raw: &str) -> Result<i64, String> {
+    let seconds: i64 = raw
+        .parse()
+        .map_err(|_| format!("`{raw}` is not a whole number of seconds"))?;
+    if seconds < 1 {
+        return Err(format!(
+            "must be at least 1: a token living {seconds} s is expired when it is printed"
+        ));
+    }
+    if seconds > TOKEN_TTL_SECONDS_MAX {
+        return Err(format!("must be at most {TOKEN_TTL_SECONDS_MAX} (a year)"));
+    }
+    Ok(seconds)
 }
 
 fn main() -> ExitCode {
@@ -101,7 +125,7 @@ fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    telemetry::init_logging(&settings.telemetry.log_filter);
+    telemetry::init_logging(&settings.telemetry);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -112,38 +136,61 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let outcome = runtime.block_on(async move {
-        match cli.command {
-            Command::Serve => serve(settings, false).await,
-            Command::Demo => serve(settings, true).await,
-            Command::Migrate => store::migrate(&settings.database)
-                .await
-                .map_err(|e| e.to_string()),
-            Command::Token { .. } => Ok(()),
-            Command::Deals { command } => ops::cli::deals(&settings, command).await,
-            Command::Check => ops::cli::check(&settings).await,
-            Command::Reconcile => reconcile(&settings).await,
-            Command::Review { command } => review(&settings, command).await,
-            Command::PspSim(config) => {
-                let token = tokio_util::sync::CancellationToken::new();
-                tokio::spawn(shutdown::cancel_on_signal(token.clone()));
-                psp_sim::run(config, token).await
-            }
-        }
-    });
-    match outcome {
+    match runtime.block_on(run(cli.command, settings)) {
         Ok(()) => ExitCode::SUCCESS,
+        // Printed once, here: the log would only repeat it.
         Err(error) => {
-            tracing::error!(%error, "flashgate failed");
             eprintln!("flashgate: {error}");
             ExitCode::FAILURE
         }
     }
 }
 
+async fn run(command: Command, settings: Settings) -> Result<(), String> {
+    match command {
+        Command::Serve => serve(settings, false).await,
+        Command::Demo => serve(settings, true).await,
+        Command::Migrate => migrate(&settings).await,
+        Command::Token { .. } => Ok(()),
+        Command::Deals { command } => ops::cli::deals(&settings, command).await,
+        Command::Check => ops::cli::check(&settings).await,
+        Command::Reconcile => reconcile(&settings).await,
+        Command::Review { command } => review(&settings, command).await,
+        Command::PspSim(config) => {
+            let token = tokio_util::sync::CancellationToken::new();
+            tokio::spawn(shutdown::cancel_on_signal(token.clone()));
+            psp_sim::run(config, token).await
+        }
+    }
+}
+
+/// `flashgate migrate`: one line per migration applied, or one saying none was pending.
+async fn migrate(settings: &Settings) -> Result<(), String> {
+    let applied = store::migrate(&settings.database)
+        .await
+        .map_err(|e| e.to_string())?;
+    if applied.is_empty() {
+        println!("no migrations pending; the schema is up to date");
+    }
+    for migration in &applied {
+        println!(
+            "applied migration {} {}",
+            migration.version, migration.description
+        );
+    }
+    Ok(())
+}
+
 async fn serve(mut settings: Settings, demo: bool) -> Result<(), String> {
     if demo {
         settings.database.migrate_on_start = true;
+        let defaults = settings.default_secrets();
+        if !defaults.is_empty() {
+            tracing::warn!(
+                secrets = %defaults.join(", "),
+                "demo runs with public development defaults for these secrets; never expose it"
+            );
+        }
     }
     let demo_token = auth::mint_token_for(
         &settings.auth.jwt_secret,
@@ -169,7 +216,9 @@ async fn reconcile(settings: &Settings) -> Result<(), String> {
     let payments = flashgate::app::build_payments(settings)
         .map_err(|e| e.to_string())?
         .ok_or("payments are disabled (payments.enabled = false)")?;
-    let pools = store::Pools::new(&settings.database).map_err(|e| e.to_string())?;
+    let pools = store::Pools::connect(&settings.database)
+        .await
+        .map_err(|e| e.to_string())?;
     let findings = payments
         .reconcile(&pools.admin)
         .await
@@ -183,7 +232,9 @@ async fn reconcile(settings: &Settings) -> Result<(), String> {
 
 async fn review(settings: &Settings, command: ReviewCommand) -> Result<(), String> {
     use flashgate::payments::review::{self, ReviewOutcome};
-    let pools = store::Pools::new(&settings.database).map_err(|e| e.to_string())?;
+    let pools = store::Pools::connect(&settings.database)
+        .await
+        .map_err(|e| e.to_string())?;
     let pool = &pools.admin;
     let (order_id, outcome) = match command {
         ReviewCommand::List => {
@@ -256,4 +307,35 @@ fn print_demo_help(app: &Application, token: &str, admin_token: &str) {
          Metrics:\n  curl -s {ops}/metrics\n\n\
          Press Ctrl-C to stop.\n"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every option and argument of every subcommand says what it is for in `--help`.
+    #[test]
+    fn every_option_has_help() {
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            let path = format!("{path} {}", command.get_name());
+            if command.get_about().is_none() && command.get_long_about().is_none() {
+                missing.push(format!("{path} (the command itself)"));
+            }
+            for arg in command.get_arguments() {
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {}", arg.get_id()));
+                }
+            }
+            for sub in command.get_subcommands() {
+                walk(sub, &path, missing);
+            }
+        }
+        let mut command = Cli::command();
+        command.build();
+        command.clone().debug_assert();
+        let mut missing = Vec::new();
+        walk(&command, "", &mut missing);
+        assert!(missing.is_empty(), "without help text: {missing:#?}");
+    }
 }

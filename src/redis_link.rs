@@ -7,9 +7,15 @@
 //! `redis.url` holding several URLs separated by commas selects a Redis Cluster: they are
 //! its seed nodes, and each command goes to the primary of its key's slot (a script to the
 //! slot of its first key; every script keeps its keys in one slot).
+//!
+//! Losing Redis is logged as a warning and its return as an info line, with at most one
+//! warning every `redis.outage_log_interval_ms`: while Redis stays away the warning is
+//! repeated that often with the number of calls that failed meanwhile, and a Redis that
+//! keeps dropping is not a line per drop.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
@@ -18,6 +24,7 @@ use redis::{AsyncConnectionConfig, Client, Cmd, FromRedisValue, RedisResult, Val
 use tokio::sync::RwLock;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::{RedisSettings, millis, redact_url};
 use crate::telemetry;
 
 #[derive(Debug, thiserror::Error)]
@@ -88,15 +95,45 @@ struct Inner {
     connection: RwLock<Option<Connection>>,
     key_prefix: String,
     command_timeout: Duration,
+    /// Where Redis is, for the log (no password).
+    url: String,
+    outage: Mutex<Outage>,
+    /// Calls refused for want of a connection since the last outage warning; counted
+    /// without the lock, since every call fails fast while Redis is away.
+    refused: AtomicU64,
+    outage_log_interval: Duration,
+}
+
+/// What the log has said about the current outage.
+#[derive(Default)]
+struct Outage {
+    /// When Redis was lost; `None` while connected (or before the first attempt).
+    since: Option<Instant>,
+    /// When an outage warning was last logged.
+    warned_at: Option<Instant>,
+    /// Whether this outage's warning was logged; only then is its end logged too.
+    announced: bool,
+    /// Failed commands and connection attempts since the last warning.
+    failures: u64,
+    ever_connected: bool,
 }
 
 impl RedisHandle {
     /// Never fails: a bad URL or an unreachable server leaves the handle disconnected.
-    pub fn new(url: &str, key_prefix: &str, command_timeout: Duration) -> Self {
+    pub fn new(
+        url: &str,
+        key_prefix: &str,
+        command_timeout: Duration,
+        outage_log_interval: Duration,
+    ) -> Self {
         let client = Target::open(url)
-            .inspect_err(
-                |error| tracing::error!(%error, "redis url is invalid; running without redis"),
-            )
+            .inspect_err(|error| {
+                tracing::error!(
+                    %error,
+                    url = %redact_url(url),
+                    "redis.url (REDIS_URL) is invalid; running without redis"
+                );
+            })
             .ok();
         Self {
             inner: Arc::new(Inner {
@@ -104,8 +141,22 @@ impl RedisHandle {
                 connection: RwLock::new(None),
                 key_prefix: key_prefix.to_owned(),
                 command_timeout,
+                url: redact_url(url),
+                outage: Mutex::new(Outage::default()),
+                refused: AtomicU64::new(0),
+                outage_log_interval,
             }),
         }
+    }
+
+    /// The handle `settings` describe.
+    pub fn from_settings(settings: &RedisSettings) -> Self {
+        Self::new(
+            &settings.url,
+            &settings.key_prefix,
+            millis(settings.command_timeout_ms),
+            millis(settings.outage_log_interval_ms),
+        )
     }
 
     pub fn key(&self, suffix: &str) -> String {
@@ -120,6 +171,7 @@ impl RedisHandle {
     pub async fn run<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, RedisError> {
         let Some(mut connection) = self.inner.connection.read().await.clone() else {
             metrics::counter!(telemetry::REDIS_ERRORS).increment(1);
+            self.inner.refused.fetch_add(1, Ordering::Relaxed);
             return Err(RedisError::Disconnected);
         };
         let outcome = tokio::time::timeout(self.inner.command_timeout, async {
@@ -134,6 +186,7 @@ impl RedisHandle {
         };
         metrics::counter!(telemetry::REDIS_ERRORS).increment(1);
         *self.inner.connection.write().await = None;
+        self.lost(&error);
         Err(error)
     }
 
@@ -164,13 +217,78 @@ impl RedisHandle {
             .unwrap_or_else(|_| Err((redis::ErrorKind::Io, "connect timed out").into()));
         match connected {
             Ok(connection) => {
-                tracing::info!("redis connected");
                 *self.inner.connection.write().await = Some(connection);
+                self.back();
             }
             Err(error) => {
                 metrics::counter!(telemetry::REDIS_ERRORS).increment(1);
                 tracing::debug!(%error, "redis connect failed; serving from PostgreSQL");
+                self.lost(&error);
             }
+        }
+    }
+
+    fn outage(&self) -> std::sync::MutexGuard<'_, Outage> {
+        // The state is only log bookkeeping: a panic while holding it leaves it usable.
+        self.inner
+            .outage
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A command or connection attempt failed: warns when Redis was just lost, reminds at
+    /// most every `outage_log_interval` while it stays away, and is silent otherwise.
+    fn lost(&self, error: &dyn std::fmt::Display) {
+        metrics::gauge!(telemetry::REDIS_UP).set(0.0);
+        let now = Instant::now();
+        let mut outage = self.outage();
+        outage.failures += 1;
+        let since = *outage.since.get_or_insert(now);
+        let due = outage
+            .warned_at
+            .is_none_or(|at| now.duration_since(at) >= self.inner.outage_log_interval);
+        if !due {
+            return;
+        }
+        let refused = self.inner.refused.swap(0, Ordering::Relaxed);
+        let failed_calls = std::mem::take(&mut outage.failures) + refused;
+        let first = !std::mem::replace(&mut outage.announced, true);
+        outage.warned_at = Some(now);
+        drop(outage);
+        let url = &self.inner.url;
+        if first {
+            tracing::warn!(
+                %url, %error,
+                "redis unreachable; serving from PostgreSQL until it is back"
+            );
+        } else {
+            tracing::warn!(
+                %url, %error, failed_calls,
+                down_seconds = now.duration_since(since).as_secs(),
+                "redis still unreachable"
+            );
+        }
+    }
+
+    /// A connection was made: says so when it ends an outage the log announced.
+    fn back(&self) {
+        metrics::gauge!(telemetry::REDIS_UP).set(1.0);
+        let mut outage = self.outage();
+        let since = outage.since.take();
+        let announced = std::mem::take(&mut outage.announced);
+        let first = !std::mem::replace(&mut outage.ever_connected, true);
+        outage.failures = 0;
+        drop(outage);
+        self.inner.refused.store(0, Ordering::Relaxed);
+        let url = &self.inner.url;
+        match since {
+            Some(since) if announced => tracing::info!(
+                %url,
+                down_seconds = since.elapsed().as_secs(),
+                "redis reachable again"
+            ),
+            _ if first => tracing::info!(%url, "redis connected"),
+            _ => tracing::debug!(%url, "redis reconnected after a short outage"),
         }
     }
 }

@@ -352,13 +352,23 @@ fn describe_waiting_room() {
     );
 }
 
-/// Logs go to stderr; `RUST_LOG` overrides the configured filter.
-pub fn init_logging(default_filter: &str) {
+/// Logs go to stderr, as text or as one JSON object per line (with the fields of the
+/// request's span, so a collector can group a request's lines by its id); `RUST_LOG`
+/// overrides the configured filter.
+pub fn init_logging(settings: &crate::config::TelemetrySettings) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
-    let _ = tracing_subscriber::fmt()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&settings.log_filter));
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match settings.log_format {
+        crate::config::LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+        crate::config::LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .try_init(),
+    };
 }

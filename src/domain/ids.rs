@@ -87,6 +87,9 @@ impl IdempotencyKey {
 pub struct Quantity(u32);
 
 impl Quantity {
+    /// The smallest order, valid under every `quantity_max`.
+    pub const ONE: Quantity = Quantity(1);
+
     pub fn new(raw: i64, quantity_max: u32) -> Result<Self, InvalidInput> {
         match u32::try_from(raw) {
             Ok(units) if units >= 1 && units <= quantity_max => Ok(Self(units)),

@@ -35,12 +35,34 @@ pub(super) fn require_admin<B>(state: &State, request: &Request<B>) -> Result<()
     }
 }
 
-/// Deal ids may be sent as strings or numbers; they are stored as strings.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum IdInput {
-    Text(String),
-    Number(u64),
+/// Deal ids may be sent as strings or non-negative integers; they are stored as strings.
+struct IdInput(String);
+
+impl<'de> Deserialize<'de> for IdInput {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Id;
+        impl serde::de::Visitor<'_> for Id {
+            type Value = String;
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("a string or a non-negative integer")
+            }
+            fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<String, E> {
+                Ok(value.to_owned())
+            }
+            fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<String, E> {
+                Ok(value.to_string())
+            }
+            fn visit_f64<E: serde::de::Error>(self, value: f64) -> Result<String, E> {
+                let whole = value.fract() == 0.0 && (0.0..9.0e15).contains(&value);
+                if whole {
+                    Ok((value as u64).to_string())
+                } else {
+                    Err(E::invalid_type(serde::de::Unexpected::Float(value), &self))
+                }
+            }
+        }
+        deserializer.deserialize_any(Id).map(IdInput)
+    }
 }
 
 #[derive(Deserialize)]
@@ -48,11 +70,16 @@ enum IdInput {
 struct CreateDeal {
     id: IdInput,
     name: String,
+    #[serde(deserialize_with = "super::integer::exact")]
     stock: i64,
+    #[serde(deserialize_with = "super::integer::exact")]
     buckets: i32,
+    #[serde(deserialize_with = "super::integer::exact")]
     unit_price_minor: i64,
     currency: String,
+    #[serde(deserialize_with = "super::integer::exact")]
     per_user_limit: i32,
+    #[serde(deserialize_with = "super::integer::exact")]
     reservation_ttl_seconds: i32,
     #[serde(default)]
     starts_at: Option<DateTime<Utc>>,
@@ -67,13 +94,28 @@ struct CreateDeal {
 }
 
 impl CreateDeal {
+    /// The rules between times, answered 422: each time is valid on its own.
+    fn check_times(&self) -> Result<(), Problem> {
+        if let (Some(starts), Some(ends)) = (self.starts_at, self.ends_at)
+            && starts >= ends
+        {
+            return Err(Problem::unprocessable("starts_at must be before ends_at"));
+        }
+        let prequeue = self.waiting_room.as_ref().and_then(|w| w.prequeue_opens_at);
+        if let (Some(opens), Some(starts)) = (prequeue, self.starts_at)
+            && opens > starts
+        {
+            return Err(Problem::unprocessable(
+                "waiting_room.prequeue_opens_at must not be after starts_at",
+            ));
+        }
+        Ok(())
+    }
+
     fn into_new_deal(self) -> Result<NewDeal, Problem> {
-        let id = match self.id {
-            IdInput::Text(text) => text,
-            IdInput::Number(number) => number.to_string(),
-        };
+        self.check_times()?;
         Ok(NewDeal {
-            id: DealId::parse(&id)?,
+            id: DealId::parse(&self.id.0)?,
             name: self.name,
             stock: self.stock,
             buckets: self.buckets,
@@ -171,6 +213,7 @@ pub async fn create_deal(state: &State, request: Request<Incoming>) -> Reply {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct StockChange {
+    #[serde(deserialize_with = "super::integer::exact")]
     delta: i64,
 }
 

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, VARY};
 use http::{Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -55,7 +55,8 @@ pub async fn split(
     Ok((parts, bytes))
 }
 
-/// Parses a JSON object body into `T`, answering 400 with serde's reason otherwise.
+/// Parses a JSON object body into `T`, answering 400 with the field and the reason
+/// otherwise (worded in `problem`).
 /// Only objects are accepted: serde would also read a struct from an array. JSON is UTF-8
 /// (RFC 8259), and serde skips the bytes of fields it ignores without looking at them, so
 /// the whole body is checked first: invalid bytes anywhere make the body invalid.
@@ -66,8 +67,15 @@ pub fn json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
     if bytes.trim_ascii_start().first() != Some(&b'{') {
         return Err(Problem::invalid("the body must be a JSON object"));
     }
-    serde_json::from_slice(bytes)
-        .map_err(|error| Problem::invalid(format!("invalid JSON body: {error}")))
+    let mut reader = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut reader).map_err(|error| {
+        let well_formed = serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok();
+        Problem::invalid_json(&error, well_formed)
+    })?;
+    reader
+        .end()
+        .map_err(|_| Problem::invalid("the body is not valid JSON: more follows the object"))?;
+    Ok(value)
 }
 
 /// Cache policy of a successful response.
@@ -95,6 +103,10 @@ pub fn respond<T: Serialize>(
         Caching::Private => HeaderValue::from_static("private, no-store"),
     };
     headers.insert(CACHE_CONTROL, cache);
+    if let Caching::Private = caching {
+        // A personal answer depends on who asks: no shared cache may give it to another.
+        headers.insert(VARY, HeaderValue::from_static("authorization"));
+    }
     response
 }
 

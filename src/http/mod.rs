@@ -4,16 +4,19 @@
 //! head size, head read time and connection counts, and drains every request that has
 //! arrived on shutdown (`connection`). `router` maps a request to a handler
 //! and records its metrics; handlers parse input into domain types, call admission and the
-//! order service, and turn results into JSON or problem+json (`problem`).
+//! order service, and turn results into JSON or problem+json (`problem`). Every request
+//! gets an id (`request_id`) that its answer, its problem body and its log lines carry.
 
 mod admin;
 mod body;
 mod connection;
+mod integer;
 mod ops;
 mod payments;
 pub mod problem;
 mod public;
 mod queue;
+pub mod request_id;
 mod review;
 mod router;
 mod server;

@@ -50,6 +50,7 @@ pub async fn set_paused<B>(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RebalanceRequest {
+    #[serde(deserialize_with = "super::integer::exact")]
     buckets: i64,
 }
 

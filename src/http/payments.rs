@@ -34,6 +34,7 @@ pub async fn start_payment(
         .get(AUTHORIZATION)
         .map(HeaderValue::as_bytes);
     let user = state.admission.authenticate(values)?;
+    super::router::record_user(&user);
     let order_id = Uuid::parse_str(raw_id).map_err(|_| Problem::not_found("no such order"))?;
     let key = request
         .headers()
@@ -54,7 +55,7 @@ pub async fn start_payment(
         .as_ref()
         .ok_or_else(|| Problem::not_found("payments are not enabled"))?;
     if order.status() != OrderStatus::PendingPayment {
-        return Err(Problem::conflict(format!(
+        return Err(Problem::order_not_pending(format!(
             "the order is {}; only PENDING_PAYMENT orders can be paid",
             order.status()
         )));

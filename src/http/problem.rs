@@ -14,6 +14,7 @@ use http::{Response, StatusCode};
 use http_body_util::Full;
 use serde::{Serialize, Serializer};
 
+use super::request_id::RequestId;
 use crate::admission::Rejection;
 use crate::admission::limits::Limited;
 use crate::admission::token::TokenError;
@@ -46,6 +47,9 @@ pub enum Kind {
     ReservationExpired,
     PaymentAttemptsExhausted,
     ChallengeRequired,
+    MethodNotAllowed,
+    OrderNotPending,
+    PayloadTooLarge,
 }
 
 impl Kind {
@@ -67,6 +71,9 @@ impl Kind {
                 ("payment-attempts-exhausted", "Too many payment attempts")
             }
             Kind::ChallengeRequired => ("challenge-required", "Proof of work required"),
+            Kind::MethodNotAllowed => ("method-not-allowed", "Method not allowed"),
+            Kind::OrderNotPending => ("order-not-pending", "Order not pending"),
+            Kind::PayloadTooLarge => ("payload-too-large", "Payload too large"),
         }
     }
 }
@@ -87,6 +94,7 @@ struct Body<'a> {
     title: &'a str,
     status: u16,
     detail: &'a str,
+    instance: &'a str,
 }
 
 /// The `type` URI of a problem kind, written straight into the body.
@@ -125,13 +133,23 @@ impl Problem {
         Self::new(Kind::InvalidRequest, StatusCode::BAD_REQUEST, detail)
     }
 
+    /// Well-formed input that breaks a rule across fields (an end before its start), which
+    /// a schema of each field cannot state.
+    pub fn unprocessable(detail: impl Into<String>) -> Self {
+        Self::new(
+            Kind::InvalidRequest,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            detail,
+        )
+    }
+
     pub fn not_found(detail: impl Into<String>) -> Self {
         Self::new(Kind::NotFound, StatusCode::NOT_FOUND, detail)
     }
 
     pub fn payload_too_large(bytes_max: usize) -> Self {
         Self::new(
-            Kind::InvalidRequest,
+            Kind::PayloadTooLarge,
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("request body exceeds {bytes_max} bytes"),
         )
@@ -153,9 +171,9 @@ impl Problem {
 
     pub fn method_not_allowed(allow: &'static str) -> Self {
         Self::new(
-            Kind::InvalidRequest,
+            Kind::MethodNotAllowed,
             StatusCode::METHOD_NOT_ALLOWED,
-            format!("allowed: {allow}"),
+            format!("this resource answers {allow}"),
         )
         .with_header(http::header::ALLOW, HeaderValue::from_static(allow))
     }
@@ -173,6 +191,11 @@ impl Problem {
         Self::new(Kind::InvalidRequest, StatusCode::CONFLICT, detail)
     }
 
+    /// The order has left `PENDING_PAYMENT`: it can no longer be cancelled or paid.
+    pub fn order_not_pending(detail: impl Into<String>) -> Self {
+        Self::new(Kind::OrderNotPending, StatusCode::CONFLICT, detail)
+    }
+
     pub fn overloaded(detail: impl Into<String>) -> Self {
         Self::new(Kind::Overloaded, StatusCode::SERVICE_UNAVAILABLE, detail)
             .with_header(RETRY_AFTER, HeaderValue::from_static("1"))
@@ -183,13 +206,21 @@ impl Problem {
         self
     }
 
-    pub fn into_response(self) -> Response<Full<Bytes>> {
+    /// The problem type's slug, as it ends the `type` URI (logged as the outcome).
+    pub fn slug(&self) -> &'static str {
+        self.kind.slug_and_title().0
+    }
+
+    /// The answer to the request `id`, which `instance` names (`urn:flashgate:request:<id>`).
+    pub fn into_response(self, id: &RequestId) -> Response<Full<Bytes>> {
         let (slug, title) = self.kind.slug_and_title();
+        let instance = id.urn();
         let body = Body {
             type_uri: TypeUri(slug),
             title,
             status: self.status.as_u16(),
             detail: &self.detail,
+            instance: &instance,
         };
         let mut json = Vec::with_capacity(BODY_BYTES_TYPICAL);
         if serde_json::to_writer(&mut json, &body).is_err() {
@@ -235,6 +266,91 @@ impl Problem {
             HeaderName::from_static("ratelimit"),
             header(format!("\"{name}\";r=0;t={retry}")),
         )
+    }
+}
+
+impl Problem {
+    /// A JSON body that does not fit its request: the field and the reason in the words of
+    /// the API (`quantity must be an integer (got string "2")`), never serde's or Rust's
+    /// type names. `well_formed` tells whether the body is JSON at all: a value of the wrong
+    /// kind for a field of fixed values is reported by serde_json as a syntax error.
+    pub fn invalid_json(
+        error: &serde_path_to_error::Error<serde_json::Error>,
+        well_formed: bool,
+    ) -> Self {
+        let inner = error.inner();
+        let path = error.path().to_string();
+        if !well_formed {
+            return Problem::invalid(format!(
+                "the body is not valid JSON (line {}, column {})",
+                inner.line(),
+                inner.column()
+            ));
+        }
+        if inner.classify() != serde_json::error::Category::Data {
+            return Problem::invalid(format!("{path} is not one of the accepted values"));
+        }
+        Problem::invalid(json_detail(&path, &json_message(inner)))
+    }
+}
+
+/// serde_json's message without its position.
+fn json_message(error: &serde_json::Error) -> String {
+    let message = error.to_string();
+    match message.rfind(" at line ") {
+        Some(end) => message[..end].to_owned(),
+        None => message,
+    }
+}
+
+/// The detail for `message` about the field at `path` (`.` for the body itself).
+fn json_detail(path: &str, message: &str) -> String {
+    let prefix = match path {
+        "." => String::new(),
+        path => format!("{path}."),
+    };
+    if let Some(rest) = message.strip_prefix("missing field `") {
+        return format!("{prefix}{} is required", rest.trim_end_matches('`'));
+    }
+    if message.starts_with("unknown field") {
+        // The path ends with the unknown field itself; name the object that has it.
+        return match path.rsplit_once('.') {
+            Some((parent, _)) => format!("{parent}: {message}"),
+            None => message.to_owned(),
+        };
+    }
+    let subject = match path {
+        "." => "the body",
+        path => path,
+    };
+    let invalid = message
+        .strip_prefix("invalid type: ")
+        .or_else(|| message.strip_prefix("invalid value: "));
+    match invalid.and_then(|rest| rest.split_once(", expected ")) {
+        Some((got, expected)) => {
+            format!(
+                "{subject} must be {} (got {got})",
+                plain_expectation(expected)
+            )
+        }
+        None => format!("{subject}: {message}"),
+    }
+}
+
+/// What serde expected, in the API's words instead of Rust's.
+fn plain_expectation(expected: &str) -> &str {
+    const INTEGERS: [&str; 12] = [
+        "i8", "i16", "i32", "i64", "i128", "isize", "u8", "u16", "u32", "u64", "u128", "usize",
+    ];
+    match expected {
+        e if INTEGERS.contains(&e) => "an integer",
+        "f32" | "f64" => "a number",
+        "a map" => "an object",
+        "a sequence" => "an array",
+        "a borrowed string" | "a string" => "a string",
+        e if e.starts_with("struct ") => "an object",
+        e if e.starts_with("enum ") || e.starts_with("variant ") => "one of the documented values",
+        e => e,
     }
 }
 
@@ -314,7 +430,7 @@ impl From<OrderError> for Problem {
                 "this Idempotency-Key was already used with a different request",
             ),
             OrderError::NotFound => Problem::not_found("no such order"),
-            OrderError::InvalidState(status) => Problem::conflict(format!(
+            OrderError::InvalidState(status) => Problem::order_not_pending(format!(
                 "the order is {status}; only PENDING_PAYMENT orders can be cancelled"
             )),
             OrderError::Store(error) => error.into(),
@@ -357,7 +473,9 @@ impl From<CheckoutError> for Problem {
     fn from(error: CheckoutError) -> Self {
         match error {
             CheckoutError::NotFound => Problem::not_found("no such order"),
-            CheckoutError::NotPending => Problem::conflict("the order is not waiting for payment"),
+            CheckoutError::NotPending => {
+                Problem::order_not_pending("the order is not waiting for payment")
+            }
             error @ CheckoutError::Expired => Problem::new(
                 Kind::ReservationExpired,
                 StatusCode::CONFLICT,
@@ -395,6 +513,83 @@ impl From<WebhookRejection> for Problem {
                 Problem::overloaded("no payment attempt matches this event yet; deliver it again")
             }
             WebhookRejection::Store(error) => error.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Outer {
+        name: String,
+        inner: Option<Inner>,
+        policy: Option<crate::domain::LatePaymentPolicy>,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Inner {
+        count: u32,
+    }
+
+    fn detail(json: &str) -> String {
+        let mut reader = serde_json::Deserializer::from_str(json);
+        let error = serde_path_to_error::deserialize::<_, Outer>(&mut reader).unwrap_err();
+        let well_formed = serde_json::from_str::<serde::de::IgnoredAny>(json).is_ok();
+        Problem::invalid_json(&error, well_formed).detail
+    }
+
+    #[test]
+    fn json_details_speak_of_fields_not_rust_types() {
+        let cases = [
+            (r#"{"inner":null}"#, "name is required"),
+            (r#"{"name":5}"#, "name must be a string (got integer `5`)"),
+            (
+                r#"{"name":"a","inner":1}"#,
+                "inner must be an object (got integer `1`)",
+            ),
+            (
+                r#"{"name":"a","inner":{"count":-1}}"#,
+                "inner.count must be an integer",
+            ),
+            (
+                r#"{"name":"a","policy":7}"#,
+                "policy is not one of the accepted values",
+            ),
+            (
+                r#"{"name":"a","policy":"x"}"#,
+                "policy: unknown variant `x`",
+            ),
+            (r#"{"name":"a","x":1}"#, "unknown field `x`"),
+            (
+                r#"{"name":"a","inner":{"count":1,"y":2}}"#,
+                "inner: unknown field `y`",
+            ),
+            (
+                r#"{"name":"#,
+                "the body is not valid JSON (line 1, column 8)",
+            ),
+        ];
+        for (json, starts) in cases {
+            let detail = detail(json);
+            assert!(detail.starts_with(starts), "{json}: {detail}");
+            for rust in [
+                "u32",
+                "struct",
+                "enum",
+                "Inner",
+                "Outer",
+                "LatePaymentPolicy",
+            ] {
+                assert!(!detail.contains(rust), "{json}: {detail}");
+            }
         }
     }
 }

@@ -17,7 +17,7 @@ use super::problem::Problem;
 use crate::admission::Rejection;
 use crate::deals::{Deal, Window};
 use crate::domain::{DealId, IdempotencyKey, OrderStatus, Quantity, UserId};
-use crate::orders::{self, Order};
+use crate::orders::{self, Order, OrderError};
 use crate::payments::attempts::{self, Attempt};
 use crate::payments::checkout::PaymentView;
 
@@ -97,6 +97,7 @@ impl<'a> OrderView<'a> {
 
 #[derive(Deserialize)]
 struct OrderRequest {
+    #[serde(deserialize_with = "super::integer::exact")]
     quantity: i64,
 }
 
@@ -123,9 +124,11 @@ fn authenticate<B>(
     request: &Request<B>,
 ) -> Result<UserId, Problem> {
     check_ip(state, peer, request)?;
-    Ok(state
+    let user = state
         .admission
-        .authenticate(header(request, AUTHORIZATION))?)
+        .authenticate(header(request, AUTHORIZATION))?;
+    super::router::record_user(&user);
+    Ok(user)
 }
 
 fn parse_deal_id(raw: &str) -> Result<DealId, Problem> {
@@ -196,18 +199,25 @@ async fn place_admissible(state: &State, request: Request<Incoming>, deal_id: De
         .ok_or_else(|| Problem::invalid("the Idempotency-Key header is required"))?;
     let key = IdempotencyKey::parse(key, orders_settings.idempotency_key_bytes_max)?;
     let asked: OrderRequest = body::json(&bytes)?;
-    let quantity = Quantity::new(asked.quantity, orders_settings.quantity_max)?;
     let pool = &state.pools.request;
-    let admitted = state
+    let quantity = Quantity::new(asked.quantity, orders_settings.quantity_max);
+    // Admission (limits, window, pass) does not depend on the quantity: a quantity out of
+    // range is refused after it, so that its key check below is held to the same limits.
+    let mut admitted = state
         .admission
         .admit_order(
             pool,
             deal_id.as_str(),
             header(&request, AUTHORIZATION),
             header(&request, super::queue::PASS_HEADER),
-            quantity,
+            quantity.as_ref().map_or(Quantity::ONE, |q| *q),
         )
         .await?;
+    super::router::record_user(&admitted.user);
+    admitted.quantity = match quantity {
+        Ok(quantity) => quantity,
+        Err(invalid) => return Err(refuse_quantity(pool, &admitted.user, &key, invalid).await),
+    };
     let pass = admitted.pass.clone();
     let placed = state.orders.place(admitted, key).await?;
     if let Some(pass) = pass.as_ref().filter(|_| !placed.replayed) {
@@ -236,6 +246,21 @@ async fn place_admissible(state: &State, request: Request<Incoming>, deal_id: De
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     Ok(response)
+}
+
+/// A quantity out of range was never stored, so under a key already used it is a
+/// conflict, answered before the range itself.
+async fn refuse_quantity(
+    pool: &sqlx::PgPool,
+    user: &UserId,
+    key: &IdempotencyKey,
+    invalid: crate::domain::InvalidInput,
+) -> Problem {
+    match orders::key_used(pool, user, key.as_str()).await {
+        Ok(true) => OrderError::IdempotencyConflict.into(),
+        Ok(false) => invalid.into(),
+        Err(error) => error.into(),
+    }
 }
 
 pub async fn get_order(

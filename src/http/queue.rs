@@ -41,17 +41,17 @@ const TICKET_BYTES_MAX: usize = 64;
 pub(super) struct WaitingRoomInput {
     #[serde(default)]
     enabled: Option<bool>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::integer::optional")]
     admit_per_second: Option<i32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::integer::optional")]
     max_active: Option<i32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::integer::optional")]
     pass_ttl_seconds: Option<i32>,
     #[serde(default)]
     queue_order: Option<String>,
     #[serde(default)]
-    prequeue_opens_at: Option<DateTime<Utc>>,
-    #[serde(default)]
+    pub(super) prequeue_opens_at: Option<DateTime<Utc>>,
+    #[serde(default, deserialize_with = "super::integer::optional")]
     pow_bits: Option<i32>,
     #[serde(default)]
     checkout_url: Option<String>,
@@ -153,7 +153,9 @@ async fn deal_with_room(state: &State, raw_id: &str) -> Result<std::sync::Arc<De
 fn user<B>(state: &State, peer: SocketAddr, request: &Request<B>) -> Result<UserId, Problem> {
     check_ip(state, peer, request)?;
     let authorization = request.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
-    Ok(state.admission.authenticate(authorization)?)
+    let user = state.admission.authenticate(authorization)?;
+    super::router::record_user(&user);
+    Ok(user)
 }
 
 /// `POST /v1/deals/{id}/queue`: the user's one ticket, issued on the first call.

@@ -16,8 +16,12 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use metrics::{Counter, Histogram};
 
+use tracing::{Instrument, Span};
+
 use super::problem::Problem;
+use super::request_id::{self, RequestId};
 use super::{State, admin, ops, payments, public, queue, review, wait_page};
+use crate::domain::{DealId, UserId};
 use crate::telemetry;
 
 /// Which listener a request came in on.
@@ -85,27 +89,31 @@ impl<'a> Route<'a> {
         let get = method == Method::GET || method == Method::HEAD;
         let post = method == Method::POST;
         let (template, allow, route) = match segments {
-            ["healthz"] => ("/healthz", "GET", Route::Healthz),
-            ["readyz"] => ("/readyz", "GET", Route::Readyz),
-            ["metrics"] => ("/metrics", "GET", Route::Metrics),
-            ["openapi.json"] => ("/openapi.json", "GET", Route::OpenApi),
-            ["v1", "deals", id] => ("/v1/deals/{id}", "GET", Route::GetDeal(id)),
+            ["healthz"] => ("/healthz", "GET, HEAD", Route::Healthz),
+            ["readyz"] => ("/readyz", "GET, HEAD", Route::Readyz),
+            ["metrics"] => ("/metrics", "GET, HEAD", Route::Metrics),
+            ["openapi.json"] => ("/openapi.json", "GET, HEAD", Route::OpenApi),
+            ["v1", "deals", id] => ("/v1/deals/{id}", "GET, HEAD", Route::GetDeal(id)),
             ["v1", "deals", id, "orders"] => {
                 ("/v1/deals/{id}/orders", "POST", Route::PlaceOrder(id))
             }
             ["v1", "deals", id, "queue"] if post => return Route::JoinQueue(id),
-            ["v1", "deals", id, "queue"] => {
-                ("/v1/deals/{id}/queue", "GET, POST", Route::QueueStatus(id))
-            }
+            ["v1", "deals", id, "queue"] => (
+                "/v1/deals/{id}/queue",
+                "GET, HEAD, POST",
+                Route::QueueStatus(id),
+            ),
             ["v1", "deals", id, "queue", "challenge"] => (
                 "/v1/deals/{id}/queue/challenge",
-                "GET",
+                "GET, HEAD",
                 Route::QueueChallenge(id),
             ),
-            [".well-known", "flashgate-keys.json"] => {
-                ("/.well-known/flashgate-keys.json", "GET", Route::PassKeys)
-            }
-            ["wait", id] => ("/wait/{deal_id}", "GET", Route::WaitPage(id)),
+            [".well-known", "flashgate-keys.json"] => (
+                "/.well-known/flashgate-keys.json",
+                "GET, HEAD",
+                Route::PassKeys,
+            ),
+            ["wait", id] => ("/wait/{deal_id}", "GET, HEAD", Route::WaitPage(id)),
             ["admin", "deals", id, "queue", "revoke"] => (
                 "/admin/deals/{id}/queue/revoke",
                 "POST",
@@ -113,10 +121,10 @@ impl<'a> Route<'a> {
             ),
             ["v1", "deals", id, "queue", ticket] => (
                 "/v1/deals/{id}/queue/{ticket}",
-                "GET",
+                "GET, HEAD",
                 Route::PollTicket(id, ticket),
             ),
-            ["v1", "orders", id] => ("/v1/orders/{id}", "GET", Route::GetOrder(id)),
+            ["v1", "orders", id] => ("/v1/orders/{id}", "GET, HEAD", Route::GetOrder(id)),
             ["v1", "orders", id, "cancel"] => {
                 ("/v1/orders/{id}/cancel", "POST", Route::CancelOrder(id))
             }
@@ -130,9 +138,11 @@ impl<'a> Route<'a> {
             ["admin", "deals", id, "stock"] => {
                 ("/admin/deals/{id}/stock", "POST", Route::AdjustStock(id))
             }
-            ["admin", "deals", id, "inventory"] => {
-                ("/admin/deals/{id}/inventory", "GET", Route::Inventory(id))
-            }
+            ["admin", "deals", id, "inventory"] => (
+                "/admin/deals/{id}/inventory",
+                "GET, HEAD",
+                Route::Inventory(id),
+            ),
             ["admin", "deals", id, "pause"] => {
                 ("/admin/deals/{id}/pause", "POST", Route::PauseDeal(id))
             }
@@ -142,9 +152,9 @@ impl<'a> Route<'a> {
             ["admin", "deals", id, "rebalance"] => {
                 ("/admin/deals/{id}/rebalance", "POST", Route::Rebalance(id))
             }
-            ["admin", "audit"] => ("/admin/audit", "GET", Route::Audit),
+            ["admin", "audit"] => ("/admin/audit", "GET, HEAD", Route::Audit),
             ["admin", "payments", "review"] => {
-                ("/admin/payments/review", "GET", Route::ReviewQueue)
+                ("/admin/payments/review", "GET, HEAD", Route::ReviewQueue)
             }
             ["admin", "orders", id, "review", "fulfil"] => (
                 "/admin/orders/{id}/review/fulfil",
@@ -176,6 +186,26 @@ impl<'a> Route<'a> {
             Route::Healthz | Route::Readyz | Route::OpenApi => true,
             Route::Unknown => face == Face::Public,
             _ => operator == (face == Face::Ops),
+        }
+    }
+
+    /// The deal id segment of the path, for routes about one deal.
+    fn deal_id(&self) -> Option<&'a str> {
+        match self {
+            Route::GetDeal(id)
+            | Route::PlaceOrder(id)
+            | Route::JoinQueue(id)
+            | Route::QueueStatus(id)
+            | Route::PollTicket(id, _)
+            | Route::AdjustStock(id)
+            | Route::Inventory(id)
+            | Route::PauseDeal(id)
+            | Route::ResumeDeal(id)
+            | Route::Rebalance(id)
+            | Route::QueueChallenge(id)
+            | Route::RevokeQueue(id)
+            | Route::WaitPage(id) => Some(id),
+            _ => None,
         }
     }
 
@@ -215,6 +245,8 @@ impl<'a> Route<'a> {
 }
 
 /// The service function: never fails, never panics on input, always answers in time.
+/// Every answer carries the request's id (`X-Request-Id`), and everything logged while
+/// serving it is inside the request's span.
 pub async fn handle(
     state: Arc<State>,
     peer: SocketAddr,
@@ -222,6 +254,8 @@ pub async fn handle(
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let started = Instant::now();
+    let server = &state.settings.server;
+    let id = RequestId::of(request.headers(), server.request_id_bytes_max);
     // The clone shares the request's bytes: the route borrows the path, the handler the request.
     let uri = request.uri().clone();
     let mut route = Route::of(request.method(), uri.path());
@@ -229,21 +263,59 @@ pub async fn handle(
         route = Route::Unknown;
     }
     let template = route.template();
-    let timeout = crate::config::millis(state.settings.server.request_timeout_ms);
-    let response = match in_time(timeout, dispatch(&state, peer, route, request)).await {
-        Ok(Ok(response)) => response,
-        Ok(Err(problem)) => problem.into_response(),
-        Err(_) => Problem::overloaded("the request took too long").into_response(),
+    let span = request_span(&id, &route);
+    let timeout = crate::config::millis(server.request_timeout_ms);
+    let serving = dispatch(&state, peer, route, request).instrument(span.clone());
+    let (mut response, outcome) = match in_time(timeout, serving).await {
+        Ok(Ok(response)) => (response, "ok"),
+        Ok(Err(problem)) => {
+            let slug = problem.slug();
+            (problem.into_response(&id), slug)
+        }
+        Err(_) => {
+            let problem = Problem::overloaded("the request took too long");
+            let slug = problem.slug();
+            (problem.into_response(&id), slug)
+        }
     };
-    let mut response = response;
+    let headers = response.headers_mut();
+    headers.insert(request_id::HEADER, id.header_value());
     if state.draining.load(Ordering::Relaxed) {
         // Draining: each connection ends after this answer, so clients reconnect elsewhere.
-        response
-            .headers_mut()
-            .insert(CONNECTION, HeaderValue::from_static("close"));
+        headers.insert(CONNECTION, HeaderValue::from_static("close"));
     }
-    record(template, response.status(), started.elapsed());
+    let elapsed = started.elapsed();
+    let status = response.status();
+    span.record("outcome", outcome);
+    span.record("latency_ms", elapsed.as_secs_f64() * 1000.0);
+    tracing::debug!(parent: &span, status = status.as_u16(), "answered");
+    record(template, status, elapsed);
     Ok(response)
+}
+
+/// The span of one request: its id and route, the deal named in its path, and (recorded
+/// later) the user, the outcome and the latency. Nothing is formatted when it is disabled.
+fn request_span(id: &RequestId, route: &Route<'_>) -> Span {
+    let span = tracing::info_span!(
+        "request",
+        id = %id,
+        route = route.template(),
+        deal = tracing::field::Empty,
+        user = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        latency_ms = tracing::field::Empty,
+    );
+    if !span.is_disabled()
+        && let Some(deal) = route.deal_id().filter(|raw| DealId::parse(raw).is_ok())
+    {
+        span.record("deal", deal);
+    }
+    span
+}
+
+/// Names the authenticated user in the current request's span.
+pub(super) fn record_user(user: &UserId) {
+    tracing::Span::current().record("user", user.as_str());
 }
 
 /// `work`'s output, or `Elapsed` after `timeout`. Refusals are answered on the first poll,
@@ -315,7 +387,7 @@ async fn dispatch(
         Route::QueueChallenge(id) => Box::pin(queue::challenge(state, peer, &request, id)).await,
         Route::PassKeys => queue::keys(state),
         Route::RevokeQueue(id) => Box::pin(queue::revoke(state, request, id)).await,
-        Route::WaitPage(id) => Ok(wait_page::page(state, id)),
+        Route::WaitPage(id) => wait_page::page(state, id),
         Route::ReviewQueue => Box::pin(review::list(state, &request)).await,
         Route::ReviewFulfil(id) => Box::pin(review::fulfil(state, &request, id)).await,
         Route::ReviewRefund(id) => Box::pin(review::refund(state, &request, id)).await,
@@ -357,7 +429,7 @@ mod tests {
         assert!(matches!(
             Route::of(&Method::DELETE, "/v1/deals/d1/queue"),
             Route::WrongMethod {
-                allow: "GET, POST",
+                allow: "GET, HEAD, POST",
                 ..
             }
         ));
@@ -372,7 +444,10 @@ mod tests {
         assert_eq!(Route::of(&Method::GET, "/"), Route::Unknown);
         assert!(matches!(
             Route::of(&Method::DELETE, "/v1/deals/d1"),
-            Route::WrongMethod { allow: "GET", .. }
+            Route::WrongMethod {
+                allow: "GET, HEAD",
+                ..
+            }
         ));
         assert!(matches!(
             Route::of(&Method::GET, "/v1/deals/d1/orders"),

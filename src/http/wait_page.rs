@@ -14,14 +14,15 @@ use http::{Response, StatusCode};
 use http_body_util::Full;
 
 use super::State;
+use super::problem::Problem;
 use crate::domain::DealId;
 
 const TEMPLATE: &str = include_str!("../../assets/wait.html");
 
 /// The page, or a plain 404 for an id that cannot be a deal's.
-pub fn page(state: &State, raw_id: &str) -> Response<Full<Bytes>> {
+pub fn page(state: &State, raw_id: &str) -> Result<Response<Full<Bytes>>, Problem> {
     if DealId::parse(raw_id).is_err() {
-        return super::problem::Problem::not_found("no such deal").into_response();
+        return Err(Problem::not_found("no such deal"));
     }
     let settings = &state.settings.waiting_room;
     let stylesheet = match settings.page_stylesheet_url.as_str() {
@@ -42,7 +43,7 @@ pub fn page(state: &State, raw_id: &str) -> Response<Full<Bytes>> {
     if let Ok(value) = HeaderValue::from_str(&cache) {
         headers.insert(CACHE_CONTROL, value);
     }
-    response
+    Ok(response)
 }
 
 /// Escapes text for HTML content and attribute values.

@@ -108,6 +108,38 @@ pub async fn totals(
         .collect())
 }
 
+/// Units available per deal (of `deal_ids`), and which of the `asked` (deal, user) pairs
+/// hold units of their deal, read in one statement and so one snapshot: a unit a listed
+/// holder took is counted as gone from `available` exactly when the holder is listed.
+pub async fn available_and_holders(
+    pool: &PgPool,
+    deal_ids: &[String],
+    asked: &[(String, String)],
+) -> Result<HashMap<String, (i64, Vec<String>)>, StoreError> {
+    let (asked_deals, asked_users): (Vec<&str>, Vec<&str>) = asked
+        .iter()
+        .map(|(deal, user)| (deal.as_str(), user.as_str()))
+        .unzip();
+    let rows: Vec<(String, i64, Vec<String>)> = sqlx::query_as(
+        "WITH asked AS (SELECT * FROM unnest($2::text[], $3::text[]) AS t(deal_id, user_id))
+         SELECT b.deal_id, sum(b.available)::bigint,
+                coalesce((SELECT array_agg(c.user_id)
+                            FROM user_deal_units c
+                            JOIN asked a ON a.deal_id = c.deal_id AND a.user_id = c.user_id
+                           WHERE c.deal_id = b.deal_id AND c.units > 0), '{}')
+           FROM inventory_buckets b WHERE b.deal_id = ANY($1) GROUP BY b.deal_id",
+    )
+    .bind(deal_ids)
+    .bind(asked_deals)
+    .bind(asked_users)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(deal, available, holders)| (deal, (available, holders)))
+        .collect())
+}
+
 /// Units still available for `deal_id`, as committed.
 pub async fn available(pool: &PgPool, deal_id: &str) -> Result<i64, StoreError> {
     let totals = totals(pool, &[deal_id.to_owned()]).await?;

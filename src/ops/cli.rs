@@ -8,9 +8,9 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use super::{audit, pause, rebalance};
-use crate::config::{Settings, millis};
-use crate::deals::{self, Deal, NewDeal};
-use crate::domain::DealId;
+use crate::config::Settings;
+use crate::deals::{self, Deal, NewDeal, PaymentTerms, WaitingRoomTerms};
+use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};
 use crate::inventory;
 use crate::redis_link::RedisHandle;
 use crate::store::Pools;
@@ -21,54 +21,183 @@ pub enum DealsCommand {
     /// List every deal with its live stock.
     List,
     /// Show one deal's live stock, bucket by bucket.
-    Show { id: String },
-    /// Create a deal and its buckets.
-    Create {
-        #[arg(long)]
+    Show {
+        /// The deal's id.
         id: String,
-        #[arg(long)]
-        name: String,
-        #[arg(long)]
-        stock: i64,
-        #[arg(long, default_value_t = 8)]
-        buckets: i32,
-        #[arg(long)]
-        unit_price_minor: i64,
-        #[arg(long, default_value = "EUR")]
-        currency: String,
-        #[arg(long, default_value_t = 1)]
-        per_user_limit: i32,
-        #[arg(long, default_value_t = 300)]
-        reservation_ttl_seconds: i32,
-        /// RFC 3339, e.g. 2026-12-01T09:00:00Z; open at once when left out.
-        #[arg(long)]
-        starts_at: Option<DateTime<Utc>>,
-        #[arg(long)]
-        ends_at: Option<DateTime<Utc>>,
     },
+    /// Create a deal and its buckets, with a waiting room and payment terms if asked.
+    #[command(allow_negative_numbers = true)]
+    Create(CreateArgs),
     /// Add (positive) or remove (negative) available units.
+    #[command(allow_negative_numbers = true)]
     Stock {
+        /// The deal's id.
         id: String,
+        /// Units to add, or to remove when negative (e.g. `--delta -5`).
         #[arg(long, allow_hyphen_values = true)]
         delta: i64,
     },
     /// Stop taking orders for the deal on every instance (answered `sale-not-open`).
-    Pause { id: String },
-    /// Take orders again after a pause.
-    Resume { id: String },
-    /// Spread the available units over a new number of buckets.
-    Rebalance {
+    Pause {
+        /// The deal's id.
         id: String,
+    },
+    /// Take orders again after a pause.
+    Resume {
+        /// The deal's id.
+        id: String,
+    },
+    /// Spread the available units over a new number of buckets.
+    #[command(allow_negative_numbers = true)]
+    Rebalance {
+        /// The deal's id.
+        id: String,
+        /// The number of buckets after the move (1-1024).
         #[arg(long)]
         buckets: i32,
     },
     /// Drain the deal's waiting room: close the line for good, tell everyone still waiting
     /// (their tickets read `expired`) and hand out no more passes. Needs Redis.
-    DrainQueue { id: String },
+    DrainQueue {
+        /// The deal's id.
+        id: String,
+    },
 }
 
-fn admin_pool(settings: &Settings) -> Result<PgPool, String> {
-    Pools::new(&settings.database)
+/// `flashgate deals create`: what the admin API's create-deal body holds. Values are
+/// checked by the same rules as the API's (negative numbers reach them and are refused
+/// there, naming the field).
+#[derive(Debug, clap::Args)]
+pub struct CreateArgs {
+    /// The deal's id: letters, digits, `-` and `_`.
+    #[arg(long)]
+    id: String,
+    /// The name buyers see.
+    #[arg(long)]
+    name: String,
+    /// Units on sale.
+    #[arg(long)]
+    stock: i64,
+    /// Buckets the units are spread over; more buckets, fewer lock conflicts (1-1024).
+    #[arg(long, default_value_t = 8)]
+    buckets: i32,
+    /// Price of one unit in minor units of the currency (cents).
+    #[arg(long)]
+    unit_price_minor: i64,
+    /// ISO 4217 currency code.
+    #[arg(long, default_value = "EUR")]
+    currency: String,
+    /// Most units one user may hold in orders of this deal.
+    #[arg(long, default_value_t = 1)]
+    per_user_limit: i32,
+    /// Seconds an unpaid order holds its units.
+    #[arg(long, default_value_t = 300)]
+    reservation_ttl_seconds: i32,
+    /// RFC 3339, e.g. 2026-12-01T09:00:00Z; open at once when left out.
+    #[arg(long)]
+    starts_at: Option<DateTime<Utc>>,
+    /// RFC 3339; the sale never ends when left out.
+    #[arg(long)]
+    ends_at: Option<DateTime<Utc>>,
+    /// What happens to money that arrives after its order gave its units back.
+    #[arg(long, value_name = "POLICY", value_parser = late_payment_policy)]
+    late_payment_policy: Option<LatePaymentPolicy>,
+    /// When the money is taken: `automatic` (at once) or `manual` (captured on confirmation).
+    #[arg(long, value_name = "METHOD", value_parser = capture_method)]
+    capture_method: Option<CaptureMethod>,
+    #[command(flatten)]
+    waiting_room: WaitingRoomArgs,
+}
+
+/// The deal's waiting room; the tuning options need `--waiting-room`.
+#[derive(Debug, clap::Args)]
+struct WaitingRoomArgs {
+    /// Buyers queue for a pass before ordering (tuned by the options below).
+    #[arg(long)]
+    waiting_room: bool,
+    /// Tickets admitted per second, at most.
+    #[arg(long, requires = "waiting_room", value_name = "N")]
+    admit_per_second: Option<i32>,
+    /// Passes that may be in use at once; admission pauses while this many are out.
+    #[arg(long, requires = "waiting_room", value_name = "N")]
+    max_active: Option<i32>,
+    /// How long a pass may be used to order.
+    #[arg(long, requires = "waiting_room", value_name = "SECONDS")]
+    pass_ttl_seconds: Option<i32>,
+    /// `fifo`, or `random`: tickets taken before the sale opens are shuffled at opening.
+    #[arg(long, requires = "waiting_room", value_parser = ["fifo", "random"])]
+    queue_order: Option<String>,
+    /// RFC 3339: when tickets may first be taken; from `--starts-at` when left out.
+    #[arg(long, requires = "waiting_room", value_name = "TIME")]
+    prequeue_opens_at: Option<DateTime<Utc>>,
+    /// Leading zero bits of the proof of work asked when joining (0: none).
+    #[arg(long, requires = "waiting_room", value_name = "BITS")]
+    pow_bits: Option<i32>,
+    /// Where the waiting page sends an admitted buyer, with the pass in the fragment.
+    #[arg(long, requires = "waiting_room", value_name = "URL")]
+    checkout_url: Option<String>,
+}
+
+impl WaitingRoomArgs {
+    fn into_terms(self) -> WaitingRoomTerms {
+        let defaults = WaitingRoomTerms::default();
+        WaitingRoomTerms {
+            enabled: self.waiting_room,
+            admit_per_second: self.admit_per_second.unwrap_or(defaults.admit_per_second),
+            max_active: self.max_active.unwrap_or(defaults.max_active),
+            pass_ttl_seconds: self.pass_ttl_seconds.unwrap_or(defaults.pass_ttl_seconds),
+            queue_order: self.queue_order.unwrap_or(defaults.queue_order),
+            prequeue_opens_at: self.prequeue_opens_at,
+            pow_bits: self.pow_bits.unwrap_or(defaults.pow_bits),
+            checkout_url: self.checkout_url,
+        }
+    }
+}
+
+impl CreateArgs {
+    fn into_new_deal(self) -> Result<NewDeal, String> {
+        let defaults = PaymentTerms::default();
+        Ok(NewDeal {
+            id: DealId::parse(&self.id).map_err(|e| e.to_string())?,
+            name: self.name,
+            stock: self.stock,
+            buckets: self.buckets,
+            unit_price_minor: self.unit_price_minor,
+            currency: self.currency.to_ascii_uppercase(),
+            per_user_limit: self.per_user_limit,
+            reservation_ttl_seconds: self.reservation_ttl_seconds,
+            starts_at: self.starts_at,
+            ends_at: self.ends_at,
+            payment_terms: PaymentTerms {
+                late_payment_policy: self
+                    .late_payment_policy
+                    .unwrap_or(defaults.late_payment_policy),
+                capture_method: self.capture_method.unwrap_or(defaults.capture_method),
+            },
+            waiting_room: self.waiting_room.into_terms(),
+        })
+    }
+}
+
+fn late_payment_policy(raw: &str) -> Result<LatePaymentPolicy, String> {
+    LatePaymentPolicy::try_from(raw.to_owned()).map_err(|_| {
+        let names: Vec<_> = LatePaymentPolicy::ALL.map(LatePaymentPolicy::as_str).into();
+        format!("expected one of {}", names.join(", "))
+    })
+}
+
+fn capture_method(raw: &str) -> Result<CaptureMethod, String> {
+    CaptureMethod::try_from(raw.to_owned()).map_err(|_| {
+        let names: Vec<_> = CaptureMethod::ALL.map(CaptureMethod::as_str).into();
+        format!("expected one of {}", names.join(", "))
+    })
+}
+
+/// The admin pool, after one connection proved the database reachable: a CLI command
+/// says at once why PostgreSQL is not there rather than after a pool timeout.
+async fn admin_pool(settings: &Settings) -> Result<PgPool, String> {
+    Pools::connect(&settings.database)
+        .await
         .map(|pools| pools.admin)
         .map_err(|e| e.to_string())
 }
@@ -81,18 +210,14 @@ fn print(value: &impl Serialize) -> Result<(), String> {
 
 /// Runs one `flashgate deals …` command.
 pub async fn deals(settings: &Settings, command: DealsCommand) -> Result<(), String> {
-    let pool = admin_pool(settings)?;
+    let pool = admin_pool(settings).await?;
     let outcome = run_deals(settings, &pool, command).await;
     pool.close().await;
     outcome
 }
 
 fn connect_redis(settings: &Settings) -> RedisHandle {
-    RedisHandle::new(
-        &settings.redis.url,
-        &settings.redis.key_prefix,
-        millis(settings.redis.command_timeout_ms),
-    )
+    RedisHandle::from_settings(&settings.redis)
 }
 
 /// `flashgate deals drain-queue <id>`: through the waiting room's own scripts, so every
@@ -125,32 +250,8 @@ async fn run_deals(
     match command {
         DealsCommand::List => print(&list(pool).await.map_err(|e| e.to_string())?),
         DealsCommand::Show { id } => show(pool, &id).await,
-        DealsCommand::Create {
-            id,
-            name,
-            stock,
-            buckets,
-            unit_price_minor,
-            currency,
-            per_user_limit,
-            reservation_ttl_seconds,
-            starts_at,
-            ends_at,
-        } => {
-            let new = NewDeal {
-                id: DealId::parse(&id).map_err(|e| e.to_string())?,
-                name,
-                stock,
-                buckets,
-                unit_price_minor,
-                currency: currency.to_ascii_uppercase(),
-                per_user_limit,
-                reservation_ttl_seconds,
-                starts_at,
-                ends_at,
-                payment_terms: Default::default(),
-                waiting_room: Default::default(),
-            };
+        DealsCommand::Create(args) => {
+            let new = args.into_new_deal()?;
             let deal = deals::create(pool, &new).await.map_err(|e| e.to_string())?;
             print(&deal_json(&deal))
         }
@@ -226,6 +327,9 @@ fn deal_json(deal: &Deal) -> serde_json::Value {
         "stock_total": deal.stock_total,
         "starts_at": deal.starts_at,
         "ends_at": deal.ends_at,
+        "late_payment_policy": deal.late_payment_policy.as_str(),
+        "capture_method": deal.capture_method.as_str(),
+        "waiting_room": deal.waiting_room,
     })
 }
 
@@ -255,7 +359,7 @@ pub async fn list(pool: &PgPool) -> Result<Vec<DealSummary>, sqlx::Error> {
 
 /// `flashgate check`: prints the audit report; an error when any invariant is broken.
 pub async fn check(settings: &Settings) -> Result<(), String> {
-    let pool = admin_pool(settings)?;
+    let pool = admin_pool(settings).await?;
     let redis = connect_redis(settings);
     redis.connect().await;
     let report = audit::run(&pool, Some(&redis), audit::Options::from_settings(settings)).await;

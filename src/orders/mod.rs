@@ -114,6 +114,20 @@ pub(crate) fn record(outcome: Result<Placed, OrderError>) -> Result<Placed, Orde
     outcome
 }
 
+/// Whether the user already placed an order under `key`. Asked only on paths that refuse
+/// a request before it reaches a batch (the batch itself tells replays and conflicts apart
+/// in the statement that places), so that a reused key is named before the refusal.
+pub async fn key_used(pool: &PgPool, user: &UserId, key: &str) -> Result<bool, OrderError> {
+    let used = sqlx::query_scalar::<_, bool>(
+        "SELECT EXISTS (SELECT 1 FROM orders WHERE user_id = $1 AND idempotency_key = $2)",
+    )
+    .bind(user.as_str())
+    .bind(key)
+    .fetch_one(pool)
+    .await?;
+    Ok(used)
+}
+
 /// The user's own order; anyone else's reads as not found.
 pub async fn get(pool: &PgPool, user: &UserId, order_id: Uuid) -> Result<Order, OrderError> {
     let sql = format!("SELECT {ORDER_COLUMNS} FROM orders WHERE id = $1 AND user_id = $2");

@@ -16,8 +16,11 @@ use sqlx::{ConnectOptions, PgPool};
 use crate::config::DatabaseSettings;
 use crate::telemetry;
 
+mod connect;
 mod pooler;
 pub mod primary;
+
+pub use connect::{AppliedMigration, ConnectError, UrlSetting};
 
 use std::sync::Arc;
 
@@ -70,6 +73,23 @@ fn connect_options(
         "statement_timeout",
         settings.statement_timeout_ms.to_string(),
     )]))
+}
+
+/// The connection options of each host of `url`; a URL sqlx cannot use is reported
+/// naming `setting`.
+fn host_options(
+    settings: &DatabaseSettings,
+    setting: UrlSetting,
+    url: &str,
+) -> Result<Vec<(String, PgConnectOptions)>, ConnectError> {
+    primary::split_hosts(url)
+        .into_iter()
+        .map(|host_url| {
+            let options = connect_options(settings, &host_url)
+                .map_err(|error| ConnectError::new(setting, url, connect::cause(&error)))?;
+            Ok((host_url, options))
+        })
+        .collect()
 }
 
 /// Where migrations and LISTEN connect: past a transaction pooler when one is configured.
@@ -151,12 +171,10 @@ fn pool_options(
 
 impl Pools {
     /// Lazily connecting pools: nothing is dialled until first use.
-    pub fn new(settings: &DatabaseSettings) -> Result<Self, sqlx::Error> {
-        let urls = primary::split_hosts(&settings.url);
-        let options = urls
-            .iter()
-            .map(|url| connect_options(settings, url))
-            .collect::<Result<Vec<_>, _>>()?;
+    pub fn new(settings: &DatabaseSettings) -> Result<Self, ConnectError> {
+        let (urls, options) = host_options(settings, UrlSetting::Url, &settings.url)?
+            .into_iter()
+            .unzip();
         let primary = Primary::new(urls, options);
         let pool = |max: u32, acquire_timeout_ms: u64| {
             pool_options(settings, &primary, max, acquire_timeout_ms)
@@ -169,6 +187,14 @@ impl Pools {
             webhook: pool(settings.webhook_pool_max, settings.admin_acquire_timeout_ms),
             primary,
         })
+    }
+
+    /// As [`Pools::new`], after one connection proved PostgreSQL reachable: for commands
+    /// that need the database at once and should say why it is not there.
+    pub async fn connect(settings: &DatabaseSettings) -> Result<Self, ConnectError> {
+        let hosts = host_options(settings, UrlSetting::Url, &settings.url)?;
+        connect::probe(settings, &hosts).await?;
+        Self::new(settings)
     }
 
     /// Every pool, for following the primary.
@@ -203,28 +229,31 @@ impl Pools {
 /// How long start-up waits for PostgreSQL to accept the migration connection.
 const MIGRATION_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Applies pending migrations on a dedicated connection. sqlx holds a PostgreSQL advisory
-/// lock while migrating, so instances that start together apply each migration once.
-pub async fn migrate(settings: &DatabaseSettings) -> Result<(), sqlx::migrate::MigrateError> {
+/// Why migrations did not run.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error("applying migrations: {0}")]
+    Apply(#[from] sqlx::migrate::MigrateError),
+}
+
+/// Applies pending migrations on a dedicated connection and returns the ones applied.
+/// sqlx holds a PostgreSQL advisory lock while migrating, so instances that start
+/// together apply each migration once.
+pub async fn migrate(settings: &DatabaseSettings) -> Result<Vec<AppliedMigration>, MigrateError> {
     let direct = DatabaseSettings {
         transaction_pooler: false,
         ..settings.clone()
     };
-    let mut last = sqlx::Error::PoolTimedOut;
-    for url in primary::split_hosts(direct_url(settings)) {
-        let options = connect_options(&direct, &url)?;
-        let mut connection =
-            match tokio::time::timeout(MIGRATION_CONNECT_TIMEOUT, options.connect()).await {
-                Ok(Ok(connection)) => connection,
-                Ok(Err(error)) => {
-                    last = error;
-                    continue;
-                }
-                Err(_) => continue,
-            };
-        if primary::accepts_writes(&mut connection).await? {
-            return sqlx::migrate!("./migrations").run(&mut connection).await;
-        }
-    }
-    Err(last.into())
+    let setting = if settings.direct_url.is_empty() {
+        UrlSetting::Url
+    } else {
+        UrlSetting::DirectUrl
+    };
+    let url = direct_url(settings);
+    let hosts = host_options(&direct, setting, url)?;
+    let mut connection =
+        connect::connect_primary(setting, url, &hosts, MIGRATION_CONNECT_TIMEOUT).await?;
+    Ok(connect::run_migrations(&mut connection).await?)
 }

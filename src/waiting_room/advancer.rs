@@ -146,7 +146,7 @@ impl Advancer {
         }
         let refresh = millis(self.room.settings.stock_refresh_ms);
         if version != self.version || self.read_at.is_none_or(|at| at.elapsed() >= refresh) {
-            match read_lines(&self.pool).await {
+            match self.read_lines().await {
                 Ok(lines) => {
                     self.lines = lines;
                     self.snapshot_ms = redis_now_ms;
@@ -339,24 +339,75 @@ impl Advancer {
     }
 }
 
-/// Deals with a waiting room still on sale, with their available units (read through
-/// `inventory`, the owner of the stock).
-async fn read_lines(pool: &PgPool) -> Result<Vec<Line>, StoreError> {
-    let mut lines = sqlx::query_as::<_, Line>(
-        "SELECT id, starts_at, ends_at, paused, wr_enabled, wr_admit_per_second,
-                wr_max_active, wr_pass_ttl_seconds, wr_queue_order, wr_prequeue_opens_at,
-                wr_pow_bits, wr_checkout_url
-           FROM deals
-          WHERE wr_enabled AND (ends_at IS NULL OR ends_at > now())
-          ORDER BY id LIMIT $1",
-    )
-    .bind(LINES_MAX)
-    .fetch_all(pool)
-    .await?;
-    let ids: Vec<String> = lines.iter().map(|l| l.id.clone()).collect();
-    let totals = inventory::totals(pool, &ids).await?;
-    for line in &mut lines {
-        line.available = totals.get(&line.id).map_or(0, |t| t.available);
+impl Advancer {
+    /// Deals with a waiting room still on sale, with their available units (read through
+    /// `inventory`, the owner of the stock). The same snapshot says which holders of
+    /// outstanding passes have already ordered: those slots are freed here, so a pass whose
+    /// release was lost (a Redis timeout after the order) cannot hold a unit back from the
+    /// line until it expires.
+    async fn read_lines(&self) -> Result<Vec<Line>, StoreError> {
+        let mut lines = sqlx::query_as::<_, Line>(
+            "SELECT id, starts_at, ends_at, paused, wr_enabled, wr_admit_per_second,
+                    wr_max_active, wr_pass_ttl_seconds, wr_queue_order, wr_prequeue_opens_at,
+                    wr_pow_bits, wr_checkout_url
+               FROM deals
+              WHERE wr_enabled AND (ends_at IS NULL OR ends_at > now())
+              ORDER BY id LIMIT $1",
+        )
+        .bind(LINES_MAX)
+        .fetch_all(&self.pool)
+        .await?;
+        let passes = self.active_passes(&lines).await;
+        let asked: Vec<(String, String)> = passes
+            .iter()
+            .map(|(deal, _, user)| (deal.clone(), user.clone()))
+            .collect();
+        let ids: Vec<String> = lines.iter().map(|l| l.id.clone()).collect();
+        let stock = inventory::available_and_holders(&self.pool, &ids, &asked).await?;
+        for line in &mut lines {
+            line.available = stock.get(&line.id).map_or(0, |(available, _)| *available);
+        }
+        self.forget_used_passes(&passes, &stock).await;
+        Ok(lines)
     }
-    Ok(lines)
+
+    /// Every line's outstanding passes, as (deal, ticket, user).
+    async fn active_passes(&self, lines: &[Line]) -> Vec<(String, String, String)> {
+        let mut passes = Vec::new();
+        for line in lines {
+            let max = u32::try_from(line.terms.max_active).unwrap_or(1).max(1);
+            match self.room.active_passes(&line.id, max).await {
+                Ok(active) => passes.extend(
+                    active
+                        .into_iter()
+                        .map(|(ticket, user)| (line.id.clone(), ticket, user)),
+                ),
+                Err(error) => tracing::debug!(%error, deal = line.id, "passes not read"),
+            }
+        }
+        passes
+    }
+
+    async fn forget_used_passes(
+        &self,
+        passes: &[(String, String, String)],
+        stock: &HashMap<String, (i64, Vec<String>)>,
+    ) {
+        let mut used: HashMap<&str, Vec<&str>> = HashMap::new();
+        for (deal, ticket, user) in passes {
+            let ordered = stock
+                .get(deal)
+                .is_some_and(|(_, holders)| holders.contains(user));
+            if ordered {
+                used.entry(deal.as_str()).or_default().push(ticket.as_str());
+            }
+        }
+        for (deal, tickets) in used {
+            match self.room.forget_passes(deal, &tickets).await {
+                Ok(0) => {}
+                Ok(freed) => tracing::info!(deal, freed, "freed the slots of passes already used"),
+                Err(error) => tracing::debug!(%error, deal, "used passes not freed"),
+            }
+        }
+    }
 }

@@ -309,6 +309,31 @@ impl WaitingRoom {
         }
     }
 
+    /// The outstanding passes of `deal_id` as (ticket, user), at most `max` of them.
+    pub(crate) async fn active_passes(
+        &self,
+        deal_id: &str,
+        max: u32,
+    ) -> Result<Vec<(String, String)>, QueueError> {
+        let flat: Vec<String> = self
+            .eval(&self.scripts.active, deal_id, &[&max.to_string()])
+            .await?;
+        Ok(flat
+            .chunks_exact(2)
+            .map(|pair| (pair[0].clone(), pair[1].clone()))
+            .collect())
+    }
+
+    /// Frees the slots of passes whose orders a stock snapshot already counts; returns how
+    /// many were still outstanding.
+    pub(crate) async fn forget_passes(
+        &self,
+        deal_id: &str,
+        tickets: &[&str],
+    ) -> Result<i64, QueueError> {
+        Ok(self.eval(&self.scripts.forget, deal_id, tickets).await?)
+    }
+
     /// A proof-of-work challenge for `user`'s join, as hard as the deal and its crowd ask.
     pub async fn challenge(&self, deal: &Deal, user: &str) -> Result<Challenge, QueueError> {
         let base = u32::try_from(deal.waiting_room.pow_bits).unwrap_or(0);

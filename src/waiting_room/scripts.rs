@@ -121,6 +121,29 @@ redis.call('PEXPIRE', KEYS[12], ARGV[2])
 return freed
 "#;
 
+/// ARGV: most passes read. The outstanding passes, oldest expiry first, as a flat list of
+/// ticket, user pairs.
+const ACTIVE: &str = r#"
+local out = {}
+for _, t in ipairs(redis.call('ZRANGE', KEYS[10], 0, tonumber(ARGV[1]) - 1)) do
+  local u = redis.call('HGET', KEYS[3], t)
+  if u then
+    out[#out + 1] = t
+    out[#out + 1] = u
+  end
+end
+return out
+"#;
+
+/// ARGV: tickets. Frees the slots of passes whose holders' orders a stock snapshot already
+/// counts (their own release was lost). Unlike `RELEASE` it records no use: the snapshot
+/// has the order. Returns the slots freed.
+const FORGET: &str = r#"
+local freed = 0
+for _, t in ipairs(ARGV) do freed = freed + redis.call('ZREM', KEYS[10], t) end
+return freed
+"#;
+
 /// ARGV: user. Ends the user's session on the line: a pass stops working (its slot frees), a
 /// waiting ticket leaves the line; both read `expired`. Returns {ticket, until ms} for the
 /// caller to append to the revocation stream every instance follows, or false when the
@@ -170,13 +193,18 @@ local unsold = nil
 if available >= 0 and not stale then
   unsold = available - redis.call('ZCOUNT', KEYS[12], snap_at, '+inf')
 end
-if (unsold and unsold <= 0) or ARGV[2] == '1' then
+-- Sold out only when certain: the snapshot itself has no unit, or PostgreSQL said so through
+-- the shared flag. `unsold` can undercount (an order in the snapshot whose pass was released
+-- after it is subtracted twice): that holds admissions below, but telling the line sold out
+-- on it would send away people a unit is left for.
+if (available == 0 and not stale) or ARGV[2] == '1' then
   if redis.call('HGET', KEYS[1], 'state') ~= 'sold_out' then
     redis.call('HSET', KEYS[1], 'state', 'sold_out', 'sold_out_at', now)
   end
   return hold(0)
 end
 if stale then return hold(nil) end
+if unsold and unsold <= 0 then return hold(0) end
 if redis.call('HGET', KEYS[1], 'state') == 'sold_out' then
   redis.call('HSET', KEYS[1], 'state', 'open', 'resumed_at', now)
 end
@@ -325,6 +353,8 @@ pub struct Scripts {
     pub resign: String,
     pub drain: String,
     pub revoke: String,
+    pub active: String,
+    pub forget: String,
 }
 
 impl Scripts {
@@ -344,6 +374,8 @@ impl Scripts {
             resign: with(RESIGN),
             drain: with(DRAIN),
             revoke: with(REVOKE),
+            active: with(ACTIVE),
+            forget: with(FORGET),
         }
     }
 }

@@ -100,18 +100,29 @@ async fn invalid_deals_are_refused() {
         variant("per_user_limit", json!(0)),
         variant("reservation_ttl_seconds", json!(0)),
         variant("starts_at", json!("tomorrow")),
-        {
-            let mut deal = new_deal("invalid", 10, 2);
-            deal["starts_at"] = json!("2030-01-02T00:00:00Z");
-            deal["ends_at"] = json!("2030-01-01T00:00:00Z");
-            ("starts_at after ends_at".to_owned(), deal)
-        },
+    ];
+    // Each time is valid on its own: the rule between them is answered 422.
+    let window = |starts: &str, ends: &str| {
+        let mut deal = new_deal("invalid", 10, 2);
+        deal["starts_at"] = json!(starts);
+        deal["ends_at"] = json!(ends);
+        (format!("starts_at {starts}, ends_at {ends}"), deal)
+    };
+    let windows = [
+        window("2030-01-02T00:00:00Z", "2030-01-01T00:00:00Z"),
+        window("2030-01-01T00:00:00Z", "2030-01-01T00:00:00Z"),
     ];
 
     for (name, deal) in cases {
         let reply = app.create_deal(&deal).await;
         assert_eq!(reply.status, 400, "{name}: {}", reply.text);
         reply.expect_problem(400, "invalid-request");
+    }
+    for (name, deal) in windows {
+        let reply = app.create_deal(&deal).await;
+        assert_eq!(reply.status, 422, "{name}: {}", reply.text);
+        let problem = reply.expect_problem(422, "invalid-request");
+        assert_eq!(problem["detail"], "starts_at must be before ends_at");
     }
 
     assert_eq!(deal_count(&app.db).await, 0);

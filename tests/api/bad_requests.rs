@@ -108,7 +108,7 @@ fn corpus(app: &TestApp, deal: &str) -> Vec<Case> {
         case(
             "body above server.body_bytes_max",
             413,
-            "invalid-request",
+            "payload-too-large",
             body(&too_large),
         ),
         case(
@@ -286,7 +286,7 @@ async fn chunked_bodies_are_read_up_to_the_limit() {
         "oversized chunked body: {refused}"
     );
     assert!(
-        refused.contains("https://flashgate.dev/problems/invalid-request"),
+        refused.contains("https://flashgate.dev/problems/payload-too-large"),
         "{refused}"
     );
     assert_eq!(

@@ -80,6 +80,39 @@ async fn a_reused_key_is_a_conflict_before_any_other_check() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_reused_key_is_a_conflict_before_the_quantity_range() {
+    let app = spawn_app().await;
+    let id = app.given_deal(&new_deal("i2c", 10, 2)).await;
+    let token = app.token("alice");
+    app.place_order(&token, &id, "key-1", 2).await.expect(201);
+    let above_max = i64::from(app.settings.orders.quantity_max) + 1;
+
+    let reused = app.place_order(&token, &id, "key-1", above_max).await;
+    let fresh = app.place_order(&token, &id, "key-2", above_max).await;
+
+    reused.expect_problem(422, "idempotency-conflict");
+    fresh.expect_problem(400, "invalid-request");
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_after_a_cancel_returns_the_original_answer() {
+    let app = spawn_app().await;
+    let id = app.given_deal(&new_deal("i2d", 10, 2)).await;
+    let token = app.token("alice");
+    let first = app.place_order(&token, &id, "key-1", 1).await.expect(201);
+    let order_id = first["order_id"].as_str().unwrap();
+    app.cancel_order(&token, order_id).await.expect(200);
+
+    let replay = app.place_order(&token, &id, "key-1", 1).await;
+
+    assert_eq!(replay.expect(201), first);
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(replay.header("vary"), Some("authorization"));
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn same_key_on_another_deal_is_a_conflict() {
     let app = spawn_app().await;
     let first = app.given_deal(&new_deal("i3a", 10, 2)).await;

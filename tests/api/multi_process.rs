@@ -20,13 +20,21 @@ pub fn spawn_gateway(settings: &Settings, api: &Api) -> ChildGuard {
 
 /// As `spawn_gateway`, with `extra` environment variables on top (later ones win).
 pub fn spawn_gateway_with(settings: &Settings, api: &Api, extra: &[(&str, &str)]) -> ChildGuard {
-    let output = || {
-        if test_log() {
-            Stdio::inherit()
-        } else {
-            Stdio::null()
-        }
+    let output = if test_log() {
+        Stdio::inherit()
+    } else {
+        Stdio::null()
     };
+    spawn_gateway_logging_to(settings, api, extra, output)
+}
+
+/// As `spawn_gateway_with`, writing the gateway's log (stderr) to `log`.
+pub fn spawn_gateway_logging_to(
+    settings: &Settings,
+    api: &Api,
+    extra: &[(&str, &str)],
+    log: Stdio,
+) -> ChildGuard {
     let unlimited = "1000000";
     let mut command = Command::new(env!("CARGO_BIN_EXE_flashgate"));
     command
@@ -70,8 +78,8 @@ pub fn spawn_gateway_with(settings: &Settings, api: &Api, extra: &[(&str, &str)]
     }
     command.envs(extra.iter().copied());
     let child = command
-        .stdout(output())
-        .stderr(output())
+        .stdout(Stdio::null())
+        .stderr(log)
         .spawn()
         .expect("start flashgate serve");
     ChildGuard { child }

@@ -55,7 +55,7 @@ async fn payment_attempts_stop_at_expiry_and_cannot_hold_units_past_it() {
             assert!(
                 matches!(
                     slug.as_deref(),
-                    Some("reservation-expired" | "invalid-request")
+                    Some("reservation-expired" | "order-not-pending")
                 ),
                 "{}",
                 reply.text

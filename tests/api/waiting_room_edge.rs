@@ -364,3 +364,76 @@ async fn polls_tell_the_odds_from_what_the_line_keeps() {
     assert_eq!(far["likely_sold_out"], true);
     app.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pass_whose_release_was_lost_frees_its_slot_at_the_next_stock_snapshot() {
+    // Arrange: one pass at a time, three units, three buyers in line.
+    let app = spawn_app_with(fast_room).await;
+    let room = json!({"admit_per_second": 50, "max_active": 1, "pass_ttl_seconds": 600});
+    let deal = app
+        .given_deal(&room_deal("wrlost", 3, room, json!({})))
+        .await;
+    let mut tickets = Vec::new();
+    for user in ["lost-a", "lost-b", "lost-c"] {
+        tickets.push(ticket_of(&join(&app, user, &deal).await.expect(201)));
+    }
+    let admitted = poll_until(
+        &app,
+        "lost-a",
+        &deal,
+        &tickets[0],
+        &["admitted"],
+        EVENTUALLY,
+    )
+    .await;
+
+    // Act: the first buyer orders, and its pass then shows as outstanding again, as when the
+    // order's release of the slot never reached Redis; the second buyer orders in turn.
+    let pass = admitted["pass"].as_str().unwrap();
+    crate::waiting_room::order_with_pass(&app, "lost-a", &deal, Some(pass))
+        .await
+        .expect(201);
+    let mut redis = crate::helpers::redis_connection(&app.settings.redis.url)
+        .await
+        .unwrap();
+    let active_key = format!("{}wr:{{{deal}}}:active", app.settings.redis.key_prefix);
+    let expiry_ms = Utc::now().timestamp_millis() + 600_000;
+    let _: i64 = redis::cmd("ZADD")
+        .arg(&active_key)
+        .arg(expiry_ms)
+        .arg(&tickets[0])
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let admitted = poll_until(
+        &app,
+        "lost-b",
+        &deal,
+        &tickets[1],
+        &["admitted"],
+        EVENTUALLY,
+    )
+    .await;
+    let pass = admitted["pass"].as_str().unwrap();
+    crate::waiting_room::order_with_pass(&app, "lost-b", &deal, Some(pass))
+        .await
+        .expect(201);
+
+    // Assert: the lost release held no unit back: the third buyer is admitted and buys the
+    // last unit long before the first pass would have expired.
+    let admitted = poll_until(
+        &app,
+        "lost-c",
+        &deal,
+        &tickets[2],
+        &["admitted"],
+        EVENTUALLY,
+    )
+    .await;
+    let pass = admitted["pass"].as_str().unwrap();
+    crate::waiting_room::order_with_pass(&app, "lost-c", &deal, Some(pass))
+        .await
+        .expect(201);
+    app.assert_invariants(&deal).await;
+    app.cleanup().await;
+}

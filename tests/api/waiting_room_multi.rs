@@ -393,13 +393,13 @@ enum Outcome {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "open defect: at the end of this sale a few admitted buyers are answered sold-out while \
-            units remain, their passes stay outstanding and the line never reads sold_out"]
 async fn flash_sale_of_500_units_to_20000_queued_users() {
     // Arrange: two gateways, 500 units, one per user.
     let cluster = Cluster::start(2).await;
     let apis = cluster.apis.clone();
-    let room = json!({"admit_per_second": 2000, "max_active": 300, "pass_ttl_seconds": 600});
+    const PASS_TTL_SECONDS: i64 = 600;
+    let room = json!({"admit_per_second": 2000, "max_active": 300,
+                      "pass_ttl_seconds": PASS_TTL_SECONDS});
     let deal = apis[0]
         .given_deal(&room_deal("flash", 500, room, json!({})))
         .await;
@@ -506,7 +506,7 @@ async fn flash_sale_of_500_units_to_20000_queued_users() {
         .query_async(&mut redis)
         .await
         .unwrap();
-    let ttl_ms = 60_000;
+    let ttl_ms = PASS_TTL_SECONDS * 1000;
     let last_admitted = adm.values().map(|expiry| expiry - ttl_ms).max().unwrap();
     assert!(last_admitted <= sold_out_at, "admitted after the sell-out");
     let last_order_ms: f64 = sqlx::query_scalar(
@@ -541,7 +541,17 @@ async fn flash_sale_of_500_units_to_20000_queued_users() {
 async fn serve_fan(api: &Api, other: &Api, user: &str, deal: &str, ticket: &str) -> Outcome {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let body: Value = poll(api, user, deal, ticket).await.expect(200);
+        let reply = poll(api, user, deal, ticket).await;
+        if reply.status == 503 {
+            // Overloaded for a moment: a client waits and asks again, as Retry-After says.
+            assert!(
+                Instant::now() < deadline,
+                "{user}: the line stayed unavailable"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
+        let body: Value = reply.expect(200);
         match body["state"].as_str().unwrap_or_default() {
             "admitted" => {
                 let reply = order_with_pass(other, user, deal, body["pass"].as_str()).await;

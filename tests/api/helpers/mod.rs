@@ -139,12 +139,12 @@ pub async fn spawn_app() -> TestApp {
 }
 
 pub async fn spawn_app_with(configure: impl FnOnce(&mut Settings)) -> TestApp {
-    if test_log() {
-        flashgate::telemetry::init_logging("info");
-    }
     let database = TestDb::create().await;
     let mut settings = test_settings(&database.url);
     configure(&mut settings);
+    if test_log() {
+        flashgate::telemetry::init_logging(&settings.telemetry);
+    }
     let app = Application::build(settings.clone())
         .await
         .expect("application builds");
@@ -277,6 +277,14 @@ impl Reply {
         );
         assert_eq!(body["status"], json!(status), "status member: {body}");
         assert!(body["detail"].is_string(), "detail missing: {body}");
+        let id = self
+            .header("x-request-id")
+            .expect("every answer has X-Request-Id");
+        assert_eq!(
+            body["instance"],
+            format!("urn:flashgate:request:{id}"),
+            "instance names the request id: {body}"
+        );
         body
     }
 }

@@ -1,0 +1,175 @@
+//! The operator CLI can do what the admin API can when creating a deal (waiting room,
+//! payment terms), takes negative numbers where they mean something, refuses values that
+//! cannot work with a clear message, and prints an error once.
+
+use serde_json::json;
+
+use crate::helpers::{TestDb, delete_redis_keys, test_settings};
+use crate::ops_cli::flashgate_cli;
+use crate::startup_errors::flashgate;
+
+#[tokio::test]
+async fn a_deal_with_a_waiting_room_and_payment_terms_is_created_and_restocked() {
+    // Arrange
+    let database = TestDb::create().await;
+    let settings = test_settings(&database.url);
+    let migrated = flashgate_cli(&settings, &["migrate"]).await;
+    assert!(migrated.success, "{}", migrated.stderr);
+
+    // Act
+    let created = flashgate_cli(
+        &settings,
+        &[
+            "deals",
+            "create",
+            "--id",
+            "queued",
+            "--name",
+            "Queued deal",
+            "--stock",
+            "20",
+            "--buckets",
+            "2",
+            "--unit-price-minor",
+            "500",
+            "--late-payment-policy",
+            "manual_review",
+            "--capture-method",
+            "manual",
+            "--waiting-room",
+            "--admit-per-second",
+            "7",
+            "--max-active",
+            "30",
+            "--pass-ttl-seconds",
+            "90",
+            "--queue-order",
+            "random",
+            "--pow-bits",
+            "3",
+            "--checkout-url",
+            "https://shop.example/checkout",
+        ],
+    )
+    .await;
+    let delta_after =
+        flashgate_cli(&settings, &["deals", "stock", "queued", "--delta", "-5"]).await;
+    let delta_before =
+        flashgate_cli(&settings, &["deals", "stock", "--delta", "-5", "queued"]).await;
+    let equals = flashgate_cli(&settings, &["deals", "stock", "queued", "--delta=-1"]).await;
+    let negative_stock = flashgate_cli(
+        &settings,
+        &[
+            "deals",
+            "create",
+            "--id",
+            "neg",
+            "--name",
+            "Neg",
+            "--stock",
+            "-5",
+            "--unit-price-minor",
+            "1",
+        ],
+    )
+    .await;
+    let options_without_room = flashgate_cli(
+        &settings,
+        &[
+            "deals",
+            "create",
+            "--id",
+            "x",
+            "--name",
+            "X",
+            "--stock",
+            "1",
+            "--unit-price-minor",
+            "1",
+            "--max-active",
+            "3",
+        ],
+    )
+    .await;
+    let bad_policy = flashgate_cli(
+        &settings,
+        &[
+            "deals",
+            "create",
+            "--id",
+            "y",
+            "--name",
+            "Y",
+            "--stock",
+            "1",
+            "--unit-price-minor",
+            "1",
+            "--late-payment-policy",
+            "keep",
+        ],
+    )
+    .await;
+
+    // Assert
+    assert!(created.success, "{}", created.stderr);
+    let deal = created.json();
+    assert_eq!(deal["late_payment_policy"], json!("manual_review"));
+    assert_eq!(deal["capture_method"], json!("manual"));
+    let room = &deal["waiting_room"];
+    assert_eq!(room["enabled"], json!(true));
+    assert_eq!(room["admit_per_second"], json!(7));
+    assert_eq!(room["max_active"], json!(30));
+    assert_eq!(room["pass_ttl_seconds"], json!(90));
+    assert_eq!(room["queue_order"], json!("random"));
+    assert_eq!(room["pow_bits"], json!(3));
+    assert_eq!(room["checkout_url"], json!("https://shop.example/checkout"));
+    for (run, left) in [(&delta_after, 15), (&delta_before, 10), (&equals, 9)] {
+        assert!(run.success, "{}", run.stderr);
+        assert_eq!(run.json()["available"], json!(left), "{}", run.stdout);
+    }
+    assert!(!negative_stock.success);
+    assert!(
+        negative_stock.stderr.contains("stock must be"),
+        "{}",
+        negative_stock.stderr
+    );
+    assert_eq!(
+        negative_stock.stderr.lines().count(),
+        1,
+        "{}",
+        negative_stock.stderr
+    );
+    assert!(!options_without_room.success);
+    assert!(
+        options_without_room.stderr.contains("--waiting-room"),
+        "{}",
+        options_without_room.stderr
+    );
+    assert!(!bad_policy.success);
+    assert!(
+        bad_policy
+            .stderr
+            .contains("reserve_or_refund, refund, manual_review"),
+        "{}",
+        bad_policy.stderr
+    );
+    delete_redis_keys(&settings.redis.url, &settings.redis.key_prefix).await;
+    database.drop_database().await;
+}
+
+#[test]
+fn a_token_must_live_at_least_a_second() {
+    for ttl in ["0", "-5"] {
+        let run = flashgate(&["token", "--user", "alice", "--ttl-seconds", ttl], &[]);
+        assert_eq!(run.code, Some(2), "{}", run.stderr);
+        assert!(
+            run.stderr.contains("--ttl-seconds") && run.stderr.contains("at least 1"),
+            "{}",
+            run.stderr
+        );
+        assert!(run.stdout.is_empty(), "{}", run.stdout);
+    }
+    let run = flashgate(&["token", "--user", "alice", "--ttl-seconds", "60"], &[]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.stdout.matches('.').count(), 2, "a JWT: {}", run.stdout);
+}
