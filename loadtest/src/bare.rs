@@ -34,10 +34,7 @@ impl Answer {
     /// `{"ok":true}`, 200, `application/json`.
     pub fn tiny_json() -> Self {
         let mut headers = HeaderMap::new();
-        headers.insert(
-            "content-type",
-            HeaderValue::from_static("application/json"),
-        );
+        headers.insert("content-type", HeaderValue::from_static("application/json"));
         Self {
             status: StatusCode::OK,
             headers,

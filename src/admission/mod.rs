@@ -281,7 +281,9 @@ fn counted(rejection: Rejection) -> Rejection {
     REJECTIONS.with_borrow_mut(|counters| {
         counters
             .entry(reason)
-            .or_insert_with(|| metrics::counter!(telemetry::ADMISSION_REJECTIONS, "reason" => reason))
+            .or_insert_with(
+                || metrics::counter!(telemetry::ADMISSION_REJECTIONS, "reason" => reason),
+            )
             .increment(1);
     });
     rejection

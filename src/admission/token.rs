@@ -272,8 +272,14 @@ mod tests {
     fn the_claimed_subject_is_read_whether_or_not_the_token_is_valid() {
         let valid = mint_token(SECRET, "alice", 600);
         let forged = mint_token("another-secret", "mallory", 600);
-        assert_eq!(claimed_subject(Some(&header(&valid))).as_deref(), Some("alice"));
-        assert_eq!(claimed_subject(Some(&header(&forged))).as_deref(), Some("mallory"));
+        assert_eq!(
+            claimed_subject(Some(&header(&valid))).as_deref(),
+            Some("alice")
+        );
+        assert_eq!(
+            claimed_subject(Some(&header(&forged))).as_deref(),
+            Some("mallory")
+        );
         assert!(verifier().verify(Some(&header(&forged))).is_err());
         for garbage in ["Bearer x", "Bearer a.%%%.c", "Basic abc", ""] {
             assert_eq!(claimed_subject(Some(garbage.as_bytes())), None);

@@ -255,17 +255,17 @@ impl Problem {
         problem.headers.reserve_exact(3);
         problem
             .with_header(RETRY_AFTER, HeaderValue::from(retry))
-        .with_header(
-            HeaderName::from_static("ratelimit-policy"),
-            header(format!(
-                "\"{name}\";q={};w={}",
-                limited.quota, limited.window_seconds
-            )),
-        )
-        .with_header(
-            HeaderName::from_static("ratelimit"),
-            header(format!("\"{name}\";r=0;t={retry}")),
-        )
+            .with_header(
+                HeaderName::from_static("ratelimit-policy"),
+                header(format!(
+                    "\"{name}\";q={};w={}",
+                    limited.quota, limited.window_seconds
+                )),
+            )
+            .with_header(
+                HeaderName::from_static("ratelimit"),
+                header(format!("\"{name}\";r=0;t={retry}")),
+            )
     }
 }
 
@@ -543,7 +543,9 @@ mod tests {
         let mut reader = serde_json::Deserializer::from_str(json);
         let error = serde_path_to_error::deserialize::<_, Outer>(&mut reader).unwrap_err();
         let well_formed = serde_json::from_str::<serde::de::IgnoredAny>(json).is_ok();
-        Problem::invalid_json(&error, well_formed).detail
+        Problem::invalid_json(&error, well_formed)
+            .detail
+            .into_owned()
     }
 
     #[test]

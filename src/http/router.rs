@@ -371,10 +371,14 @@ async fn dispatch(
         Route::PlaceOrder(id) => public::place_order(state, peer, request, id).await,
         Route::JoinQueue(id) => Box::pin(queue::join(state, peer, &request, id)).await,
         Route::QueueStatus(id) => Box::pin(queue::line(state, peer, &request, id)).await,
-        Route::PollTicket(id, ticket) => Box::pin(queue::poll(state, peer, &request, id, ticket)).await,
+        Route::PollTicket(id, ticket) => {
+            Box::pin(queue::poll(state, peer, &request, id, ticket)).await
+        }
         Route::GetOrder(id) => Box::pin(public::get_order(state, peer, &request, id)).await,
         Route::CancelOrder(id) => Box::pin(public::cancel_order(state, peer, &request, id)).await,
-        Route::StartPayment(id) => Box::pin(payments::start_payment(state, peer, request, id)).await,
+        Route::StartPayment(id) => {
+            Box::pin(payments::start_payment(state, peer, request, id)).await
+        }
         Route::Webhook(provider) => Box::pin(payments::webhook(state, request, provider)).await,
         Route::CreateDeal => Box::pin(admin::create_deal(state, request)).await,
         Route::AdjustStock(id) => Box::pin(admin::adjust_stock(state, request, id)).await,
