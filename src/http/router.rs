@@ -332,12 +332,14 @@ async fn in_time<F: Future>(
     }
 }
 
+/// The request counter and duration histogram of one route template and status.
+type RouteMetrics = HashMap<(&'static str, StatusCode), (Counter, Histogram)>;
+
 thread_local! {
     /// This thread's handles of the request metrics, by route template and status:
     /// registered once, so answering records two numbers instead of building labels and
     /// looking them up in the shared registry.
-    static REQUEST_METRICS: RefCell<HashMap<(&'static str, StatusCode), (Counter, Histogram)>> =
-        RefCell::new(HashMap::new());
+    static REQUEST_METRICS: RefCell<RouteMetrics> = RefCell::new(HashMap::new());
 }
 
 fn record(template: &'static str, status: StatusCode, elapsed: Duration) {
