@@ -3,22 +3,33 @@
 #   (a) the seed design: one hot stock row, one transaction per purchase (pgbench)
 #   (b) the same spread over 32 bucket rows (pgbench)
 #   (c) flashgate end to end: HTTP, auth, limits, reservation and order, durable
-#   (d) flashgate rejecting a sold-out deal (wrk)
-#   (e) a bare hyper server answering a tiny JSON body (wrk)
-# and the ratios (c)/(a), (c)/(b), (d)/(e). For (c) it also measures what a purchase costs:
+# and the ratios (c)/(a), (c)/(b). For (c) it also measures what a purchase costs:
 # CPU time of the gateway process and of the PostgreSQL processes serving it (backends of
 # its database, WAL writer, checkpointer, background writer) divided by purchases, how busy
 # the machine's cores were, the load generator's own CPU, reservation batch sizes (mean,
 # p99) and lanes in flight; then an open-loop run at half the measured rate (201 p50/p99),
 # and a whole sale of 100,000 units to 200,000 users, charted, with the database verdict.
-# Writes the results into docs/PERFORMANCE.md between the COMPARISON markers. Loopback
-# only; every step is bounded in time.
+# Then refusals against a fair baseline (wrk, loadtest/refusal.lua): flashgate refusing an
+# order for a sold-out deal (409) and over the per-IP limit (429), each next to a bare
+# hyper server replaying the very answer captured from the gateway to the very same
+# request (body unread), alternated, with requests/s and process CPU per request.
+# Writes the results into docs/PERFORMANCE.md between the COMPARISON markers and the
+# REFUSALS markers. Loopback only; every step is bounded in time.
 #
-# Usage: loadtest/compare.sh [seconds per measurement, default 10]
+# Usage: loadtest/compare.sh [--refusals] [seconds per measurement, default 10]
+#   --refusals: only the refusal comparison (and only its block of the document).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+MODE=all
+if [ "${1:-}" = --refusals ]; then
+    MODE=refusals
+    shift
+fi
 SECONDS_EACH=${1:-10}
+COMMAND="loadtest/compare.sh $([ "$MODE" = refusals ] && echo '--refusals ')$SECONDS_EACH"
+# Rounds of the refusal comparison; each round measures gateway then baseline.
+ROUNDS=2
 CLIENTS=64
 BASE_URL_DB=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
 DB_PREFIX=${BASE_URL_DB%/*}
@@ -32,7 +43,7 @@ WORK=$(mktemp -d)
 PIDS=()
 cleanup() {
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    rm -rf "$WORK"
+    [ -n "${KEEP_WORK:-}" ] && log "work files kept in $WORK" || rm -rf "$WORK"
 }
 trap cleanup EXIT
 
@@ -46,7 +57,7 @@ fi
 command -v pgbench >/dev/null || { log "pgbench is missing (Debian package postgresql-client)"; exit 1; }
 
 log "building release binaries"
-cargo build --release -q -p flashgate -p flashgate-loadtest
+cargo build --release -q --workspace
 
 psql_base() { psql "$BASE_URL_DB" -qAt "$@"; }
 fresh_db() {
@@ -55,6 +66,159 @@ fresh_db() {
     echo "$DB_PREFIX/$name"
 }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# CPU accounting from /proc: clock ticks of user + system time.
+CLK_TCK=$(getconf CLK_TCK)
+ticks_of() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+
+# Starts a gateway on database $1 with extra environment $2..; prints "pid port ops_port".
+start_gateway() {
+    local db=$1 port ops
+    shift
+    port=$(free_port)
+    ops=$(free_port)
+    env "$@" DATABASE_URL="$db" FLASHGATE_LISTEN="127.0.0.1:$port" FLASHGATE_OPS_LISTEN="127.0.0.1:$ops" \
+        RUST_LOG=warn FLASHGATE__REDIS__KEY_PREFIX="cmp${RUN_ID}:" \
+        target/release/flashgate serve >>"$WORK/gateway.log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
+    echo "$pid $port $ops"
+}
+
+# --- refusals against a fair baseline ---------------------------------------------
+# Two gateways on one database: one whose limits never bite (it refuses a sold-out deal,
+# 409), one allowing a client address one request a second (it refuses with 429 before
+# looking at the deal). Each refusal is captured once with curl; a bare server per refusal
+# replays it. Then, alternating, wrk sends the same order request to each, and the
+# server's process CPU over the run is divided by the requests answered.
+REFUSAL_URL_PATH=/v1/deals/sold-out/orders
+wrk_run() { # $1: url, $2: result file; prints nothing, fails when an answer was not a refusal
+    FLASHGATE_WRK_TOKEN=$TOKEN wrk -t2 -c"$CLIENTS" -d"${SECONDS_EACH}s" -s loadtest/refusal.lua "$1" >"$2"
+}
+measure() { # $1: pid, $2: url, $3: label; appends "label rps requests ticks non_refusals"
+    local before after out="$WORK/wrk.$3.$RANDOM"
+    before=$(ticks_of "$1")
+    wrk_run "$2" "$out"
+    after=$(ticks_of "$1")
+    local requests rps answered_2xx
+    requests=$(awk '/ requests in / {print $1; exit}' "$out")
+    rps=$(awk '/^Requests\/sec:/ {print $2}' "$out")
+    answered_2xx=$(( requests - $(awk '/Non-2xx or 3xx responses:/ {print $5}' "$out" | grep . || echo 0) ))
+    echo "$3 $rps $requests $((after - before)) $answered_2xx" >>"$WORK/refusals"
+}
+refusals() {
+    local db gw409 gw429 bare409 bare429
+    db=$(fresh_db refusals)
+    read -r GW409_PID GW409_PORT GW409_OPS < <(start_gateway "$db" \
+        FLASHGATE__LIMITS__PER_IP__RATE_PER_SECOND=1000000 FLASHGATE__LIMITS__PER_IP__BURST=1000000)
+    PIDS+=("$GW409_PID")
+    read -r GW429_PID GW429_PORT _ < <(start_gateway "$db" \
+        FLASHGATE__LIMITS__PER_IP__RATE_PER_SECOND=1 FLASHGATE__LIMITS__PER_IP__BURST=1)
+    PIDS+=("$GW429_PID")
+    curl -sf -X POST "http://127.0.0.1:$GW409_OPS/admin/deals" -H "Authorization: Bearer $FLASHGATE_ADMIN_TOKEN" \
+        -d '{"id":"sold-out","name":"Sold out","stock":0,"buckets":1,"unit_price_minor":100,"currency":"EUR","per_user_limit":1,"reservation_ttl_seconds":60}' >/dev/null
+    TOKEN=$(target/release/flashgate token --user wrk-user)
+    gw409="http://127.0.0.1:$GW409_PORT$REFUSAL_URL_PATH"
+    gw429="http://127.0.0.1:$GW429_PORT$REFUSAL_URL_PATH"
+    capture() { # $1: url, $2: file; the same request as refusal.lua
+        curl -si -X POST "$1" -H 'Content-Type: application/json' -H "Authorization: Bearer $TOKEN" \
+            -H 'Idempotency-Key: wrk-refusal-0001' -d '{"quantity":1}' >"$2"
+    }
+    # The first requests to a fresh deal may reach PostgreSQL before the mirror knows it is
+    # sold out; the second to the limited gateway is over its limit.
+    for _ in $(seq 50); do
+        capture "$gw409" "$WORK/answer409"
+        head -1 "$WORK/answer409" | grep -q ' 409' && break
+        sleep 0.1
+    done
+    capture "$gw429" "$WORK/answer429"
+    capture "$gw429" "$WORK/answer429"
+    head -1 "$WORK/answer409" | grep -q ' 409' || { log "the sold-out deal answered $(head -1 "$WORK/answer409")"; exit 1; }
+    head -1 "$WORK/answer429" | grep -q ' 429' || { log "the limited gateway answered $(head -1 "$WORK/answer429")"; exit 1; }
+    local code port pid
+    for code in 409 429; do
+        port=$(free_port)
+        target/release/flashgate-loadtest bare-server --listen "127.0.0.1:$port" --answer "$WORK/answer$code" \
+            >"$WORK/bare$code.log" 2>&1 &
+        pid=$!
+        PIDS+=("$pid")
+        for _ in $(seq 50); do grep -q listening "$WORK/bare$code.log" && break; sleep 0.1; done
+        capture "http://127.0.0.1:$port$REFUSAL_URL_PATH" "$WORK/bare_answer$code"
+        printf -v "BARE${code}_PID" %s "$pid"
+        printf -v "BARE${code}_URL" %s "http://127.0.0.1:$port$REFUSAL_URL_PATH"
+    done
+    : >"$WORK/refusals"
+    local round
+    for round in $(seq "$ROUNDS"); do
+        log "refusals, round $round of $ROUNDS: 409 and 429, gateway then bare, $CLIENTS connections, ${SECONDS_EACH}s each"
+        measure "$GW409_PID" "$gw409" gw409
+        measure "$BARE409_PID" "$BARE409_URL" bare409
+        measure "$GW429_PID" "$gw429" gw429
+        measure "$BARE429_PID" "$BARE429_URL" bare429
+    done
+    kill "$GW409_PID" "$GW429_PID" "$BARE409_PID" "$BARE429_PID" 2>/dev/null || true
+    REFUSALS_TABLE=$(python3 - "$WORK" "$CLK_TCK" "$ROUNDS" "$SECONDS_EACH" "$CLIENTS" "$(date -u +%Y-%m-%d)" "$MACHINE_SHORT" "$COMMAND" <<'PY'
+import sys
+work, clk, rounds, secs, clients, day, machine, command = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
+rows = {}
+for line in open(f"{work}/refusals"):
+    label, rps, requests, ticks, not_refused = line.split()
+    if int(not_refused):
+        sys.exit(f"{label}: {not_refused} answers were not refusals")
+    rows.setdefault(label, []).append((float(rps), int(requests), int(ticks)))
+def size(path):
+    raw = open(path, "rb").read()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return len(raw), len(body)
+def us(runs):
+    return 1e6 * sum(t for _, _, t in runs) / clk / sum(n for _, n, _ in runs)
+out = [f"Measured {day} by `{command}` on {machine}; wrk (2 threads, "
+       f"{clients} connections, `loadtest/refusal.lua`: POST, bearer token, Idempotency-Key, 14-byte JSON "
+       f"body) and the servers share the machine. {rounds} rounds, each {secs} s per server, alternated "
+       "gateway, bare, gateway, bare. CPU is the server process's user + system time over its runs "
+       "divided by the requests it answered.", "",
+       "| refusal | server | requests/s per round | CPU per request | answer bytes (body) |",
+       "|---|---|---|---|---|"]
+ratios = []
+for code, what in (("409", "sold out"), ("429", "per-IP limit")):
+    gw, bare = rows[f"gw{code}"], rows[f"bare{code}"]
+    for label, runs, name in ((f"gw{code}", gw, "flashgate"), (f"bare{code}", bare, "bare hyper, same answer")):
+        total, body = size(f"{work}/{'answer' if label.startswith('gw') else 'bare_answer'}{code}")
+        per_round = ", ".join(f"{r:,.0f}" for r, _, _ in runs)
+        out.append(f"| {code} {what} | {name} | {per_round} | {us(runs):.1f} µs | {total} ({body}) |")
+    rps_ratio = sum(r for r, _, _ in gw) / sum(r for r, _, _ in bare)
+    ratios.append(f"| {code} {what} | {rps_ratio:.2f} (goal ≥ 0.8) | {us(gw) / us(bare):.2f} (goal ≤ 1.25) |")
+out += ["", "| refusal | requests/s, flashgate / bare | CPU per request, flashgate / bare |", "|---|---|---|", *ratios]
+print("\n".join(out))
+PY
+)
+}
+
+# Writes $2 between the $1 markers of docs/PERFORMANCE.md (appending the block when missing).
+write_block() {
+    python3 - "$1" "$2" <<'PY'
+import re, sys
+name, table = sys.argv[1], sys.argv[2]
+path = "docs/PERFORMANCE.md"
+text = open(path).read()
+begin, end = f"<!-- {name}:BEGIN -->", f"<!-- {name}:END -->"
+block = begin + "\n" + table + "\n" + end
+if begin in text:
+    text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+else:
+    text += "\n" + block + "\n"
+open(path, "w").write(text)
+PY
+}
+
+MACHINE_SHORT="$(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo))"
+if [ "$MODE" = refusals ]; then
+    refusals
+    echo "$REFUSALS_TABLE"
+    write_block REFUSALS "$REFUSALS_TABLE"
+    log "docs/PERFORMANCE.md updated (refusals)"
+    exit 0
+fi
 
 # --- (a) and (b): pgbench ------------------------------------------------------------
 PGB_URL=$(fresh_db pgbench)
@@ -99,9 +263,6 @@ GW_PID=$!
 PIDS+=("$GW_PID")
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$GW_PORT/healthz" >/dev/null && break; sleep 0.1; done
 
-# CPU accounting from /proc: clock ticks of user + system time.
-CLK_TCK=$(getconf CLK_TCK)
-ticks_of() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 pg_pids() {
     psql_base -c "SELECT pid FROM pg_stat_activity WHERE datname = '${GW_URL##*/}'
                   OR backend_type IN ('walwriter', 'checkpointer', 'background writer')"
@@ -213,36 +374,14 @@ sale --stock 100000 --buckets 32 --users 200000 --per-user-limit 1 --concurrency
     --duration-max-seconds 120 --out "$WORK/sellout.json" --chart docs/sale.svg >"$WORK/sellout.txt"
 SELLOUT=$(json "$WORK/sellout.json" '"%d orders for 100,000 units from %d requests, sold out after %s s, %.0f requests/s; database verdict: ok=%s, %s orders holding %s units, %s of %s acknowledged orders found" % (r["verdict"]["created"], r["requests"], r["sold_out_after_seconds"], r["requests_per_second"], r["verdict"]["ok"] or "; ".join(["False"] + r["verdict"]["reasons"]), r["database"]["holding_orders"], r["database"]["holding_units"], r["database"]["acknowledged_found"], r["database"]["acknowledged"])')
 
-# --- (d): flashgate rejecting a sold-out deal ---------------------------------------
-curl -sf -X POST "http://127.0.0.1:$OPS_PORT/admin/deals" -H "Authorization: Bearer $FLASHGATE_ADMIN_TOKEN" \
-    -d '{"id":"sold-out","name":"Sold out","stock":0,"buckets":1,"unit_price_minor":100,"currency":"EUR","per_user_limit":1,"reservation_ttl_seconds":60}' >/dev/null
-TOKEN=$(target/release/flashgate token --user wrk-user)
-cat > "$WORK/soldout.lua" <<LUA
-wrk.method = "POST"
-wrk.body = '{"quantity":1}'
-wrk.headers["Authorization"] = "Bearer $TOKEN"
-wrk.headers["Idempotency-Key"] = "wrk-key"
-LUA
-wrk_rps() { wrk -t2 -c"$CLIENTS" -d"${SECONDS_EACH}s" "$@" | awk '/^Requests\/sec:/ {print $2}'; }
-log "(d) sold-out rejections, $CLIENTS connections, ${SECONDS_EACH}s"
-D=$(wrk_rps -s "$WORK/soldout.lua" "http://127.0.0.1:$GW_PORT/v1/deals/sold-out/orders")
-STATUS=$(curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$GW_PORT/v1/deals/sold-out/orders" \
-    -H "Authorization: Bearer $TOKEN" -H 'Idempotency-Key: check' -d '{"quantity":1}')
-[ "$STATUS" = 409 ] || { log "the sold-out deal answered $STATUS, not 409"; exit 1; }
-
-# --- (e): bare hyper server ---------------------------------------------------------
-BARE_PORT=$(free_port)
-target/release/flashgate-loadtest bare-server --listen "127.0.0.1:$BARE_PORT" >"$WORK/bare.log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 50); do curl -sf "http://127.0.0.1:$BARE_PORT/" >/dev/null && break; sleep 0.1; done
-log "(e) bare hyper server, $CLIENTS connections, ${SECONDS_EACH}s"
-E=$(wrk_rps "http://127.0.0.1:$BARE_PORT/")
+kill "$GW_PID" 2>/dev/null || true
+refusals
 
 ratio() { python3 -c "print(f'{float($1)/float($2):.2f}')"; }
-CA=$(ratio "$C" "$A"); CB=$(ratio "$C" "$B"); DE=$(ratio "$D" "$E")
+CA=$(ratio "$C" "$A"); CB=$(ratio "$C" "$B")
 MACHINE="$(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)), $(free -g | awk '/Mem:/ {print $2}') GiB, $(psql_base -c 'SHOW server_version' | cut -d' ' -f1 | sed 's/^/PostgreSQL /'), synchronous_commit $(psql_base -c 'SHOW synchronous_commit')"
 TABLE=$(cat <<MD
-Measured $(date -u +%Y-%m-%d) by \`loadtest/compare.sh $SECONDS_EACH\` on $MACHINE; load generator,
+Measured $(date -u +%Y-%m-%d) by \`$COMMAND\` on $MACHINE; load generator,
 gateway and PostgreSQL share the machine. $CLIENTS clients or connections, ${SECONDS_EACH} s each.
 
 | | what | throughput |
@@ -250,14 +389,11 @@ gateway and PostgreSQL share the machine. $CLIENTS clients or connections, ${SEC
 | (a) | seed design, one hot row (pgbench) | $A purchases/s |
 | (b) | seed design over 32 bucket rows (pgbench) | $B purchases/s |
 | (c) | flashgate end to end (HTTP, JWT, limits, reservation, order; durable) | $C purchases/s (201 p50 ${C_P50} ms, p99 ${C_P99} ms) |
-| (d) | flashgate rejecting a sold-out deal (wrk) | $D requests/s |
-| (e) | bare hyper server, tiny JSON (wrk) | $E requests/s |
 
 | ratio | value |
 |---|---|
 | (c) / (a): flashgate against the hot row | $CA |
 | (c) / (b): flashgate against plain buckets | $CB |
-| (d) / (e): sold-out rejection against a bare server | $DE |
 
 What a purchase cost in (c): $C_CREATED durable purchases in ${C_ELAPSED} s, database verdict $C_OK.
 
@@ -285,16 +421,8 @@ $(printf '%s\n' "${SALE_COMMANDS[@]}")
 MD
 )
 echo "$TABLE"
-python3 - "$TABLE" <<'PY'
-import re, sys
-path = "docs/PERFORMANCE.md"
-text = open(path).read()
-block = "<!-- COMPARISON:BEGIN -->\n" + sys.argv[1] + "\n<!-- COMPARISON:END -->"
-if "<!-- COMPARISON:BEGIN -->" in text:
-    text = re.sub(r"<!-- COMPARISON:BEGIN -->.*?<!-- COMPARISON:END -->", lambda _: block, text, flags=re.S)
-else:
-    text += "\n## Side by side: `loadtest/compare.sh`\n\n" + block + "\n"
-open(path, "w").write(text)
-PY
+echo "$REFUSALS_TABLE"
+write_block COMPARISON "$TABLE"
+write_block REFUSALS "$REFUSALS_TABLE"
 log "docs/PERFORMANCE.md updated"
 [ "$FAILED_VERDICTS" = 0 ] || { log "$FAILED_VERDICTS sale verdict(s) failed; see the table"; exit 2; }

@@ -37,9 +37,17 @@ pub enum Command {
         #[command(flatten)]
         config: chaos::ChaosConfig,
     },
-    /// Serve a tiny JSON body on every request: the baseline for rejection cost.
+    /// Serve one fixed answer on every request: the baseline for rejection cost.
     BareServer {
         #[arg(long, default_value = "127.0.0.1:8099")]
         listen: SocketAddr,
+        /// An HTTP/1.1 response as `curl -si` prints it, replayed as the answer; without
+        /// it, a tiny JSON body.
+        #[arg(long, value_name = "FILE")]
+        answer: Option<PathBuf>,
+        /// Serve on this many current-thread runtimes, one thread each, sharing the
+        /// listener; 0 serves on the process's multi-thread runtime.
+        #[arg(long, default_value_t = 0)]
+        loops: usize,
     },
 }

@@ -9,8 +9,8 @@
 //! - [`summary`]: the report as text for people; [`progress`]: the live line meanwhile.
 //! - [`chart`]: the timeline as an SVG chart.
 //! - [`pow`]: the proof-of-work client that joins a line whose deal asks for one.
-//! - [`bare`]: a bare hyper server answering a tiny JSON body, the baseline that
-//!   rejection cost is compared with.
+//! - [`bare`]: a bare hyper server giving one fixed answer (a refusal captured from the
+//!   gateway, say), the baseline that rejection cost is compared with.
 //! - [`chaos`]: a whole sale with payments across three gateway processes under a seeded
 //!   fault schedule, checked against the ledger.
 

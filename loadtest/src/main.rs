@@ -1,6 +1,7 @@
 //! The `flashgate-loadtest` command: a bounded sale against a gateway on loopback, or the
 //! bare baseline server.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -13,13 +14,29 @@ async fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Sale { config, out, chart } => run_sale(&config, out, chart).await,
         Command::Chaos { config } => run_chaos(&config).await,
-        Command::BareServer { listen } => match bare::serve(listen).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(error) => {
-                eprintln!("bare server: {error}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::BareServer {
+            listen,
+            answer,
+            loops,
+        } => run_bare(listen, answer, loops).await,
+    }
+}
+
+async fn run_bare(listen: SocketAddr, answer: Option<PathBuf>, loops: usize) -> ExitCode {
+    let answer = match answer.as_deref().map(bare::Answer::from_file) {
+        None => bare::Answer::tiny_json(),
+        Some(Ok(answer)) => answer,
+        Some(Err(error)) => {
+            eprintln!("bare server: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match bare::serve(listen, answer, loops).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("bare server: {error}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use governor::clock::{Clock, DefaultClock};
+use governor::clock::Clock;
 use governor::{DefaultKeyedRateLimiter, Quota};
 
 use crate::config::{LimitSettings, RateSettings};
@@ -76,7 +76,9 @@ impl<K: Hash + Eq + Clone> Limiter<K> {
 
     pub(crate) fn check(&self, key: &K) -> Result<(), Limited> {
         self.inner.check_key(key).map_err(|not_until| {
-            let wait = not_until.wait_time_from(DefaultClock::default().now());
+            // The limiter's own clock: making a new one calibrates it (CPUID and a timing
+            // loop), which cost more than the rest of a refusal together.
+            let wait = not_until.wait_time_from(self.inner.clock().now());
             Limited {
                 scope: self.scope,
                 retry_after_seconds: whole_seconds_at_least_one(wait),

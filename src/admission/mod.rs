@@ -14,10 +14,13 @@ pub mod limits;
 pub mod soldout;
 pub mod token;
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use chrono::Utc;
+use metrics::Counter;
 use sqlx::PgPool;
 
 use crate::config::Settings;
@@ -243,10 +246,18 @@ impl Admission {
 
     /// A sold-out deal still lets through users who ordered it, whose request may be the
     /// retry of an order they hold; PostgreSQL then replays it or answers sold out.
+    /// Whom the token names is read first, unverified: anyone else is refused whatever
+    /// the token is worth, so only a request the mirror would let through pays for the
+    /// signature check.
     fn may_replay(&self, deal_id: &str, authorization: Option<&[u8]>) -> bool {
-        self.tokens
-            .verify(authorization)
-            .is_ok_and(|user| self.sold_out.may_replay(deal_id, user.as_str()))
+        let Some(claimed) = token::claimed_subject(authorization) else {
+            return false;
+        };
+        self.sold_out.may_replay(deal_id, &claimed)
+            && self
+                .tokens
+                .verify(authorization)
+                .is_ok_and(|user| self.sold_out.may_replay(deal_id, user.as_str()))
     }
 
     /// The deal's cached settings.
@@ -258,8 +269,22 @@ impl Admission {
     }
 }
 
+thread_local! {
+    /// This thread's rejection counters by reason, registered once: a refusal flood then
+    /// costs an increment each, not a label set built and looked up in the shared registry.
+    static REJECTIONS: RefCell<HashMap<&'static str, Counter>> = RefCell::new(HashMap::new());
+}
+
 /// Counts a rejection once, where it is made.
 fn counted(rejection: Rejection) -> Rejection {
-    metrics::counter!(telemetry::ADMISSION_REJECTIONS, "reason" => rejection.reason()).increment(1);
+    let reason = rejection.reason();
+    REJECTIONS.with_borrow_mut(|counters| {
+        counters
+            .entry(reason)
+            .or_insert_with(
+                || metrics::counter!(telemetry::ADMISSION_REJECTIONS, "reason" => reason),
+            )
+            .increment(1);
+    });
     rejection
 }

@@ -6,17 +6,26 @@
 //! was sent before the gateway stopped and would be lost. So the socket is shared with
 //! the drain, which asks the kernel directly (`MSG_PEEK`) whether bytes are waiting and
 //! lets hyper read and answer them before it closes the connection.
+//!
+//! Every connection watches the drain and the time its client takes to send a request
+//! head, and is woken for every request it reads; watching must cost nothing per request
+//! that a bare hyper server does not pay (see `Moment` and `HeadClock`).
 
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio_util::sync::CancellationToken;
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+/// The most bytes one read takes from the socket; a longer request takes several reads.
+const READ_BYTES_MAX: usize = 2048;
 
 /// How often a draining connection with unread bytes is looked at again.
 const DRAIN_RECHECK: Duration = Duration::from_millis(5);
@@ -45,7 +54,12 @@ impl AsyncRead for SharedStream {
     ) -> Poll<io::Result<()>> {
         loop {
             ready!(self.0.poll_read_ready(cx))?;
-            match self.0.try_read(buf.initialize_unfilled()) {
+            // A safe read needs initialized memory, and hyper offers its whole spare buffer
+            // (8 KiB or more) uninitialized on every read: zeroing it all for a request of a
+            // few hundred bytes, and again for the read that finds the socket empty, cost
+            // more than parsing the request.
+            let unfilled = buf.remaining().min(READ_BYTES_MAX);
+            match self.0.try_read(buf.initialize_unfilled_to(unfilled)) {
                 Ok(read) => {
                     buf.advance(read);
                     return Poll::Ready(Ok(()));
@@ -104,26 +118,104 @@ impl AsyncWrite for SharedStream {
 }
 
 /// The two moments of the drain every connection watches.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct Drain {
     /// The gateway stopped accepting: idle connections close, busy ones after their answer.
-    pub closing: CancellationToken,
+    pub closing: Moment,
     /// The grace period is over: whatever is still open is dropped.
-    pub abort: CancellationToken,
+    pub abort: Moment,
 }
 
-/// Serves `connection` (hyper's, over `stream`) until it ends; once the drain closes, lets
+/// A moment of the drain: a cancellation token and a flag set just before it is cancelled.
+///
+/// Polling a token's `cancelled()` takes two locks (the token's and its `Notify`'s) that
+/// every connection shares, and a connection's task polls it on every wake-up, that is
+/// several times per request. `Cancelled` registers with the token once per waker and then
+/// reads the flag: one atomic load per wake-up.
+#[derive(Clone, Default)]
+pub struct Moment {
+    token: CancellationToken,
+    reached: Arc<AtomicBool>,
+}
+
+impl Moment {
+    pub fn cancel(&self) {
+        self.reached.store(true, Ordering::Release);
+        self.token.cancel();
+    }
+
+    pub fn cancelled(&self) -> Cancelled<'_> {
+        Cancelled {
+            moment: self,
+            registration: None,
+            waker: None,
+        }
+    }
+}
+
+/// Resolves once its `Moment` is reached.
+pub struct Cancelled<'a> {
+    moment: &'a Moment,
+    registration: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
+    /// The waker the token will wake; while the task polls with the same one, the
+    /// registration stands and only the flag needs looking at.
+    waker: Option<Waker>,
+}
+
+impl Future for Cancelled<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        // The flag is set before the token wakes anyone, so a wake-up finds it set.
+        if this.moment.reached.load(Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        if this.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            return Poll::Pending;
+        }
+        let token = &this.moment.token;
+        let registration = this
+            .registration
+            .get_or_insert_with(|| Box::pin(token.clone().cancelled_owned()));
+        if registration.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        this.waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+/// Serves `connection` (hyper's, over `stream`) until it ends, or until its client has
+/// kept it waiting for a request head for `head_timeout`; once the drain closes, lets
 /// every request whose bytes already arrived be answered, then closes.
-pub async fn drive<C>(connection: C, stream: SharedStream, drain: Drain)
-where
+pub async fn drive<C>(
+    connection: C,
+    stream: SharedStream,
+    drain: Drain,
+    heads: Arc<HeadClock>,
+    head_timeout: Duration,
+) where
     C: GracefulConnection,
 {
     tokio::pin!(connection);
-    tokio::select! {
-        biased;
-        ended = connection.as_mut() => return report(ended),
-        () = drain.abort.cancelled() => return,
-        () = drain.closing.cancelled() => {}
+    let (mut abort, mut closing) = (drain.abort.cancelled(), drain.closing.cancelled());
+    let head_due = tokio::time::sleep(head_timeout);
+    tokio::pin!(head_due);
+    loop {
+        tokio::select! {
+            biased;
+            ended = connection.as_mut() => return report(ended),
+            () = &mut abort => return,
+            () = &mut closing => break,
+            () = head_due.as_mut() => match heads.next_due(head_timeout) {
+                Some(due) => head_due.as_mut().reset(due),
+                None => {
+                    tracing::debug!("no request head within the header read timeout");
+                    return;
+                }
+            },
+        }
     }
     // Leave hyper running while bytes wait in the socket: it will read the request, answer
     // it with `Connection: close` and end the connection itself.
@@ -139,6 +231,59 @@ where
     tokio::select! {
         ended = connection.as_mut() => report(ended),
         () = drain.abort.cancelled() => {}
+    }
+}
+
+/// When the connection began waiting for its next request head, or that it is answering
+/// one. Marked twice per request (two atomic stores), it lets one timer per connection,
+/// reset once per timeout at most, enforce the header read timeout: a timer per request
+/// would be created, registered and cancelled for every request a keep-alive client sends.
+pub struct HeadClock {
+    origin: Instant,
+    /// Nanoseconds from `origin` to when the last answer was given, or `ANSWERING`.
+    waiting_since: AtomicU64,
+}
+
+const ANSWERING: u64 = u64::MAX;
+
+impl HeadClock {
+    /// A new connection waits for its first head from now.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            origin: Instant::now(),
+            waiting_since: AtomicU64::new(0),
+        })
+    }
+
+    /// A head arrived: the connection answers until the guard is dropped.
+    pub fn answering(self: &Arc<Self>) -> Answering {
+        self.waiting_since.store(ANSWERING, Ordering::Relaxed);
+        Answering(self.clone())
+    }
+
+    /// When the wait for the current head ends, or `None` when it has ended already.
+    fn next_due(&self, head_timeout: Duration) -> Option<Instant> {
+        let now = Instant::now();
+        match self.waiting_since.load(Ordering::Relaxed) {
+            // The request's own timeout bounds an answer; the head clock starts after it.
+            ANSWERING => Some(now + head_timeout),
+            since => {
+                let due = self.origin + Duration::from_nanos(since) + head_timeout;
+                (due > now).then_some(due)
+            }
+        }
+    }
+}
+
+/// Marks its connection waiting for the next head again when dropped.
+pub struct Answering(Arc<HeadClock>);
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        let clock = &self.0;
+        let since = clock.origin.elapsed().as_nanos();
+        let since = u64::try_from(since).unwrap_or(ANSWERING - 1);
+        clock.waiting_since.store(since, Ordering::Relaxed);
     }
 }
 
@@ -163,5 +308,48 @@ where
 {
     fn graceful_shutdown(self: Pin<&mut Self>) {
         hyper::server::conn::http1::Connection::graceful_shutdown(self);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_head_clock_runs_only_while_waiting_for_a_head() {
+        let timeout = Duration::from_millis(200);
+        let clock = HeadClock::new();
+        let due = clock.next_due(timeout).expect("waiting");
+        assert!(due <= clock.origin + timeout);
+
+        let answering = clock.answering();
+        tokio::time::sleep(timeout).await;
+        // Answering for longer than the timeout: not due, looked at a whole timeout later.
+        let before = Instant::now();
+        assert!(clock.next_due(timeout).expect("answering") >= before + timeout);
+
+        drop(answering);
+        let answered = Instant::now();
+        let due = clock.next_due(timeout).expect("waiting again");
+        assert!(due > answered && due <= answered + timeout);
+        tokio::time::sleep_until(due).await;
+        assert_eq!(clock.next_due(timeout), None);
+    }
+
+    #[tokio::test]
+    async fn a_moment_wakes_its_watchers_once_reached() {
+        let moment = Moment::default();
+        let watcher = {
+            let moment = moment.clone();
+            tokio::spawn(async move { moment.cancelled().await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!watcher.is_finished());
+        moment.cancel();
+        tokio::time::timeout(Duration::from_secs(5), watcher)
+            .await
+            .expect("woken")
+            .expect("no panic");
+        moment.cancelled().await;
     }
 }

@@ -36,7 +36,7 @@ use crate::payments::attempts::InitialAttempt;
 use crate::redis_link::RedisHandle;
 use crate::store::Pools;
 
-pub use server::{Listeners, serve};
+pub use server::{Listeners, serve, serve_public};
 
 /// Everything a request handler can reach.
 pub struct State {

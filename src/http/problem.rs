@@ -3,13 +3,16 @@
 //! Every error enum of the layers below is mapped here, and only here, to a status code,
 //! a problem type and the headers a client needs to react (`Retry-After`, `RateLimit`).
 
+use std::borrow::Cow;
+use std::fmt;
+
 use bytes::Bytes;
 use http::header::{
     CACHE_CONTROL, CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE,
 };
 use http::{Response, StatusCode};
 use http_body_util::Full;
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
 use super::request_id::RequestId;
 use crate::admission::Rejection;
@@ -79,26 +82,49 @@ impl Kind {
 pub struct Problem {
     kind: Kind,
     status: StatusCode,
-    detail: String,
+    /// Borrowed for the fixed details of the refusals a flood gets, so those allocate nothing.
+    detail: Cow<'static, str>,
     headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 #[derive(Serialize)]
 struct Body<'a> {
     #[serde(rename = "type")]
-    type_uri: String,
+    type_uri: TypeUri,
     title: &'a str,
     status: u16,
     detail: &'a str,
     instance: &'a str,
 }
 
+/// The `type` URI of a problem kind, written straight into the body.
+struct TypeUri(&'static str);
+
+impl Serialize for TypeUri {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl fmt::Display for TypeUri {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{TYPE_BASE}{}", self.0)
+    }
+}
+
+/// Room for a whole problem body, so rendering it does not grow the buffer.
+const BODY_BYTES_TYPICAL: usize = 192;
+
 impl Problem {
     pub fn new(kind: Kind, status: StatusCode, detail: impl Into<String>) -> Self {
+        Self::with_detail(kind, status, Cow::Owned(detail.into()))
+    }
+
+    fn with_detail(kind: Kind, status: StatusCode, detail: Cow<'static, str>) -> Self {
         Self {
             kind,
             status,
-            detail: detail.into(),
+            detail,
             headers: Vec::new(),
         }
     }
@@ -190,14 +216,19 @@ impl Problem {
         let (slug, title) = self.kind.slug_and_title();
         let instance = id.urn();
         let body = Body {
-            type_uri: format!("{TYPE_BASE}{slug}"),
+            type_uri: TypeUri(slug),
             title,
             status: self.status.as_u16(),
             detail: &self.detail,
             instance: &instance,
         };
-        let json = serde_json::to_vec(&body).unwrap_or_default();
-        let mut response = Response::new(Full::new(Bytes::from(json)));
+        let mut json = Vec::with_capacity(BODY_BYTES_TYPICAL);
+        if serde_json::to_writer(&mut json, &body).is_err() {
+            json.clear();
+        }
+        // Exactly sized: `Bytes` takes a full vector over without allocating again.
+        let json = Bytes::from(json.into_boxed_slice());
+        let mut response = Response::new(Full::new(json));
         *response.status_mut() = self.status;
         let headers = response.headers_mut();
         headers.insert(
@@ -216,23 +247,25 @@ impl Problem {
         let retry = limited.retry_after_seconds;
         let header =
             |text: String| HeaderValue::from_str(&text).unwrap_or(HeaderValue::from_static("1"));
-        Self::new(
+        let mut problem = Self::new(
             Kind::RateLimited,
             StatusCode::TOO_MANY_REQUESTS,
             format!("{name} rate limit reached; retry in {retry} s"),
-        )
-        .with_header(RETRY_AFTER, header(retry.to_string()))
-        .with_header(
-            HeaderName::from_static("ratelimit-policy"),
-            header(format!(
-                "\"{name}\";q={};w={}",
-                limited.quota, limited.window_seconds
-            )),
-        )
-        .with_header(
-            HeaderName::from_static("ratelimit"),
-            header(format!("\"{name}\";r=0;t={retry}")),
-        )
+        );
+        problem.headers.reserve_exact(3);
+        problem
+            .with_header(RETRY_AFTER, HeaderValue::from(retry))
+            .with_header(
+                HeaderName::from_static("ratelimit-policy"),
+                header(format!(
+                    "\"{name}\";q={};w={}",
+                    limited.quota, limited.window_seconds
+                )),
+            )
+            .with_header(
+                HeaderName::from_static("ratelimit"),
+                header(format!("\"{name}\";r=0;t={retry}")),
+            )
     }
 }
 
@@ -351,8 +384,8 @@ fn sale_not_open(detail: impl Into<String>) -> Problem {
     Problem::new(Kind::SaleNotOpen, StatusCode::CONFLICT, detail)
 }
 
-fn sold_out(detail: impl Into<String>) -> Problem {
-    Problem::new(Kind::SoldOut, StatusCode::CONFLICT, detail)
+fn sold_out(detail: impl Into<Cow<'static, str>>) -> Problem {
+    Problem::with_detail(Kind::SoldOut, StatusCode::CONFLICT, detail.into())
 }
 
 fn per_user_limit(limit: i32) -> Problem {
@@ -510,7 +543,9 @@ mod tests {
         let mut reader = serde_json::Deserializer::from_str(json);
         let error = serde_path_to_error::deserialize::<_, Outer>(&mut reader).unwrap_err();
         let well_formed = serde_json::from_str::<serde::de::IgnoredAny>(json).is_ok();
-        Problem::invalid_json(&error, well_formed).detail
+        Problem::invalid_json(&error, well_formed)
+            .detail
+            .into_owned()
     }
 
     #[test]

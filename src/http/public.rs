@@ -185,6 +185,13 @@ pub async fn place_order(
     state
         .admission
         .check_sold_out(deal_id.as_str(), authorization)?;
+    // A flood is refused above, before anything is awaited; the rest waits on the body,
+    // PostgreSQL and the provider, and its large future lives on the heap.
+    Box::pin(place_admissible(state, request, deal_id)).await
+}
+
+/// Places an order that the per-IP limit and the sold-out mirror let through.
+async fn place_admissible(state: &State, request: Request<Incoming>, deal_id: DealId) -> Reply {
     let (parts, bytes) = body::split(request, &state.settings.server).await?;
     let request = Request::from_parts(parts, ());
     let orders_settings = &state.settings.orders;

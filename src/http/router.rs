@@ -1,16 +1,20 @@
 //! Maps method and path to a handler; times and counts every request by route template.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{CONNECTION, HeaderValue};
-use http::{Method, Request, Response};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
+use metrics::{Counter, Histogram};
 
 use tracing::{Instrument, Span};
 
@@ -28,6 +32,9 @@ pub enum Face {
     /// Operators: metrics, the admin API, the audit.
     Ops,
 }
+
+/// The most path segments of any route.
+const SEGMENTS_MAX: usize = 5;
 
 /// A matched route. Ids are raw path segments, parsed by the handlers.
 #[derive(Debug, PartialEq, Eq)]
@@ -68,10 +75,20 @@ pub enum Route<'a> {
 
 impl<'a> Route<'a> {
     pub fn of(method: &Method, path: &'a str) -> Self {
-        let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        // On the stack: no route has more segments, and this runs for every request.
+        let mut segments = [""; SEGMENTS_MAX];
+        let mut count = 0;
+        for segment in path.trim_start_matches('/').split('/') {
+            let Some(slot) = segments.get_mut(count) else {
+                return Route::Unknown;
+            };
+            *slot = segment;
+            count += 1;
+        }
+        let segments = &segments[..count];
         let get = method == Method::GET || method == Method::HEAD;
         let post = method == Method::POST;
-        let (template, allow, route) = match segments.as_slice() {
+        let (template, allow, route) = match segments {
             ["healthz"] => ("/healthz", "GET, HEAD", Route::Healthz),
             ["readyz"] => ("/readyz", "GET, HEAD", Route::Readyz),
             ["metrics"] => ("/metrics", "GET, HEAD", Route::Metrics),
@@ -239,8 +256,9 @@ pub async fn handle(
     let started = Instant::now();
     let server = &state.settings.server;
     let id = RequestId::of(request.headers(), server.request_id_bytes_max);
-    let path = request.uri().path().to_owned();
-    let mut route = Route::of(request.method(), &path);
+    // The clone shares the request's bytes: the route borrows the path, the handler the request.
+    let uri = request.uri().clone();
+    let mut route = Route::of(request.method(), uri.path());
     if !route.served_on(face) {
         route = Route::Unknown;
     }
@@ -248,7 +266,7 @@ pub async fn handle(
     let span = request_span(&id, &route);
     let timeout = crate::config::millis(server.request_timeout_ms);
     let serving = dispatch(&state, peer, route, request).instrument(span.clone());
-    let (mut response, outcome) = match tokio::time::timeout(timeout, serving).await {
+    let (mut response, outcome) = match in_time(timeout, serving).await {
         Ok(Ok(response)) => (response, "ok"),
         Ok(Err(problem)) => {
             let slug = problem.slug();
@@ -266,15 +284,12 @@ pub async fn handle(
         // Draining: each connection ends after this answer, so clients reconnect elsewhere.
         headers.insert(CONNECTION, HeaderValue::from_static("close"));
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    let status = response.status().as_u16();
+    let elapsed = started.elapsed();
+    let status = response.status();
     span.record("outcome", outcome);
-    span.record("latency_ms", elapsed * 1000.0);
-    tracing::debug!(parent: &span, status, "answered");
-    let status = status.to_string();
-    metrics::counter!(telemetry::HTTP_REQUESTS, "route" => template, "status" => status)
-        .increment(1);
-    metrics::histogram!(telemetry::HTTP_DURATION, "route" => template).record(elapsed);
+    span.record("latency_ms", elapsed.as_secs_f64() * 1000.0);
+    tracing::debug!(parent: &span, status = status.as_u16(), "answered");
+    record(template, status, elapsed);
     Ok(response)
 }
 
@@ -303,6 +318,47 @@ pub(super) fn record_user(user: &UserId) {
     tracing::Span::current().record("user", user.as_str());
 }
 
+/// `work`'s output, or `Elapsed` after `timeout`. Refusals are answered on the first poll,
+/// so the timer is created only for a request that has to wait.
+async fn in_time<F: Future>(
+    timeout: Duration,
+    work: F,
+) -> Result<F::Output, tokio::time::error::Elapsed> {
+    let mut work = std::pin::pin!(work);
+    let first = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
+    match first {
+        Poll::Ready(output) => Ok(output),
+        Poll::Pending => tokio::time::timeout(timeout, work).await,
+    }
+}
+
+/// The request counter and duration histogram of one route template and status.
+type RouteMetrics = HashMap<(&'static str, StatusCode), (Counter, Histogram)>;
+
+thread_local! {
+    /// This thread's handles of the request metrics, by route template and status:
+    /// registered once, so answering records two numbers instead of building labels and
+    /// looking them up in the shared registry.
+    static REQUEST_METRICS: RefCell<RouteMetrics> = RefCell::new(HashMap::new());
+}
+
+fn record(template: &'static str, status: StatusCode, elapsed: Duration) {
+    REQUEST_METRICS.with_borrow_mut(|handles| {
+        let (requests, duration) = handles.entry((template, status)).or_insert_with(|| {
+            let status = status.as_u16().to_string();
+            (
+                metrics::counter!(telemetry::HTTP_REQUESTS, "route" => template, "status" => status),
+                metrics::histogram!(telemetry::HTTP_DURATION, "route" => template),
+            )
+        });
+        requests.increment(1);
+        duration.record(elapsed.as_secs_f64());
+    });
+}
+
+/// Handlers that wait on PostgreSQL, Redis or a body run boxed: a future holding any of
+/// them inline would be tens of kilobytes, copied into place for every request, refusals
+/// included. Placing an order boxes its own slow part, after the refusals it can give at once.
 async fn dispatch(
     state: &State,
     peer: SocketAddr,
@@ -311,32 +367,36 @@ async fn dispatch(
 ) -> Result<Response<Full<Bytes>>, Problem> {
     match route {
         Route::Healthz => Ok(admin::healthz()),
-        Route::Readyz => Ok(admin::readyz(state).await),
+        Route::Readyz => Ok(Box::pin(admin::readyz(state)).await),
         Route::Metrics => Ok(admin::metrics(state)),
-        Route::GetDeal(id) => public::get_deal(state, peer, &request, id).await,
+        Route::GetDeal(id) => Box::pin(public::get_deal(state, peer, &request, id)).await,
         Route::PlaceOrder(id) => public::place_order(state, peer, request, id).await,
-        Route::JoinQueue(id) => queue::join(state, peer, &request, id).await,
-        Route::QueueStatus(id) => queue::line(state, peer, &request, id).await,
-        Route::PollTicket(id, ticket) => queue::poll(state, peer, &request, id, ticket).await,
-        Route::GetOrder(id) => public::get_order(state, peer, &request, id).await,
-        Route::CancelOrder(id) => public::cancel_order(state, peer, &request, id).await,
-        Route::StartPayment(id) => payments::start_payment(state, peer, request, id).await,
-        Route::Webhook(provider) => payments::webhook(state, request, provider).await,
-        Route::CreateDeal => admin::create_deal(state, request).await,
-        Route::AdjustStock(id) => admin::adjust_stock(state, request, id).await,
-        Route::Inventory(id) => admin::inventory(state, &request, id).await,
-        Route::PauseDeal(id) => ops::set_paused(state, &request, id, true).await,
-        Route::ResumeDeal(id) => ops::set_paused(state, &request, id, false).await,
-        Route::Rebalance(id) => ops::rebalance(state, request, id).await,
-        Route::Audit => ops::audit(state, &request).await,
+        Route::JoinQueue(id) => Box::pin(queue::join(state, peer, &request, id)).await,
+        Route::QueueStatus(id) => Box::pin(queue::line(state, peer, &request, id)).await,
+        Route::PollTicket(id, ticket) => {
+            Box::pin(queue::poll(state, peer, &request, id, ticket)).await
+        }
+        Route::GetOrder(id) => Box::pin(public::get_order(state, peer, &request, id)).await,
+        Route::CancelOrder(id) => Box::pin(public::cancel_order(state, peer, &request, id)).await,
+        Route::StartPayment(id) => {
+            Box::pin(payments::start_payment(state, peer, request, id)).await
+        }
+        Route::Webhook(provider) => Box::pin(payments::webhook(state, request, provider)).await,
+        Route::CreateDeal => Box::pin(admin::create_deal(state, request)).await,
+        Route::AdjustStock(id) => Box::pin(admin::adjust_stock(state, request, id)).await,
+        Route::Inventory(id) => Box::pin(admin::inventory(state, &request, id)).await,
+        Route::PauseDeal(id) => Box::pin(ops::set_paused(state, &request, id, true)).await,
+        Route::ResumeDeal(id) => Box::pin(ops::set_paused(state, &request, id, false)).await,
+        Route::Rebalance(id) => Box::pin(ops::rebalance(state, request, id)).await,
+        Route::Audit => Box::pin(ops::audit(state, &request)).await,
         Route::OpenApi => Ok(ops::openapi()),
-        Route::QueueChallenge(id) => queue::challenge(state, peer, &request, id).await,
+        Route::QueueChallenge(id) => Box::pin(queue::challenge(state, peer, &request, id)).await,
         Route::PassKeys => queue::keys(state),
-        Route::RevokeQueue(id) => queue::revoke(state, request, id).await,
+        Route::RevokeQueue(id) => Box::pin(queue::revoke(state, request, id)).await,
         Route::WaitPage(id) => wait_page::page(state, id),
-        Route::ReviewQueue => review::list(state, &request).await,
-        Route::ReviewFulfil(id) => review::fulfil(state, &request, id).await,
-        Route::ReviewRefund(id) => review::refund(state, &request, id).await,
+        Route::ReviewQueue => Box::pin(review::list(state, &request)).await,
+        Route::ReviewFulfil(id) => Box::pin(review::fulfil(state, &request, id)).await,
+        Route::ReviewRefund(id) => Box::pin(review::refund(state, &request, id)).await,
         Route::WrongMethod { allow, .. } => Err(Problem::method_not_allowed(allow)),
         Route::Unknown => Err(Problem::not_found("no such resource")),
     }

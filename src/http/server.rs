@@ -16,15 +16,16 @@ use std::time::Duration;
 use dashmap::DashMap;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::State;
-use super::connection::{self, Drain, SharedStream};
+use super::connection::{self, Drain, HeadClock, SharedStream};
 use super::router::{self, Face};
+use crate::config::ServerSettings;
 use crate::telemetry;
 
 /// The two bound listeners: sale traffic, and operators (metrics, admin API).
@@ -100,17 +101,39 @@ struct Accepter {
     per_client: Arc<PerClient>,
     connections: TaskTracker,
     drain: Drain,
+    /// A client that keeps a connection waiting this long for a request head loses it.
+    head_timeout: Duration,
+}
+
+/// hyper's HTTP/1.1 settings, the same for every connection. Without a timer hyper keeps
+/// no header read timeout of its own (it would arm a timer for every request): the
+/// connection's `HeadClock` keeps it.
+fn http1_builder(server: &ServerSettings) -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    builder
+        .header_read_timeout(None)
+        .max_buf_size(server.header_bytes_max)
+        .keep_alive(true);
+    builder
+}
+
+/// Serves one connection of the public listener over `io`, coming from `peer`: the whole
+/// request path (hyper, router, admission, handlers) without the connection limits and the
+/// drain, so a benchmark can drive it in memory, request bytes in, answer bytes out.
+pub async fn serve_public<I>(state: Arc<State>, io: I, peer: SocketAddr) -> hyper::Result<()>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+{
+    let builder = http1_builder(&state.settings.server);
+    let service =
+        service_fn(move |request| router::handle(state.clone(), peer, Face::Public, request));
+    builder.serve_connection(io, service).await
 }
 
 impl Accepter {
     fn new(state: Arc<State>) -> Self {
         let server = &state.settings.server;
-        let mut builder = http1::Builder::new();
-        builder
-            .timer(TokioTimer::new())
-            .header_read_timeout(Duration::from_millis(server.header_read_timeout_ms))
-            .max_buf_size(server.header_bytes_max)
-            .keep_alive(true);
+        let builder = http1_builder(server);
         Self {
             connections_all: Arc::new(Semaphore::new(server.connections_max)),
             per_client: Arc::new(PerClient {
@@ -119,10 +142,8 @@ impl Accepter {
             }),
             builder,
             connections: TaskTracker::new(),
-            drain: Drain {
-                closing: CancellationToken::new(),
-                abort: CancellationToken::new(),
-            },
+            drain: Drain::default(),
+            head_timeout: Duration::from_millis(server.header_read_timeout_ms),
             state,
         }
     }
@@ -137,13 +158,24 @@ impl Accepter {
         let _ = stream.set_nodelay(true);
         let stream = SharedStream::new(stream);
         let state = self.state.clone();
-        let service = service_fn(move |request| router::handle(state.clone(), peer, face, request));
+        let heads = HeadClock::new();
+        let answering = heads.clone();
+        let service = service_fn(move |request| {
+            let answered = answering.answering();
+            let reply = router::handle(state.clone(), peer, face, request);
+            async move {
+                let reply = reply.await;
+                drop(answered);
+                reply
+            }
+        });
         let connection = self
             .builder
             .serve_connection(TokioIo::new(stream.clone()), service);
         let drain = self.drain.clone();
+        let head_timeout = self.head_timeout;
         self.connections.spawn(async move {
-            connection::drive(connection, stream, drain).await;
+            connection::drive(connection, stream, drain, heads, head_timeout).await;
             drop(permits);
         });
     }
