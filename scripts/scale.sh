@@ -72,10 +72,15 @@ wait_port() {
 
 # A loopback port nothing listens on right now, nor on the port 10000 above it (a Redis
 # Cluster node's bus port), which stays below 65536.
+# A port nothing listens on, below the kernel's ephemeral range together with port + 10000
+# (a cluster node's bus port): a port in that range can be the local end of any outgoing
+# connection of a busy test run, and binding it then fails.
 free_port() {
-    local port
+    local port low
+    read -r low _ </proc/sys/net/ipv4/ip_local_port_range
+    ((low > 21000)) || die "the ephemeral port range starts too low ($low) for private services"
     while :; do
-        port=$((20000 + RANDOM % 30000))
+        port=$((11000 + RANDOM % (low - 21000)))
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null &&
             ! (exec 3<>"/dev/tcp/127.0.0.1/$((port + 10000))") 2>/dev/null; then
             printf '%s\n' "$port"
