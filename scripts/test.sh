@@ -52,7 +52,7 @@ if [[ $# -eq 0 ]]; then
     bash scripts/scale.sh pgbouncer start "$pgbouncer_dir" "$pgbouncer_port"
     DATABASE_POOLER_URL="postgres://postgres@127.0.0.1:${pgbouncer_port}/test" \
         cargo nextest run --test api --no-fail-fast \
-        -E 'test(/^concurrency::/) | test(/^orders::/) | test(/^payments_checkout::/) | test(/^payments_webhooks::/) | test(/^payments_provider_faults::/) | test(/^payments_soak::/)'
+        -E 'test(/^concurrency::/) | test(/^orders::/) | test(/^payments_/) | test(/^pooled_writes::/)'
     bash scripts/scale.sh stop "$pgbouncer_dir"
     trap - EXIT
 fi

@@ -20,7 +20,7 @@ use crate::orders::sweeper;
 use crate::payments::http_provider::HttpProvider;
 use crate::payments::{Payments, workers};
 use crate::redis_link::RedisHandle;
-use crate::store::{self, Pools, StoreError};
+use crate::store::{self, Pools, StoreError, Writes};
 use crate::telemetry;
 
 #[derive(Debug, thiserror::Error)]
@@ -141,6 +141,7 @@ pub fn build_payments(settings: &Settings) -> Result<Option<Payments>, AppError>
     Ok(Some(Payments::new(
         Arc::new(provider),
         settings.payments.clone(),
+        Writes::new(&settings.database),
     )))
 }
 

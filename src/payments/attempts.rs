@@ -5,7 +5,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::domain::CaptureMethod;
-use crate::store::StoreError;
+use crate::store::{StoreError, Writes};
 
 /// An attempt as stored.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -294,9 +294,11 @@ pub async fn transition(
 /// Asks again later about a payment the provider still has in progress.
 pub async fn postpone(
     pool: &PgPool,
+    writes: Writes,
     attempt_id: Uuid,
     backoff_max_seconds: u32,
 ) -> Result<(), StoreError> {
+    let mut conn = writes.acquire(pool).await?;
     sqlx::query(
         "UPDATE payment_attempts
             SET checks = checks + 1,
@@ -305,9 +307,9 @@ pub async fn postpone(
     )
     .bind(attempt_id)
     .bind(f64::from(backoff_max_seconds))
-    .execute(pool)
+    .execute(&mut *conn)
     .await?;
-    Ok(())
+    conn.commit().await
 }
 
 /// Where a queued capture stands once its order has been re-checked.
@@ -326,9 +328,11 @@ pub enum CaptureClaim {
 /// the same payment waits for it and no lock is held across the call).
 pub async fn claim_capture(
     pool: &PgPool,
+    writes: Writes,
     attempt_id: Uuid,
     grace_seconds: u32,
 ) -> Result<CaptureClaim, StoreError> {
+    let mut conn = writes.acquire(pool).await?;
     let row: Option<(String, bool)> = sqlx::query_as(
         "WITH claim AS (
              UPDATE payment_attempts a SET capture_claimed_at = now(), updated_at = now()
@@ -342,8 +346,9 @@ pub async fn claim_capture(
     )
     .bind(attempt_id)
     .bind(f64::from(grace_seconds))
-    .fetch_optional(pool)
+    .fetch_optional(&mut *conn)
     .await?;
+    conn.commit().await?;
     Ok(match row {
         Some((_, true)) => CaptureClaim::Claimed,
         Some((status, false)) if status == AttemptStatus::Pending.as_str() => {
@@ -354,12 +359,17 @@ pub async fn claim_capture(
 }
 
 /// The capture of this attempt will not happen (its order is gone): a void may proceed.
-pub async fn drop_capture_claim(pool: &PgPool, attempt_id: Uuid) -> Result<(), StoreError> {
+pub async fn drop_capture_claim(
+    pool: &PgPool,
+    writes: Writes,
+    attempt_id: Uuid,
+) -> Result<(), StoreError> {
+    let mut conn = writes.acquire(pool).await?;
     sqlx::query("UPDATE payment_attempts SET capture_claimed_at = NULL WHERE id = $1")
         .bind(attempt_id)
-        .execute(pool)
+        .execute(&mut *conn)
         .await?;
-    Ok(())
+    conn.commit().await
 }
 
 /// Whether a capture of this pending attempt is in flight (a void must wait for it).
@@ -374,10 +384,15 @@ pub async fn capture_in_flight(pool: &PgPool, attempt_id: Uuid) -> Result<bool, 
 }
 
 /// A create call for the attempt may have reached the provider.
-pub async fn mark_create_uncertain(pool: &PgPool, attempt_id: Uuid) -> Result<(), StoreError> {
+pub async fn mark_create_uncertain(
+    pool: &PgPool,
+    writes: Writes,
+    attempt_id: Uuid,
+) -> Result<(), StoreError> {
+    let mut conn = writes.acquire(pool).await?;
     sqlx::query("UPDATE payment_attempts SET create_uncertain = true WHERE id = $1")
         .bind(attempt_id)
-        .execute(pool)
+        .execute(&mut *conn)
         .await?;
-    Ok(())
+    conn.commit().await
 }

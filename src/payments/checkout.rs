@@ -73,7 +73,7 @@ impl Payments {
                 tracing::warn!(%error, attempt = %attempt.id, "payment not created yet; will retry with the same key");
                 // A refused connection sent nothing; anything else may have created it.
                 if !error.never_sent() && !attempt.create_uncertain {
-                    attempts::mark_create_uncertain(pool, attempt.id).await?;
+                    attempts::mark_create_uncertain(pool, self.writes, attempt.id).await?;
                 }
                 Ok(attempt)
             }
@@ -153,6 +153,7 @@ impl Payments {
         pool: &PgPool,
         order_id: Uuid,
     ) -> Result<(), StoreError> {
+        let mut conn = self.writes.acquire(pool).await?;
         sqlx::query(
             "INSERT INTO outbox (kind, dedupe_key, payload)
              SELECT 'void', 'void:' || a.id,
@@ -162,9 +163,9 @@ impl Payments {
              ON CONFLICT (dedupe_key) DO NOTHING",
         )
         .bind(order_id)
-        .execute(pool)
+        .execute(&mut *conn)
         .await?;
-        Ok(())
+        conn.commit().await
     }
 
     /// Starts (or, for a key used before, returns) another attempt for a pending order whose

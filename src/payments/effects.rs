@@ -24,6 +24,7 @@ impl Payments {
     pub async fn drain_outbox(&self, pool: &PgPool) -> Result<(usize, Released), StoreError> {
         let entries = outbox::claim(
             pool,
+            self.writes,
             self.settings.outbox_batch_max,
             self.settings.outbox_lease_seconds,
         )
@@ -46,7 +47,7 @@ impl Payments {
     async fn settle_entry(&self, pool: &PgPool, entry: &Entry) -> Result<Released, StoreError> {
         match self.carry_out(pool, entry).await {
             Ok(applied) => {
-                outbox::done(pool, entry.id).await?;
+                outbox::done(pool, self.writes, entry.id).await?;
                 metrics::counter!(telemetry::OUTBOX_PROCESSED, "kind" => entry.kind.as_str(), "result" => "done").increment(1);
                 Ok(applied.as_ref().and_then(released).into_iter().collect())
             }
@@ -70,16 +71,18 @@ impl Payments {
             && let Some(refund_id) = refund_id(&entry.payload)
         {
             let tries_max = self.settings.refund_tries_max;
-            if refunds::record_failure(pool, refund_id, &error.to_string(), tries_max).await? {
+            if refunds::record_failure(pool, self.writes, refund_id, &error.to_string(), tries_max)
+                .await?
+            {
                 tracing::error!(%error, refund = %refund_id, tries = tries_max, "refund failed at the provider; given up, needs a person");
                 metrics::counter!(telemetry::REFUNDS_FAILED).increment(1);
-                outbox::done(pool, entry.id).await?;
+                outbox::done(pool, self.writes, entry.id).await?;
                 metrics::counter!(telemetry::OUTBOX_PROCESSED, "kind" => kind, "result" => "failed").increment(1);
                 return Ok(());
             }
         }
         tracing::warn!(%error, id = entry.id, kind, attempts = entry.attempts, "outbox entry will be retried");
-        outbox::retry_later(pool, entry.id, &error.to_string()).await?;
+        outbox::retry_later(pool, self.writes, entry.id, &error.to_string()).await?;
         metrics::counter!(telemetry::OUTBOX_PROCESSED, "kind" => kind, "result" => "retry")
             .increment(1);
         Ok(())
@@ -129,10 +132,10 @@ impl Payments {
     ) -> Result<Option<Applied>, OutboxError> {
         let attempt_id = attempt_id(payload)?;
         let grace = self.settings.expiry_grace_seconds;
-        match attempts::claim_capture(pool, attempt_id, grace).await? {
+        match attempts::claim_capture(pool, self.writes, attempt_id, grace).await? {
             CaptureClaim::Settled => Ok(None),
             CaptureClaim::OrderGone => {
-                attempts::drop_capture_claim(pool, attempt_id).await?;
+                attempts::drop_capture_claim(pool, self.writes, attempt_id).await?;
                 self.void(pool, payload).await.map(Some)
             }
             CaptureClaim::Claimed => {

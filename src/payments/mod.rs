@@ -34,6 +34,7 @@ pub mod workers;
 use std::sync::Arc;
 
 use crate::config::PaymentSettings;
+use crate::store::Writes;
 use provider::PaymentProvider;
 
 /// The provider and the settings every payment path needs.
@@ -41,10 +42,21 @@ use provider::PaymentProvider;
 pub struct Payments {
     pub provider: Arc<dyn PaymentProvider>,
     pub settings: PaymentSettings,
+    /// How bookkeeping written outside a transaction of its own is committed before the
+    /// provider is called or anyone is answered.
+    pub writes: Writes,
 }
 
 impl Payments {
-    pub fn new(provider: Arc<dyn PaymentProvider>, settings: PaymentSettings) -> Self {
-        Self { provider, settings }
+    pub fn new(
+        provider: Arc<dyn PaymentProvider>,
+        settings: PaymentSettings,
+        writes: Writes,
+    ) -> Self {
+        Self {
+            provider,
+            settings,
+            writes,
+        }
     }
 }

@@ -9,7 +9,7 @@
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 
-use crate::store::StoreError;
+use crate::store::{StoreError, Writes};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -65,12 +65,15 @@ pub struct Entry {
     pub attempts: i32,
 }
 
-/// Claims up to `batch_max` due entries for `lease_seconds`.
+/// Claims up to `batch_max` due entries for `lease_seconds`; the lease is committed before
+/// any entry is carried out, so no other worker takes them meanwhile.
 pub async fn claim(
     pool: &PgPool,
+    writes: Writes,
     batch_max: u32,
     lease_seconds: u32,
 ) -> Result<Vec<Entry>, StoreError> {
+    let mut conn = writes.acquire(pool).await?;
     let rows: Vec<(i64, String, Value, i32)> = sqlx::query_as(
         "UPDATE outbox SET available_at = now() + make_interval(secs => $2), attempts = attempts + 1
           WHERE id IN (SELECT id FROM outbox WHERE done_at IS NULL AND available_at <= now()
@@ -79,8 +82,9 @@ pub async fn claim(
     )
     .bind(i64::from(batch_max))
     .bind(f64::from(lease_seconds))
-    .fetch_all(pool)
+    .fetch_all(&mut *conn)
     .await?;
+    conn.commit().await?;
     Ok(rows
         .into_iter()
         .filter_map(|(id, kind, payload, attempts)| {
@@ -94,16 +98,23 @@ pub async fn claim(
         .collect())
 }
 
-pub async fn done(pool: &PgPool, id: i64) -> Result<(), StoreError> {
+pub async fn done(pool: &PgPool, writes: Writes, id: i64) -> Result<(), StoreError> {
+    let mut conn = writes.acquire(pool).await?;
     sqlx::query("UPDATE outbox SET done_at = now(), last_error = NULL WHERE id = $1")
         .bind(id)
-        .execute(pool)
+        .execute(&mut *conn)
         .await?;
-    Ok(())
+    conn.commit().await
 }
 
 /// Leaves the entry for a later try, backing off with the number of attempts.
-pub async fn retry_later(pool: &PgPool, id: i64, error: &str) -> Result<(), StoreError> {
+pub async fn retry_later(
+    pool: &PgPool,
+    writes: Writes,
+    id: i64,
+    error: &str,
+) -> Result<(), StoreError> {
+    let mut conn = writes.acquire(pool).await?;
     sqlx::query(
         "UPDATE outbox SET last_error = $2,
                 available_at = now() + make_interval(secs => LEAST(60, power(2, LEAST(attempts, 6)))::float8)
@@ -111,9 +122,9 @@ pub async fn retry_later(pool: &PgPool, id: i64, error: &str) -> Result<(), Stor
     )
     .bind(id)
     .bind(error)
-    .execute(pool)
+    .execute(&mut *conn)
     .await?;
-    Ok(())
+    conn.commit().await
 }
 
 /// How long the oldest entry not yet carried out has waited, in seconds; 0 when none.

@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use super::attempts::Attempt;
 use super::outbox::{self, Kind};
-use crate::store::StoreError;
+use crate::store::{StoreError, Writes};
 
 /// Records a full refund of `attempt` and queues it for the provider; a second request for
 /// the same attempt changes nothing.
@@ -112,10 +112,12 @@ async fn finish_order(tx: &mut PgConnection, order_id: Uuid) -> Result<(), Store
 /// FAILED and true is returned (nobody retries it any more).
 pub async fn record_failure(
     pool: &PgPool,
+    writes: Writes,
     refund_id: Uuid,
     error: &str,
     tries_max: u32,
 ) -> Result<bool, StoreError> {
+    let mut conn = writes.acquire(pool).await?;
     let status: Option<String> = sqlx::query_scalar(
         "UPDATE refunds SET tries = tries + 1, last_error = $2, updated_at = now(),
                 status = CASE WHEN tries + 1 >= $3 THEN 'FAILED' ELSE status END
@@ -125,8 +127,9 @@ pub async fn record_failure(
     .bind(refund_id)
     .bind(error)
     .bind(i64::from(tries_max))
-    .fetch_optional(pool)
+    .fetch_optional(&mut *conn)
     .await?;
+    conn.commit().await?;
     Ok(status.as_deref() == Some("FAILED"))
 }
 

@@ -83,7 +83,7 @@ impl Payments {
         match outcome {
             Ok(applied) => {
                 if matches!(applied, Applied::Authorized | Applied::Pending) {
-                    attempts::postpone(pool, attempt.id, backoff).await?;
+                    attempts::postpone(pool, self.writes, attempt.id, backoff).await?;
                 }
                 Ok(released(&applied))
             }
@@ -91,7 +91,7 @@ impl Payments {
                 if !matches!(&error, OutboxError::Provider(e) if e.is_transient()) {
                     tracing::warn!(%error, attempt = %attempt.id, "overdue payment check failed");
                 }
-                attempts::postpone(pool, attempt.id, backoff).await?;
+                attempts::postpone(pool, self.writes, attempt.id, backoff).await?;
                 Ok(None)
             }
         }

@@ -6,7 +6,9 @@
 //! use `background`; operators get `admin`, usable in the middle of a sale storm.
 //!
 //! Behind PgBouncer in transaction mode (`transaction_pooler`) every checkout is one
-//! transaction, see `pooler`; migrations and LISTEN then use `direct_url`.
+//! transaction, see `pooler`; migrations and LISTEN then use `direct_url`. A single write
+//! issued straight on a pool goes through [`Writes`], so that it is committed before its
+//! caller answers.
 
 use std::time::Duration;
 
@@ -19,8 +21,10 @@ use crate::telemetry;
 mod connect;
 mod pooler;
 pub mod primary;
+mod writes;
 
 pub use connect::{AppliedMigration, ConnectError, UrlSetting};
+pub use writes::{WriteConnection, Writes};
 
 use std::sync::Arc;
 

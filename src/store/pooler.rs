@@ -11,6 +11,9 @@
 //!   ones; the outer `COMMIT` then finds nothing to do);
 //! - the statement cache is off, so no statement is assumed to outlive its transaction, and
 //!   the pooler runs `DEALLOCATE ALL` after each one (`server_reset_query_always = 1`);
+//! - that transaction is committed only after the connection went back to the pool, maybe
+//!   after the caller answered: a single write made straight on a pool therefore goes
+//!   through [`super::Writes`], which commits it before returning;
 //! - the statement timeout is set with `SET LOCAL`, as the pooler drops startup options.
 
 use sqlx::postgres::{PgConnectOptions, PgConnection};

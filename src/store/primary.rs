@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgConnectOptions, PgConnection};
-use sqlx::{ConnectOptions, Connection, PgPool};
+use sqlx::{ConnectOptions, Connection, PgPool, Row};
 use tokio_util::sync::CancellationToken;
 
 /// How long one probe of one host may take.
@@ -145,11 +145,14 @@ async fn probe(options: &PgConnectOptions) -> Option<bool> {
         .flatten()
 }
 
-/// Whether this connection reached a primary.
+/// Whether this connection reached a primary. Asked as one simple query: behind a
+/// transaction pooler, outside a transaction, a prepared statement and its execution may
+/// reach different servers.
 pub async fn accepts_writes(connection: &mut PgConnection) -> Result<bool, sqlx::Error> {
-    let in_recovery: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
+    let row = sqlx::raw_sql("SELECT pg_is_in_recovery()")
         .fetch_one(&mut *connection)
         .await?;
+    let in_recovery: bool = row.try_get(0)?;
     Ok(!in_recovery)
 }
 

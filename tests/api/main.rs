@@ -50,6 +50,7 @@ mod payments_snapshot;
 mod payments_soak;
 mod payments_tls;
 mod payments_webhooks;
+mod pooled_writes;
 mod problem_types;
 mod rate_limits;
 mod redis_outage;

@@ -32,6 +32,11 @@ pub async fn flashgate_cli(settings: &Settings, args: &[&str]) -> CliOutput {
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("RUST_LOG", "warn")
         .env("DATABASE_URL", &settings.database.url)
+        .env("DATABASE_DIRECT_URL", &settings.database.direct_url)
+        .env(
+            "FLASHGATE__DATABASE__TRANSACTION_POOLER",
+            settings.database.transaction_pooler.to_string(),
+        )
         .env("REDIS_URL", &settings.redis.url)
         .env("FLASHGATE__REDIS__KEY_PREFIX", &settings.redis.key_prefix)
         .env(

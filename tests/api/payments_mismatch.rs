@@ -79,18 +79,34 @@ async fn an_overdue_authorisation_for_another_amount_is_voided_not_captured() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_charge_for_another_amount_is_refunded_and_the_units_released() {
+    refunded_for_other_terms("amount-auto", json!({"amount_minor": 500}), 500, "EUR").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_charge_in_another_currency_is_refunded_and_the_units_released() {
+    refunded_for_other_terms("currency-auto", json!({"currency": "usd"}), 1000, "usd").await;
+}
+
+/// The provider charges the order's payment with `change` applied: the charge is refunded
+/// as taken (`amount_minor` in `currency`) and the order gives its unit back.
+async fn refunded_for_other_terms(
+    deal_id: &str,
+    change: serde_json::Value,
+    amount_minor: i64,
+    currency: &str,
+) {
     let app = spawn_pay_app().await;
-    let deal = app.given_deal(&new_deal("amount-auto", 5, 1)).await;
+    let deal = app.given_deal(&new_deal(deal_id, 5, 1)).await;
     let alice = app.token("alice");
     let order = app.place_order(&alice, &deal, "k1", 1).await.expect(201);
     let order_id = order["order_id"].as_str().unwrap();
     let intent = intent_id(&order);
     let before = mismatches(&app).await;
-    amend(&app, &intent, json!({"amount_minor": 500})).await;
+    amend(&app, &intent, change).await;
     assert_eq!(app.sim.pay(&intent).await.0, 200);
 
     // The webhook is refused; the reconciler asks the provider, which confirms the other
-    // amount: the charge is refunded and the order gives its unit back.
+    // terms: the charge is refunded and the order gives its unit back.
     let settled = app
         .wait_for_order(&alice, order_id, &["CANCELLED", "EXPIRED", "PAID"], SETTLE)
         .await;
@@ -101,9 +117,14 @@ async fn a_charge_for_another_amount_is_refunded_and_the_units_released() {
     .await;
     let at_sim = app.sim.refunds_of(&intent).await;
     assert_eq!(at_sim.len(), 1, "{at_sim:?}");
-    assert_eq!(at_sim[0]["amount_minor"], 500);
+    assert_eq!(at_sim[0]["amount_minor"], amount_minor);
     let rows = refunds(&app.db).await;
     assert_eq!(rows[0].reason, "amount_mismatch");
+    let refunded: String = sqlx::query_scalar("SELECT currency FROM refunds")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(refunded, currency, "refunded in the currency taken");
     assert_eq!(stock(&app.db, &deal).await, (5, 0, 0), "units released");
     assert!(mismatches(&app).await > before);
     app.assert_invariants(&deal).await;

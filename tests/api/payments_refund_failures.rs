@@ -72,6 +72,11 @@ fn reconcile(settings: &flashgate::config::Settings) -> Vec<Value> {
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("RUST_LOG", "error")
         .env("DATABASE_URL", &settings.database.url)
+        .env("DATABASE_DIRECT_URL", &settings.database.direct_url)
+        .env(
+            "FLASHGATE__DATABASE__TRANSACTION_POOLER",
+            settings.database.transaction_pooler.to_string(),
+        )
         .env("FLASHGATE__PAYMENTS__ENABLED", "true")
         .env("FLASHGATE__PAYMENTS__BASE_URL", &settings.payments.base_url)
         .env("FLASHGATE__PAYMENTS__API_KEY", &settings.payments.api_key)
