@@ -34,16 +34,20 @@ ALTER TABLE reservation_lines DROP CONSTRAINT reservation_lines_pkey;
 ALTER TABLE reservation_lines ADD PRIMARY KEY (order_id, id);
 DROP INDEX reservation_lines_order_all;
 
--- As before (see the reservation engine migration), with less work per order: the bucket
--- sum comes with the locking read; a counter created for a user is written once, already
--- holding what the user's first request asks (within the limit), and touched again only
--- when the decision differs (a later request of the same user, or a refusal: a refused new
--- user's counter is removed); statements with nothing to write are not run; the checks on
--- what was written are counted in the loop instead of by queries.
-CREATE OR REPLACE FUNCTION inventory_reserve_batch(
+-- As before (see the reservation engine migration), with less work per order and per
+-- batch: the answers come back as arrays (`outcomes[k]`, `left_after[k]` for request k)
+-- in one composite value rather than as a result set the caller reads through a cursor;
+-- the bucket sum comes with the locking read; a counter created for a user is written
+-- once, already holding what the user's first request asks (within the limit), and
+-- touched again only when the decision differs (a later request of the same user, or a
+-- refusal: a refused new user's counter is removed); buckets and lines are written by one
+-- statement; statements with nothing to write are not run; the checks on what was written
+-- are counted in the loop instead of by queries.
+DROP FUNCTION inventory_reserve_batch(text, uuid[], text[], int[], int[], int, int[], boolean);
+CREATE FUNCTION inventory_reserve_batch(
     p_deal text, p_orders uuid[], p_users text[], p_units int[], p_after int[],
-    p_limit int, p_share int[], p_wait_all boolean)
-RETURNS TABLE (n int, outcome text, available bigint, ran_out boolean)
+    p_limit int, p_share int[], p_wait_all boolean,
+    OUT outcomes text[], OUT left_after bigint[], OUT ran_out boolean)
 LANGUAGE plpgsql
 SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
 SET plan_cache_mode = force_generic_plan
@@ -59,13 +63,10 @@ DECLARE
     b_av bigint[];
     b_took bigint[];
     total bigint;
-    outcomes text[] := array_fill(NULL::text, ARRAY[requests]);
-    left_after bigint[] := array_fill(NULL::bigint, ARRAY[requests]);
     l_order uuid[] := '{}';
     l_bucket int[] := '{}';
     l_units int[] := '{}';
     stopped boolean := false;
-    ran boolean := false;
     taken int := 0;
     changed int := 0;
     emptied int := 0;
@@ -75,6 +76,9 @@ DECLARE
 BEGIN
     ASSERT cardinality(p_users) = requests AND cardinality(p_units) = requests
        AND cardinality(p_after) = requests, 'one entry per request in every array';
+    outcomes := array_fill(NULL::text, ARRAY[requests]);
+    left_after := array_fill(NULL::bigint, ARRAY[requests]);
+    ran_out := false;
     -- 1. Counters, in user order: a missing row is created holding what the user's first
     --    request asks, an existing one locked unchanged. `held` is what each user holds
     --    before the batch (0 for a new row), `stored` what the row holds now.
@@ -93,8 +97,6 @@ BEGIN
            array_agg(l.units ORDER BY l.user_id), array_agg(l.created ORDER BY l.user_id)
       INTO users, held, stored, created FROM locked l;
     IF users IS NULL THEN
-        RETURN QUERY SELECT t.k::int, NULL::text, NULL::bigint, false
-                       FROM generate_series(1, requests) AS t(k);
         RETURN;
     END IF;
     -- 2. Buckets: the lane's share without waiting, or every non-empty one, waiting.
@@ -195,13 +197,18 @@ BEGIN
         outcomes[k] := 'reserved';
         left_after[k] := total;
     END LOOP;
-    -- 4. Write what was decided: buckets, counters that differ from their row, lines.
+    -- 4. Write what was decided: buckets and lines, counters that differ from their row.
     IF taken > 0 THEN
-        UPDATE inventory_buckets b
-           SET available = b.available - t.q, reserved = b.reserved + t.q
-          FROM unnest(b_id, b_took) AS t(bucket, q)
-         WHERE b.deal_id = p_deal AND b.bucket = t.bucket AND t.q > 0;
-        GET DIAGNOSTICS got = ROW_COUNT;
+        WITH taken_from AS (
+            UPDATE inventory_buckets b
+               SET available = b.available - t.q, reserved = b.reserved + t.q
+              FROM unnest(b_id, b_took) AS t(bucket, q)
+             WHERE b.deal_id = p_deal AND b.bucket = t.bucket AND t.q > 0
+            RETURNING 1),
+        lines AS (
+            INSERT INTO reservation_lines (order_id, deal_id, bucket, quantity)
+            SELECT t.o, p_deal, t.b, t.q FROM unnest(l_order, l_bucket, l_units) AS t(o, b, q))
+        SELECT count(*) INTO got FROM taken_from;
         ASSERT got = taken, 'every bucket taken from is locked by this transaction';
     END IF;
     FOR u IN 1..cardinality(users) LOOP
@@ -220,10 +227,6 @@ BEGIN
         ASSERT got = changed,
             'every counter changed is locked by this transaction and within the limit';
     END IF;
-    IF cardinality(l_order) > 0 THEN
-        INSERT INTO reservation_lines (order_id, deal_id, bucket, quantity)
-        SELECT t.o, p_deal, t.b, t.q FROM unnest(l_order, l_bucket, l_units) AS t(o, b, q);
-    END IF;
     -- A refused request leaves nothing behind, not even an empty counter.
     IF emptied > 0 THEN
         DELETE FROM user_deal_units c
@@ -234,18 +237,17 @@ BEGIN
     END IF;
     -- 5. Ran out: nothing left here, and nothing anywhere else either.
     IF NOT stopped AND total = 0 THEN
-        ran := NOT EXISTS (SELECT 1 FROM inventory_buckets b
-                            WHERE b.deal_id = p_deal AND b.available > 0 AND b.bucket <> ALL (b_id));
+        ran_out := NOT EXISTS (
+            SELECT 1 FROM inventory_buckets b
+             WHERE b.deal_id = p_deal AND b.available > 0 AND b.bucket <> ALL (b_id));
     END IF;
-    RETURN QUERY SELECT t.k::int, t.o, t.a, ran
-                   FROM unnest(outcomes, left_after) WITH ORDINALITY AS t(o, a, k);
 END
 $fn$;
 
 -- As before, with less work per order: the snapshot of the deal is written by the insert
--- itself (so the trigger does not run), which requests inventory refused or reserved late
--- is worked out while reading its answers, and a reserved order is answered from what the
--- insert wrote instead of being read back; only replays look their order up.
+-- itself (so the trigger does not run), inventory's answers are read from its arrays, and
+-- a reserved order is answered from what the insert wrote instead of being read back;
+-- only replays look their order up.
 CREATE OR REPLACE FUNCTION orders_place_batch(
     p_deal text, p_ids uuid[], p_users text[], p_keys text[], p_fps bytea[], p_units int[],
     p_after int[], p_share int[], p_wait_all boolean, p_hook text, p_hook_arg text)
@@ -266,11 +268,11 @@ DECLARE
     units int[] := array_fill(0, ARRAY[requests]);
     outcomes text[] := array_fill(NULL::text, ARRAY[requests]);
     left_after bigint[] := array_fill(NULL::bigint, ARRAY[requests]);
+    decided record;
     refused uuid[] := '{}';
     late uuid[] := '{}';
     placed uuid[] := '{}';
     ran boolean := false;
-    r record;
     k int;
 BEGIN
     SELECT x.unit_price_minor, x.currency, x.reservation_ttl_seconds, x.per_user_limit,
@@ -308,19 +310,19 @@ BEGIN
                 END IF;
             END LOOP;
         END IF;
-        FOR r IN SELECT * FROM inventory_reserve_batch(p_deal, p_ids, p_users, units, p_after,
-                                                       d.per_user_limit, p_share, p_wait_all)
-        LOOP
-            outcomes[r.n] := r.outcome;
-            left_after[r.n] := r.available;
-            ran := ran OR r.ran_out;
-            IF r.outcome = 'reserved' THEN
-                placed := placed || p_ids[r.n];
-                IF NOT fresh[r.n] THEN
-                    late := late || p_ids[r.n];
+        decided := inventory_reserve_batch(p_deal, p_ids, p_users, units, p_after,
+                                           d.per_user_limit, p_share, p_wait_all);
+        outcomes := decided.outcomes;
+        left_after := decided.left_after;
+        ran := decided.ran_out;
+        FOR k IN 1..requests LOOP
+            IF outcomes[k] = 'reserved' THEN
+                placed := placed || p_ids[k];
+                IF NOT fresh[k] THEN
+                    late := late || p_ids[k];
                 END IF;
-            ELSIF r.outcome IS NOT NULL AND fresh[r.n] THEN
-                refused := refused || p_ids[r.n];
+            ELSIF outcomes[k] IS NOT NULL AND fresh[k] THEN
+                refused := refused || p_ids[k];
             END IF;
         END LOOP;
         IF cardinality(refused) > 0 THEN
