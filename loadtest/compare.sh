@@ -32,7 +32,7 @@ case "${1:-}" in
         ;;
 esac
 SECONDS_EACH=${1:-10}
-COMMAND="loadtest/compare.sh $([ "$MODE" != all ] && echo "--$MODE ")$SECONDS_EACH"
+COMMAND="loadtest/compare.sh $([ "$MODE" = all ] || echo "--$MODE ")$SECONDS_EACH"
 # Rounds of the refusal comparison; each round measures gateway then baseline.
 ROUNDS=2
 CLIENTS=64
