@@ -16,18 +16,23 @@
 # Writes the results into docs/PERFORMANCE.md between the COMPARISON markers and the
 # REFUSALS markers. Loopback only; every step is bounded in time.
 #
-# Usage: loadtest/compare.sh [--refusals] [seconds per measurement, default 10]
+# Usage: loadtest/compare.sh [--refusals | --purchases] [seconds per measurement, default 10]
 #   --refusals: only the refusal comparison (and only its block of the document).
+#   --purchases: only (c) and the open loop, printed and not written anywhere: the quick
+#   check of a change to the purchase path. Settings of the gateway can be passed in the
+#   environment (FLASHGATE__ORDERS__LANES=2 loadtest/compare.sh --purchases 10).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 MODE=all
-if [ "${1:-}" = --refusals ]; then
-    MODE=refusals
-    shift
-fi
+case "${1:-}" in
+    --refusals | --purchases)
+        MODE=${1#--}
+        shift
+        ;;
+esac
 SECONDS_EACH=${1:-10}
-COMMAND="loadtest/compare.sh $([ "$MODE" = refusals ] && echo '--refusals ')$SECONDS_EACH"
+COMMAND="loadtest/compare.sh $([ "$MODE" = all ] || echo "--$MODE ")$SECONDS_EACH"
 # Rounds of the refusal comparison; each round measures gateway then baseline.
 ROUNDS=2
 CLIENTS=64
@@ -221,6 +226,7 @@ if [ "$MODE" = refusals ]; then
 fi
 
 # --- (a) and (b): pgbench ------------------------------------------------------------
+if [ "$MODE" = all ]; then
 PGB_URL=$(fresh_db pgbench)
 psql "$PGB_URL" -q <<'SQL'
 CREATE TABLE stock (id int PRIMARY KEY, available bigint NOT NULL CHECK (available >= 0));
@@ -248,6 +254,7 @@ log "(a) one hot row, $CLIENTS clients, ${SECONDS_EACH}s"
 A=$(pgbench_tps "$WORK/hot.sql")
 log "(b) 32 bucket rows, $CLIENTS clients, ${SECONDS_EACH}s"
 B=$(pgbench_tps "$WORK/buckets.sql")
+fi
 
 # --- (c): flashgate end to end ------------------------------------------------------
 GW_URL=$(fresh_db gateway)
@@ -367,6 +374,18 @@ OPEN_OK=$(verdict_of "$WORK/open.json")
 OPEN_DONE=$(json "$WORK/open.json" 'round(r["verdict"]["created"]/r["elapsed_seconds"],1)')
 OPEN_P50=$(json "$WORK/open.json" 'round(r["latency_by_outcome"]["201"]["p50_us"]/1000,1)')
 OPEN_P99=$(json "$WORK/open.json" 'round(r["latency_by_outcome"]["201"]["p99_us"]/1000,1)')
+
+if [ "$MODE" = purchases ]; then
+    cat <<TXT
+(c) $C purchases/s (201 p50 ${C_P50} ms, p99 ${C_P99} ms), $C_CREATED in ${C_ELAPSED} s, verdict $C_OK
+gateway CPU ${GW_CPU} s (${GW_US} µs per purchase), PostgreSQL CPU ${PG_CPU} s (${PG_US} µs), together ${ALL_US} µs
+machine busy ${BUSY} %, load generator CPU ${LG_CPU} s
+batch size mean ${BATCH_MEAN}, p99 ${BATCH_P99}; lanes in flight mean ${LANES_MEAN}, max ${LANES_MAX}
+(c') open loop $RATE/s scheduled, $OPEN_DONE/s completed, 201 p50 ${OPEN_P50} ms, p99 ${OPEN_P99} ms, verdict $OPEN_OK
+TXT
+    [ "$FAILED_VERDICTS" = 0 ] || exit 2
+    exit 0
+fi
 
 # --- a whole sale to sell-out, charted -----------------------------------------------
 log "a sale to sell-out: 100000 units, 200000 users, $CLIENTS in flight (chart: docs/sale.svg)"

@@ -3,18 +3,23 @@
 //! A durable purchase costs a commit; under a stampede, paying for one commit per order
 //! (and one round trip per statement) is the ceiling. Each deal gets up to
 //! `orders.lanes` lane tasks on this instance, all taking work from the deal's one queue.
-//! An idle lane takes the next order at once, with every order queued behind it (at most
-//! `orders.batch_max`), and places them as one batch; while it is in flight, new orders
-//! queue for the next free lane. Nothing ever waits on a timer: at low load a batch is one
-//! order, at high load batches grow by themselves. Each lane draws first from its own
+//! When no batch of the deal is in flight, an idle lane takes the next order at once, with
+//! every order queued behind it (at most `orders.batch_max`), and places them as one batch.
+//! While batches are in flight, new orders queue: another lane starts beside them only
+//! once a full share of a batch is waiting (`batch_max / lanes` orders), otherwise the
+//! orders wait for the first lane to finish and go together. Most of a batch's cost in
+//! PostgreSQL is paid once per batch (statements, locks, the commit), so a lane started for
+//! every waiting order would split the work into many small batches and spend the cores on
+//! that fixed cost. Nothing ever waits on a timer: at low load a batch is one order, at high
+//! load batches grow by themselves and more lanes run. Each lane draws first from its own
 //! share of the buckets, so the lanes of an instance do not queue on each other's rows.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 
 use dashmap::DashMap;
 use sqlx::PgPool;
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{Mutex, Notify, mpsc, oneshot};
 use uuid::Uuid;
 
 use super::batch::{self, BatchOptions, PlacementHook, Request};
@@ -46,6 +51,22 @@ struct Job {
     deal: Arc<Deal>,
     request: Request,
     reply: oneshot::Sender<Result<Placed, OrderError>>,
+}
+
+/// What the lanes of one deal share.
+struct DealQueue {
+    receiver: Mutex<mpsc::Receiver<Job>>,
+    /// Batches of this deal in flight on this instance.
+    in_flight: AtomicUsize,
+    /// Woken whenever one of those batches ends.
+    ended: Notify,
+}
+
+impl DealQueue {
+    fn end_batch(&self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.ended.notify_waiters();
+    }
 }
 
 /// What every lane task needs; holds no queue, so dropping the engine ends the lanes.
@@ -123,11 +144,15 @@ impl Engine {
             .or_insert_with(|| {
                 let settings = self.context.settings;
                 let (jobs, receiver) = mpsc::channel(settings.batch_max * settings.lanes * 4);
-                let receiver = Arc::new(Mutex::new(receiver));
+                let queue = Arc::new(DealQueue {
+                    receiver: Mutex::new(receiver),
+                    in_flight: AtomicUsize::new(0),
+                    ended: Notify::new(),
+                });
                 let lanes = settings.lanes.min(deal.bucket_count.max(1) as usize);
                 for lane in 0..lanes {
                     let context = self.context.clone();
-                    tokio::spawn(run_lane(lane, lanes, receiver.clone(), context));
+                    tokio::spawn(run_lane(lane, lanes, queue.clone(), context));
                 }
                 jobs
             })
@@ -136,37 +161,54 @@ impl Engine {
 }
 
 /// One lane: takes everything queued (up to the limit), places it, answers, repeats.
-async fn run_lane(
-    lane: usize,
-    lanes: usize,
-    receiver: Arc<Mutex<mpsc::Receiver<Job>>>,
-    context: Context,
-) {
-    while let Some(mut jobs) = next_batch(&receiver, context.settings.batch_max).await {
+async fn run_lane(lane: usize, lanes: usize, queue: Arc<DealQueue>, context: Context) {
+    let batch_max = context.settings.batch_max;
+    // A full share of a batch: enough waiting orders to start a lane beside the others.
+    let beside_min = (batch_max / lanes).max(1);
+    while let Some(mut jobs) = next_batch(&queue, batch_max, beside_min).await {
         // A request whose caller gave up (the HTTP timeout dropped it) reserves nothing.
         jobs.retain(|job| !job.reply.is_closed());
-        if jobs.is_empty() {
-            continue;
+        if !jobs.is_empty() {
+            let busy = context.busy.fetch_add(1, Ordering::AcqRel) + 1;
+            metrics::gauge!(telemetry::LANES_BUSY).set(busy as f64);
+            run_batch(&context, lane, lanes, jobs).await;
+            let busy = context.busy.fetch_sub(1, Ordering::AcqRel) - 1;
+            metrics::gauge!(telemetry::LANES_BUSY).set(busy as f64);
         }
-        let busy = context.busy.fetch_add(1, Ordering::AcqRel) + 1;
-        metrics::gauge!(telemetry::LANES_BUSY).set(busy as f64);
-        run_batch(&context, lane, lanes, jobs).await;
-        let busy = context.busy.fetch_sub(1, Ordering::AcqRel) - 1;
-        metrics::gauge!(telemetry::LANES_BUSY).set(busy as f64);
+        queue.end_batch();
     }
 }
 
-/// Waits for one order, then takes every order already queued behind it.
-async fn next_batch(receiver: &Mutex<mpsc::Receiver<Job>>, batch_max: usize) -> Option<Vec<Job>> {
-    let mut receiver = receiver.lock().await;
+/// Waits for one order and takes every order queued behind it; while other batches of the
+/// deal are in flight, keeps taking arrivals until `beside_min` orders are in hand or one
+/// of those batches ends. Counts the batch as in flight before letting the next lane look.
+async fn next_batch(queue: &DealQueue, batch_max: usize, beside_min: usize) -> Option<Vec<Job>> {
+    let mut receiver = queue.receiver.lock().await;
     let first = receiver.recv().await?;
     let mut jobs = vec![first];
-    while jobs.len() < batch_max {
-        match receiver.try_recv() {
-            Ok(job) => jobs.push(job),
-            Err(_) => break,
+    loop {
+        while jobs.len() < batch_max {
+            match receiver.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        let ended = queue.ended.notified();
+        tokio::pin!(ended);
+        // Registered before looking, so an end between the look and the wait is not missed.
+        ended.as_mut().enable();
+        if jobs.len() >= beside_min.min(batch_max) || queue.in_flight.load(Ordering::Acquire) == 0 {
+            break;
+        }
+        tokio::select! {
+            job = receiver.recv() => match job {
+                Some(job) => jobs.push(job),
+                None => break,
+            },
+            () = &mut ended => {}
         }
     }
+    queue.in_flight.fetch_add(1, Ordering::AcqRel);
     Some(jobs)
 }
 
