@@ -354,3 +354,57 @@ impl RedisHandle {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use super::*;
+
+    /// A handle that never connects, with `unresponsive_after`.
+    fn handle(unresponsive_after: Duration) -> RedisHandle {
+        let timeouts = RedisTimeouts {
+            command: Duration::from_millis(100),
+            unresponsive_after,
+        };
+        RedisHandle::new(
+            "redis://127.0.0.1:1",
+            "t:",
+            timeouts,
+            Duration::from_secs(60),
+        )
+    }
+
+    fn io_error(kind: io::ErrorKind) -> RedisError {
+        RedisError::Command(io::Error::new(kind, "test").into())
+    }
+
+    #[test]
+    fn a_timeout_keeps_the_connection_while_redis_answered_recently() {
+        let redis = handle(Duration::from_secs(3600));
+        redis.answered();
+        assert!(!redis.breaks_connection(&RedisError::Timeout));
+        assert!(!redis.breaks_connection(&io_error(io::ErrorKind::TimedOut)));
+    }
+
+    #[test]
+    fn timeouts_drop_the_connection_once_redis_answered_nothing_for_long() {
+        let redis = handle(Duration::ZERO);
+        assert!(redis.breaks_connection(&RedisError::Timeout));
+        assert!(redis.breaks_connection(&io_error(io::ErrorKind::TimedOut)));
+    }
+
+    #[test]
+    fn a_closed_connection_is_dropped_and_a_reply_from_redis_is_not() {
+        let redis = handle(Duration::from_secs(3600));
+        redis.answered();
+        assert!(redis.breaks_connection(&io_error(io::ErrorKind::ConnectionReset)));
+        assert!(redis.breaks_connection(&io_error(io::ErrorKind::UnexpectedEof)));
+        let script_failed = (
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "script failed",
+        );
+        assert!(!redis.breaks_connection(&RedisError::Command(script_failed.into())));
+        assert!(!redis.breaks_connection(&RedisError::Disconnected));
+    }
+}
