@@ -231,7 +231,7 @@ impl RedisHandle {
     /// Records that Redis answered just now.
     fn answered(&self) {
         let ms = u64::try_from(self.inner.created.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.inner.answered_ms.fetch_max(ms, Ordering::Relaxed);
+        self.inner.answered_ms.store(ms, Ordering::Relaxed);
     }
 
     /// Whether the connection must be replaced after `error`. A timeout alone does not say

@@ -93,8 +93,9 @@ impl DealCache {
     }
 
     /// The deal, from memory when fresh, else from `pool`. A stale deal is re-read by one
-    /// request at a time; meanwhile the others get the stale copy, for at most one more `ttl` (past that, a slow or failing PostgreSQL is every
-    /// request's answer again, as for a deal never read).
+    /// request at a time; meanwhile the others get the stale copy, for at most one more
+    /// `ttl` (past that, a slow or failing PostgreSQL is every request's answer again, as
+    /// for a deal never read).
     pub async fn get(&self, pool: &PgPool, id: &str) -> Result<Option<Arc<Deal>>, StoreError> {
         let refresh = match self.entries.get(id) {
             Some(entry) if entry.loaded_at.elapsed() < self.ttl => return Ok(entry.deal.clone()),
