@@ -15,7 +15,7 @@ use flashgate::config::{LimitSettings, RateSettings};
 use flashgate::domain::{OrderEvent, OrderStatus};
 use flashgate::http::problem::Problem;
 use flashgate::http::request_id::RequestId;
-use flashgate::redis_link::RedisHandle;
+use flashgate::redis_link::{RedisHandle, RedisTimeouts};
 use flashgate::waiting_room::{Challenges, Passes, challenge};
 
 fn client_ip(c: &mut Criterion) {
@@ -141,7 +141,10 @@ fn sold_out_mirror(c: &mut Criterion) {
     let redis = RedisHandle::new(
         "redis://127.0.0.1:1",
         "bench:",
-        Duration::from_millis(1),
+        RedisTimeouts {
+            command: Duration::from_millis(1),
+            unresponsive_after: Duration::from_millis(1),
+        },
         Duration::from_secs(60),
     );
     let sold_out = SoldOut::new(redis, 1000, Duration::from_secs(60));

@@ -22,7 +22,7 @@ use flashgate::auth::mint_token_for;
 use flashgate::config::Settings;
 use flashgate::http::{State, serve_public};
 use flashgate::inventory::StockEvents;
-use flashgate::redis_link::RedisHandle;
+use flashgate::redis_link::{RedisHandle, RedisTimeouts};
 use flashgate::store::Pools;
 use hyper::rt::{Read, ReadBufCursor, Write};
 
@@ -160,7 +160,10 @@ fn state(runtime: &tokio::runtime::Runtime, per_ip_limited: bool) -> Arc<State> 
         let redis = RedisHandle::new(
             "redis://127.0.0.1:1",
             "bench:",
-            Duration::from_millis(1),
+            RedisTimeouts {
+                command: Duration::from_millis(1),
+                unresponsive_after: Duration::from_millis(1),
+            },
             Duration::from_secs(60),
         );
         let admission = Admission::new(&settings, redis.clone());

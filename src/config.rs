@@ -118,6 +118,10 @@ pub struct RedisSettings {
     pub url: String,
     pub key_prefix: String,
     pub command_timeout_ms: u64,
+    /// Command timeouts drop the shared connection only when Redis has answered nothing for
+    /// this long, so a slow moment (or a CPU-starved gateway) is a few failed calls, not
+    /// every call failing until the next reconnect.
+    pub unresponsive_after_ms: u64,
     pub reconnect_interval_ms: u64,
     /// While Redis stays unreachable, the log repeats its warning at most this often.
     pub outage_log_interval_ms: u64,
@@ -573,6 +577,10 @@ impl Settings {
         check(
             self.redis.command_timeout_ms > 0,
             "redis.command_timeout_ms must be > 0",
+        )?;
+        check(
+            self.redis.unresponsive_after_ms >= self.redis.command_timeout_ms,
+            "redis.unresponsive_after_ms must be at least redis.command_timeout_ms",
         )?;
         check(
             self.redis.reconnect_interval_ms > 0,

@@ -4,6 +4,13 @@
 //! handle keeps at most one multiplexed connection, bounds every command by a timeout,
 //! counts failures, drops a broken connection and lets a background task reconnect.
 //!
+//! A command that times out does not by itself break the connection: on a CPU-starved host
+//! the reply is often already in the socket when the timer fires, and dropping the one
+//! connection every request shares would fail every Redis call until the next reconnect.
+//! Timeouts drop it only once nothing at all has been answered for
+//! `redis.unresponsive_after_ms` (a Redis that hangs); a closed or corrupt connection is
+//! dropped at once.
+//!
 //! `redis.url` holding several URLs separated by commas selects a Redis Cluster: they are
 //! its seed nodes, and each command goes to the primary of its key's slot (a script to the
 //! slot of its first key; every script keeps its keys in one slot).
@@ -35,6 +42,16 @@ pub enum RedisError {
     Timeout,
     #[error("redis command failed: {0}")]
     Command(#[from] redis::RedisError),
+}
+
+/// How long a command may take, and how long timeouts may go on before the connection is
+/// dropped as lost.
+#[derive(Debug, Clone, Copy)]
+pub struct RedisTimeouts {
+    /// Any command slower than this fails (and its caller falls back).
+    pub command: Duration,
+    /// Timeouts with no answer at all for this long drop the connection.
+    pub unresponsive_after: Duration,
 }
 
 #[derive(Clone)]
@@ -95,6 +112,13 @@ struct Inner {
     connection: RwLock<Option<Connection>>,
     key_prefix: String,
     command_timeout: Duration,
+    /// How long timeouts may go on with no command answered before the connection counts
+    /// as lost.
+    unresponsive_after: Duration,
+    /// When a command was last answered (or the connection made), as milliseconds since
+    /// `created`; read when a command times out.
+    answered_ms: AtomicU64,
+    created: Instant,
     /// Where Redis is, for the log (no password).
     url: String,
     outage: Mutex<Outage>,
@@ -123,7 +147,7 @@ impl RedisHandle {
     pub fn new(
         url: &str,
         key_prefix: &str,
-        command_timeout: Duration,
+        timeouts: RedisTimeouts,
         outage_log_interval: Duration,
     ) -> Self {
         let client = Target::open(url)
@@ -140,7 +164,10 @@ impl RedisHandle {
                 client,
                 connection: RwLock::new(None),
                 key_prefix: key_prefix.to_owned(),
-                command_timeout,
+                command_timeout: timeouts.command,
+                unresponsive_after: timeouts.unresponsive_after,
+                answered_ms: AtomicU64::new(0),
+                created: Instant::now(),
                 url: redact_url(url),
                 outage: Mutex::new(Outage::default()),
                 refused: AtomicU64::new(0),
@@ -154,7 +181,10 @@ impl RedisHandle {
         Self::new(
             &settings.url,
             &settings.key_prefix,
-            millis(settings.command_timeout_ms),
+            RedisTimeouts {
+                command: millis(settings.command_timeout_ms),
+                unresponsive_after: millis(settings.unresponsive_after_ms),
+            },
             millis(settings.outage_log_interval_ms),
         )
     }
@@ -167,7 +197,8 @@ impl RedisHandle {
         self.inner.connection.read().await.is_some()
     }
 
-    /// Runs one command with the configured timeout; any failure drops the connection.
+    /// Runs one command with the configured timeout; a failure that shows the connection
+    /// broken (see `breaks_connection`) drops it.
     pub async fn run<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, RedisError> {
         let Some(mut connection) = self.inner.connection.read().await.clone() else {
             metrics::counter!(telemetry::REDIS_ERRORS).increment(1);
@@ -180,14 +211,44 @@ impl RedisHandle {
         })
         .await;
         let error = match outcome {
-            Ok(Ok(value)) => return Ok(value),
+            Ok(Ok(value)) => {
+                self.answered();
+                return Ok(value);
+            }
             Ok(Err(error)) => RedisError::Command(error),
             Err(_) => RedisError::Timeout,
         };
         metrics::counter!(telemetry::REDIS_ERRORS).increment(1);
-        *self.inner.connection.write().await = None;
-        self.lost(&error);
+        if self.breaks_connection(&error) {
+            *self.inner.connection.write().await = None;
+            self.lost(&error);
+        } else {
+            tracing::debug!(%error, "redis command failed; the connection is kept");
+        }
         Err(error)
+    }
+
+    /// Records that Redis answered just now.
+    fn answered(&self) {
+        let ms = u64::try_from(self.inner.created.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.inner.answered_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Whether the connection must be replaced after `error`. A timeout alone does not say
+    /// so (a slow answer, or a gateway short of CPU) unless Redis has answered nothing for
+    /// `unresponsive_after`; an error Redis itself replied with proves the connection alive.
+    fn breaks_connection(&self, error: &RedisError) -> bool {
+        match error {
+            RedisError::Disconnected => false,
+            RedisError::Timeout => self.unresponsive(),
+            RedisError::Command(error) if error.is_timeout() => self.unresponsive(),
+            RedisError::Command(error) => error.is_unrecoverable_error(),
+        }
+    }
+
+    fn unresponsive(&self) -> bool {
+        let answered = Duration::from_millis(self.inner.answered_ms.load(Ordering::Relaxed));
+        self.inner.created.elapsed().saturating_sub(answered) >= self.inner.unresponsive_after
     }
 
     /// Connects whenever disconnected, until `shutdown`.
@@ -217,6 +278,7 @@ impl RedisHandle {
             .unwrap_or_else(|_| Err((redis::ErrorKind::Io, "connect timed out").into()));
         match connected {
             Ok(connection) => {
+                self.answered();
                 *self.inner.connection.write().await = Some(connection);
                 self.back();
             }
@@ -290,5 +352,59 @@ impl RedisHandle {
             _ if first => tracing::info!(%url, "redis connected"),
             _ => tracing::debug!(%url, "redis reconnected after a short outage"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use super::*;
+
+    /// A handle that never connects, with `unresponsive_after`.
+    fn handle(unresponsive_after: Duration) -> RedisHandle {
+        let timeouts = RedisTimeouts {
+            command: Duration::from_millis(100),
+            unresponsive_after,
+        };
+        RedisHandle::new(
+            "redis://127.0.0.1:1",
+            "t:",
+            timeouts,
+            Duration::from_secs(60),
+        )
+    }
+
+    fn io_error(kind: io::ErrorKind) -> RedisError {
+        RedisError::Command(io::Error::new(kind, "test").into())
+    }
+
+    #[test]
+    fn a_timeout_keeps_the_connection_while_redis_answered_recently() {
+        let redis = handle(Duration::from_secs(3600));
+        redis.answered();
+        assert!(!redis.breaks_connection(&RedisError::Timeout));
+        assert!(!redis.breaks_connection(&io_error(io::ErrorKind::TimedOut)));
+    }
+
+    #[test]
+    fn timeouts_drop_the_connection_once_redis_answered_nothing_for_long() {
+        let redis = handle(Duration::ZERO);
+        assert!(redis.breaks_connection(&RedisError::Timeout));
+        assert!(redis.breaks_connection(&io_error(io::ErrorKind::TimedOut)));
+    }
+
+    #[test]
+    fn a_closed_connection_is_dropped_and_a_reply_from_redis_is_not() {
+        let redis = handle(Duration::from_secs(3600));
+        redis.answered();
+        assert!(redis.breaks_connection(&io_error(io::ErrorKind::ConnectionReset)));
+        assert!(redis.breaks_connection(&io_error(io::ErrorKind::UnexpectedEof)));
+        let script_failed = (
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "script failed",
+        );
+        assert!(!redis.breaks_connection(&RedisError::Command(script_failed.into())));
+        assert!(!redis.breaks_connection(&RedisError::Disconnected));
     }
 }

@@ -6,8 +6,14 @@
 //! `deals.cache_ttl_ms`, not one per id. A deal created anywhere is announced to every
 //! instance (see `ops::changes`), which adds its id at once; the TTL bounds the staleness
 //! when an announcement is lost.
+//!
+//! When a cached deal goes stale, one request re-reads it and the others are answered from
+//! the stale copy meanwhile, so a crowd polling one deal costs one query per
+//! `deals.cache_ttl_ms` rather than one per request in flight at that moment (on a gateway
+//! short of CPU that burst would hold the pool long enough to turn orders away as overloaded).
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -21,6 +27,28 @@ struct Entry {
     /// `None` caches "no such deal" for ids the catalogue could not rule out.
     deal: Option<Arc<Deal>>,
     loaded_at: Instant,
+    /// Set while one request re-reads this stale entry; the others use it meanwhile.
+    refreshing: Arc<AtomicBool>,
+}
+
+/// Claims the re-read of a stale entry; released when dropped, also when the request
+/// re-reading it is cancelled, so the next request takes over.
+struct Refresh(Arc<AtomicBool>);
+
+impl Refresh {
+    /// The claim, unless another request holds it.
+    fn claim(flag: &Arc<AtomicBool>) -> Option<Self> {
+        let claimed = flag
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        claimed.then(|| Self(flag.clone()))
+    }
+}
+
+impl Drop for Refresh {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// Every deal id, as read at `loaded_at` plus those announced since; `ids` is `None` when
@@ -64,13 +92,21 @@ impl DealCache {
         }
     }
 
-    /// The deal, from memory when fresh, else from `pool`.
+    /// The deal, from memory when fresh, else from `pool`. A stale deal is re-read by one
+    /// request at a time; meanwhile the others get the stale copy, for at most one more
+    /// `ttl` (past that, a slow or failing PostgreSQL is every request's answer again, as
+    /// for a deal never read).
     pub async fn get(&self, pool: &PgPool, id: &str) -> Result<Option<Arc<Deal>>, StoreError> {
-        if let Some(entry) = self.entries.get(id)
-            && entry.loaded_at.elapsed() < self.ttl
-        {
-            return Ok(entry.deal.clone());
-        }
+        let refresh = match self.entries.get(id) {
+            Some(entry) if entry.loaded_at.elapsed() < self.ttl => return Ok(entry.deal.clone()),
+            Some(entry) => match Refresh::claim(&entry.refreshing) {
+                None if entry.loaded_at.elapsed() < 2 * self.ttl => {
+                    return Ok(entry.deal.clone());
+                }
+                claim => claim,
+            },
+            None => None,
+        };
         let known = match self.known(id) {
             Known::Stale => {
                 self.reload_catalogue(pool).await?;
@@ -83,6 +119,7 @@ impl DealCache {
         }
         let deal = super::load(pool, id).await?.map(Arc::new);
         self.put(id, deal.clone());
+        drop(refresh);
         Ok(deal)
     }
 
@@ -146,6 +183,7 @@ impl DealCache {
             Entry {
                 deal,
                 loaded_at: Instant::now(),
+                refreshing: Arc::default(),
             },
         );
     }
