@@ -88,3 +88,44 @@ async fn failures_open_the_breaker_orders_wait_and_a_probe_closes_it() {
     app.assert_invariants(&deal).await;
     app.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn timeouts_open_the_breaker_like_failures() {
+    let app = spawn_pay_app_with(|s| {
+        s.payments.breaker_failures_max = 2;
+        s.payments.breaker_open_ms = 60_000;
+        s.payments.request_timeout_ms = 300;
+        s.payments.retries_max = 0;
+    })
+    .await;
+    let deal = app.given_deal(&new_deal("brk2", 10, 2)).await;
+
+    // The provider answers only after the gateway stopped waiting: two creates time out.
+    app.sim.faults(json!({"api_delay_ms": 3_000})).await;
+    for user in ["dave", "erin"] {
+        let token = app.token(user);
+        let order = app.place_order(&token, &deal, "k1", 1).await.expect(201);
+        assert!(order["payment"]["checkout_url"].is_null(), "{order}");
+    }
+    assert_eq!(breaker_state(&app).await, 2.0, "open after two timeouts");
+
+    // Open: the next order sends nothing, keeps its units and waits for the provider.
+    app.sim.reset_faults().await;
+    let frank = app.token("frank");
+    let order = app.place_order(&frank, &deal, "k1", 1).await.expect(201);
+    let order_id = order["order_id"].as_str().unwrap().to_owned();
+    assert_eq!(order["status"], "PENDING_PAYMENT");
+    assert!(order["payment"]["checkout_url"].is_null(), "{order}");
+    let metrics = app.metrics().await;
+    let refused = metric_value(
+        &metrics,
+        "flashgate_provider_errors_total",
+        "kind=\"circuit_open\"",
+    );
+    assert!(refused >= 1.0, "refusals counted:\n{metrics}");
+    let attempts = attempts_of(&app.db, &order_id).await;
+    assert_eq!(attempts[0].status, "PENDING", "{attempts:?}");
+    assert_eq!(stock(&app.db, &deal).await.1, 3, "three units held");
+    app.assert_invariants(&deal).await;
+    app.cleanup().await;
+}
