@@ -180,11 +180,11 @@ pub async fn place_order(
     raw_id: &str,
 ) -> Reply {
     check_ip(state, peer, &request)?;
-    let deal_id = parse_deal_id(raw_id)?;
     let authorization = header(&request, AUTHORIZATION);
-    state
-        .admission
-        .check_sold_out(deal_id.as_str(), authorization)?;
+    // Only valid ids are ever flagged, so the raw id is checked first and a flood is
+    // refused without a copy of it.
+    state.admission.check_sold_out(raw_id, authorization)?;
+    let deal_id = parse_deal_id(raw_id)?;
     // A flood is refused above, before anything is awaited; the rest waits on the body,
     // PostgreSQL and the provider, and its large future lives on the heap.
     Box::pin(place_admissible(state, request, deal_id)).await

@@ -1,11 +1,9 @@
 //! Maps method and path to a handler; times and counts every request by route template.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::pin::Pin;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -14,8 +12,6 @@ use http::header::{CONNECTION, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use metrics::{Counter, Histogram};
-
 use tracing::{Instrument, Span};
 
 use super::problem::Problem;
@@ -248,7 +244,7 @@ impl<'a> Route<'a> {
 /// Every answer carries the request's id (`X-Request-Id`), and everything logged while
 /// serving it is inside the request's span.
 pub async fn handle(
-    state: Arc<State>,
+    state: &State,
     peer: SocketAddr,
     face: Face,
     request: Request<Incoming>,
@@ -265,7 +261,8 @@ pub async fn handle(
     let template = route.template();
     let span = request_span(&id, &route);
     let timeout = crate::config::millis(server.request_timeout_ms);
-    let serving = dispatch(&state, peer, route, request).instrument(span.clone());
+    // Pinned here and lent: a future passed by value is copied into each callee's state.
+    let serving = std::pin::pin!(dispatch(state, peer, route, request).instrument(span.clone()));
     let (mut response, outcome) = match in_time(timeout, serving).await {
         Ok(Ok(response)) => (response, "ok"),
         Ok(Err(problem)) => {
@@ -322,9 +319,8 @@ pub(super) fn record_user(user: &UserId) {
 /// so the timer is created only for a request that has to wait.
 async fn in_time<F: Future>(
     timeout: Duration,
-    work: F,
+    mut work: Pin<&mut F>,
 ) -> Result<F::Output, tokio::time::error::Elapsed> {
-    let mut work = std::pin::pin!(work);
     let first = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
     match first {
         Poll::Ready(output) => Ok(output),
@@ -332,28 +328,9 @@ async fn in_time<F: Future>(
     }
 }
 
-/// The request counter and duration histogram of one route template and status.
-type RouteMetrics = HashMap<(&'static str, StatusCode), (Counter, Histogram)>;
-
-thread_local! {
-    /// This thread's handles of the request metrics, by route template and status:
-    /// registered once, so answering records two numbers instead of building labels and
-    /// looking them up in the shared registry.
-    static REQUEST_METRICS: RefCell<RouteMetrics> = RefCell::new(HashMap::new());
-}
-
+/// Counts the request and its duration in this thread's tally (see `telemetry::tally`).
 fn record(template: &'static str, status: StatusCode, elapsed: Duration) {
-    REQUEST_METRICS.with_borrow_mut(|handles| {
-        let (requests, duration) = handles.entry((template, status)).or_insert_with(|| {
-            let status = status.as_u16().to_string();
-            (
-                metrics::counter!(telemetry::HTTP_REQUESTS, "route" => template, "status" => status),
-                metrics::histogram!(telemetry::HTTP_DURATION, "route" => template),
-            )
-        });
-        requests.increment(1);
-        duration.record(elapsed.as_secs_f64());
-    });
+    telemetry::tally::request(template, status.as_u16(), elapsed.as_secs_f64());
 }
 
 /// Handlers that wait on PostgreSQL, Redis or a body run boxed: a future holding any of

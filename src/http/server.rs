@@ -125,8 +125,11 @@ where
     I: hyper::rt::Read + hyper::rt::Write + Unpin,
 {
     let builder = http1_builder(&state.settings.server);
-    let service =
-        service_fn(move |request| router::handle(state.clone(), peer, Face::Public, request));
+    let shared = Arc::new(state);
+    let service = service_fn(move |request| {
+        let shared = shared.clone();
+        async move { router::handle(&shared, peer, Face::Public, request).await }
+    });
     builder.serve_connection(io, service).await
 }
 
@@ -157,16 +160,16 @@ impl Accepter {
         };
         let _ = stream.set_nodelay(true);
         let stream = SharedStream::new(stream);
-        let state = self.state.clone();
         let heads = HeadClock::new();
-        let answering = heads.clone();
+        let shared = Arc::new(ForConnection {
+            state: self.state.clone(),
+            heads: heads.clone(),
+        });
         let service = service_fn(move |request| {
-            let answered = answering.answering();
-            let reply = router::handle(state.clone(), peer, face, request);
+            let shared = shared.clone();
             async move {
-                let reply = reply.await;
-                drop(answered);
-                reply
+                let _answering = shared.heads.answering();
+                router::handle(&shared.state, peer, face, request).await
             }
         });
         let connection = self
@@ -196,6 +199,14 @@ impl Accepter {
         let permit = self.connections_all.clone().try_acquire_owned().ok()?;
         Some((permit, slot))
     }
+}
+
+/// What a connection's requests share. Each request holds a reference while it is
+/// answered: taken from this count, which only its connection's task writes, rather than
+/// from the state's, which every core would write for every request.
+struct ForConnection {
+    state: Arc<State>,
+    heads: Arc<HeadClock>,
 }
 
 /// Open connections per client address, so one client cannot take them all.
