@@ -261,6 +261,13 @@ impl HeadClock {
         Answering(self)
     }
 
+    /// An answer was given: the connection waits for its next head from now.
+    pub fn answered(&self) {
+        let since = self.origin.elapsed().as_nanos();
+        let since = u64::try_from(since).unwrap_or(ANSWERING - 1);
+        self.waiting_since.store(since, Ordering::Relaxed);
+    }
+
     /// When the wait for the current head ends, or `None` when it has ended already.
     fn next_due(&self, head_timeout: Duration) -> Option<Instant> {
         let now = Instant::now();
@@ -280,10 +287,7 @@ pub struct Answering<'a>(&'a HeadClock);
 
 impl Drop for Answering<'_> {
     fn drop(&mut self) {
-        let clock = self.0;
-        let since = clock.origin.elapsed().as_nanos();
-        let since = u64::try_from(since).unwrap_or(ANSWERING - 1);
-        clock.waiting_since.store(since, Ordering::Relaxed);
+        self.0.answered();
     }
 }
 
