@@ -84,7 +84,9 @@ impl Published {
     /// `read` applied to the latest copy; `read` must not read the mirror again.
     fn read<R>(&self, read: impl FnOnce(&Snapshot) -> R) -> R {
         let version = self.version.load(Ordering::Acquire);
-        let cell = self.seen.get_or(|| RefCell::new((u64::MAX, Arc::default())));
+        let cell = self
+            .seen
+            .get_or(|| RefCell::new((u64::MAX, Arc::default())));
         let mut seen = cell.borrow_mut();
         if seen.0 != version {
             let latest = self.latest.lock().unwrap_or_else(PoisonError::into_inner);

@@ -117,7 +117,7 @@ impl Serialize for Detail {
 }
 
 /// Room for a whole problem body, so rendering it does not grow the buffer.
-const BODY_BYTES_TYPICAL: usize = 192;
+const BODY_BYTES_TYPICAL: usize = 256;
 
 impl Problem {
     pub fn new(kind: Kind, status: StatusCode, detail: impl Into<String>) -> Self {
@@ -249,7 +249,11 @@ impl Problem {
         if serde_json::to_writer(&mut json, &self.detail).is_err() {
             json.extend_from_slice(b"\"\"");
         }
-        for part in [r#","instance":"urn:flashgate:request:"#, id.as_str(), r#""}"#] {
+        for part in [
+            r#","instance":"urn:flashgate:request:"#,
+            id.as_str(),
+            r#""}"#,
+        ] {
             json.extend_from_slice(part.as_bytes());
         }
         json
@@ -282,7 +286,11 @@ fn rate_limit_headers(limited: &Limited) -> Vec<(HeaderName, HeaderValue)> {
     RATE_LIMIT_HEADERS.with_borrow_mut(|last| {
         let made = match last {
             Some((seen, headers)) if seen == limited => headers,
-            _ => &mut last.insert((limited.clone(), make_rate_limit_headers(limited))).1,
+            _ => {
+                &mut last
+                    .insert((limited.clone(), make_rate_limit_headers(limited)))
+                    .1
+            }
         };
         made.to_vec()
     })

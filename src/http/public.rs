@@ -190,11 +190,7 @@ pub fn check_order<B>(
 }
 
 /// Places an order that the per-IP limit and the sold-out mirror let through.
-pub async fn place_admissible(
-    state: &State,
-    request: Request<Incoming>,
-    deal_id: DealId,
-) -> Reply {
+pub async fn place_admissible(state: &State, request: Request<Incoming>, deal_id: DealId) -> Reply {
     let (parts, bytes) = body::split(request, &state.settings.server).await?;
     let request = Request::from_parts(parts, ());
     let orders_settings = &state.settings.orders;

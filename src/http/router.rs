@@ -1,8 +1,8 @@
 //! Maps method and path to a handler; times and counts every request by route template.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -272,7 +272,10 @@ enum Work {
 /// serving it is inside the request's span.
 pub fn begin(state: &State, peer: SocketAddr, face: Face, request: Request<Incoming>) -> Begun {
     let started = Instant::now();
-    let id = RequestId::of(request.headers(), state.settings.server.request_id_bytes_max);
+    let id = RequestId::of(
+        request.headers(),
+        state.settings.server.request_id_bytes_max,
+    );
     let route = route_of(&request, face);
     let template = route.template();
     let span = request_span(&id, &route);

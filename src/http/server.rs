@@ -214,7 +214,12 @@ struct ForConnection {
 impl ForConnection {
     /// The answer to `request`: at once when memory decides it, else from a boxed future
     /// that holds a reference to this connection's share while it waits.
-    fn respond(self: &Arc<Self>, peer: SocketAddr, face: Face, request: Request<Incoming>) -> Answer {
+    fn respond(
+        self: &Arc<Self>,
+        peer: SocketAddr,
+        face: Face,
+        request: Request<Incoming>,
+    ) -> Answer {
         match router::begin(&self.state, peer, face, request) {
             Begun::Answered(response) => {
                 self.heads.answered();

@@ -74,7 +74,10 @@ struct Pending {
 
 impl Pending {
     fn count(&mut self, series: Series, register: impl FnOnce() -> Counter) {
-        self.counts.entry(series).or_insert_with(|| (register(), 0)).1 += 1;
+        self.counts
+            .entry(series)
+            .or_insert_with(|| (register(), 0))
+            .1 += 1;
     }
 
     fn duration(&mut self, series: Series, seconds: f64, register: impl FnOnce() -> Histogram) {
@@ -132,21 +135,27 @@ fn with_mine(record: impl FnOnce(&mut Pending)) {
 pub fn request(route: &'static str, status: u16, seconds: f64) {
     with_mine(|pending| {
         let key = address(route);
-        pending.count(Series::Request { route: key, status }, || {
-            metrics::counter!(HTTP_REQUESTS, "route" => route, "status" => status.to_string())
-        });
-        pending.duration(Series::Duration { route: key }, seconds, || {
-            metrics::histogram!(HTTP_DURATION, "route" => route)
-        });
+        pending.count(
+            Series::Request { route: key, status },
+            || metrics::counter!(HTTP_REQUESTS, "route" => route, "status" => status.to_string()),
+        );
+        pending.duration(
+            Series::Duration { route: key },
+            seconds,
+            || metrics::histogram!(HTTP_DURATION, "route" => route),
+        );
     });
 }
 
 /// One request turned away by admission: `flashgate_admission_rejections_total`.
 pub fn rejection(reason: &'static str) {
     with_mine(|pending| {
-        pending.count(Series::Rejection { reason: address(reason) }, || {
-            metrics::counter!(ADMISSION_REJECTIONS, "reason" => reason)
-        });
+        pending.count(
+            Series::Rejection {
+                reason: address(reason),
+            },
+            || metrics::counter!(ADMISSION_REJECTIONS, "reason" => reason),
+        );
     });
 }
 
