@@ -244,7 +244,8 @@ impl<'a> Route<'a> {
 /// future that waits.
 pub enum Begun {
     Answered(Response<Full<Bytes>>),
-    Waits(Waiting),
+    /// Boxed: it is moved into the future that serves it.
+    Waits(Box<Waiting>),
 }
 
 /// A request that has to wait (for a body, PostgreSQL, Redis or a provider).
@@ -291,19 +292,23 @@ pub fn begin(state: &State, peer: SocketAddr, face: Face, request: Request<Incom
         }
         _ => Work::Route(face),
     };
-    Begun::Waits(Waiting {
+    Begun::Waits(Box::new(Waiting {
         started,
         id,
         template,
         span,
         request,
         work,
-    })
+    }))
 }
 
 /// Serves a request that waits, in time: a request still unanswered after
 /// `server.request_timeout_ms` is answered 503.
-pub async fn finish(state: &State, peer: SocketAddr, waiting: Waiting) -> Response<Full<Bytes>> {
+pub async fn finish(
+    state: &State,
+    peer: SocketAddr,
+    waiting: Box<Waiting>,
+) -> Response<Full<Bytes>> {
     let Waiting {
         started,
         id,
@@ -311,7 +316,7 @@ pub async fn finish(state: &State, peer: SocketAddr, waiting: Waiting) -> Respon
         span,
         request,
         work,
-    } = waiting;
+    } = *waiting;
     let timeout = crate::config::millis(state.settings.server.request_timeout_ms);
     let serving = std::pin::pin!(serve(state, peer, request, work).instrument(span.clone()));
     let reply = in_time(timeout, serving)
