@@ -8,6 +8,7 @@
 
 mod process;
 pub mod retention;
+pub mod tally;
 mod zeroes;
 
 pub use zeroes::ZERO_ROUTES;
@@ -111,6 +112,7 @@ impl Metrics {
 
     /// The text exposition: process figures read now, retired deals' series left out.
     pub fn render(&self) -> String {
+        tally::drain_all();
         process::record();
         self.retention.touch();
         self.handle.render()

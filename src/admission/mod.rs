@@ -14,13 +14,10 @@ pub mod limits;
 pub mod soldout;
 pub mod token;
 
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use chrono::Utc;
-use metrics::Counter;
 use sqlx::PgPool;
 
 use crate::config::Settings;
@@ -34,7 +31,7 @@ use crate::waiting_room::{PassError, VerifiedPass, WaitingRoom};
 use client_ip::ClientIp;
 use global::GlobalLimits;
 use limits::{Limited, RateLimits};
-use soldout::SoldOut;
+use soldout::{Flag, SoldOut};
 use token::{TokenError, TokenVerifier};
 
 /// Why admission turned a request away.
@@ -238,7 +235,12 @@ impl Admission {
         deal_id: &str,
         authorization: Option<&[u8]>,
     ) -> Result<(), Rejection> {
-        if self.sold_out.is_sold_out(deal_id) && !self.may_replay(deal_id, authorization) {
+        let refused = match self.sold_out.flag(deal_id) {
+            Flag::Clear => false,
+            Flag::SoldOut => true,
+            Flag::SoldOutWithHolders => !self.may_replay(deal_id, authorization),
+        };
+        if refused {
             return Err(counted(Rejection::SoldOut));
         }
         Ok(())
@@ -250,10 +252,10 @@ impl Admission {
     /// the token is worth, so only a request the mirror would let through pays for the
     /// signature check.
     fn may_replay(&self, deal_id: &str, authorization: Option<&[u8]>) -> bool {
-        let Some(claimed) = token::claimed_subject(authorization) else {
-            return false;
-        };
-        self.sold_out.may_replay(deal_id, &claimed)
+        let claimed = token::with_claimed_subject(authorization, |claimed| {
+            self.sold_out.may_replay(deal_id, claimed)
+        });
+        claimed == Some(true)
             && self
                 .tokens
                 .verify(authorization)
@@ -269,22 +271,9 @@ impl Admission {
     }
 }
 
-thread_local! {
-    /// This thread's rejection counters by reason, registered once: a refusal flood then
-    /// costs an increment each, not a label set built and looked up in the shared registry.
-    static REJECTIONS: RefCell<HashMap<&'static str, Counter>> = RefCell::new(HashMap::new());
-}
-
-/// Counts a rejection once, where it is made.
+/// Counts a rejection once, where it is made (in this thread's tally, see
+/// `telemetry::tally`).
 fn counted(rejection: Rejection) -> Rejection {
-    let reason = rejection.reason();
-    REJECTIONS.with_borrow_mut(|counters| {
-        counters
-            .entry(reason)
-            .or_insert_with(
-                || metrics::counter!(telemetry::ADMISSION_REJECTIONS, "reason" => reason),
-            )
-            .increment(1);
-    });
+    telemetry::tally::rejection(rejection.reason());
     rejection
 }

@@ -10,15 +10,22 @@
 //! Each flagged deal also carries the users who ever ordered it: their retries may be
 //! idempotent replays of an order they hold, so those (and only those) are let through to
 //! PostgreSQL, where the stored order is found and replayed.
+//!
+//! The request path reads a copy of the mirror, made after every change, through each
+//! thread's own reference to the latest copy (`Published`): reading the shared map takes
+//! a lock whose word every core writes, and under a flood of refusals that cache line
+//! would travel between the cores on every request.
 
-use std::collections::HashSet;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use dashmap::mapref::entry::Entry;
 use dashmap::{DashMap, DashSet};
 use sqlx::PgPool;
+use thread_local::ThreadLocal;
 use tokio_util::sync::CancellationToken;
 
 use crate::inventory;
@@ -33,8 +40,60 @@ pub const SET_KEY: &str = "soldout";
 /// authenticated user may be replaying, and PostgreSQL decides.
 #[derive(Default)]
 struct Holders {
-    users: Option<HashSet<String>>,
+    users: Option<Arc<HashSet<String>>>,
     loaded_at: Option<Instant>,
+}
+
+/// What the mirror says about orders for a deal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flag {
+    /// Not flagged: PostgreSQL decides.
+    Clear,
+    /// Sold out, and nobody is known to have ordered it: every order is refused.
+    SoldOut,
+    /// Sold out, but some users (or, until they are read, anyone) ordered it and may be
+    /// retrying: see `may_replay`.
+    SoldOutWithHolders,
+}
+
+/// A copy of the mirror: the flagged deals and who ordered each (`None`: not read yet).
+type Snapshot = HashMap<Box<str>, Option<Arc<HashSet<String>>>>;
+
+/// The latest copy of the mirror, and each thread's reference to the copy it last read.
+#[derive(Default)]
+struct Published {
+    /// Moves after every new copy: a thread that saw another version takes the latest.
+    version: AtomicU64,
+    latest: Mutex<Arc<Snapshot>>,
+    seen: ThreadLocal<RefCell<(u64, Arc<Snapshot>)>>,
+}
+
+impl Published {
+    /// Copies `mirror` and makes the copy the latest. Copies are made one at a time, each
+    /// after the change it follows, so the last one made holds every change.
+    fn publish(&self, mirror: &DashMap<Box<str>, Holders>) {
+        let mut latest = self.latest.lock().unwrap_or_else(PoisonError::into_inner);
+        let copy = mirror
+            .iter()
+            .map(|entry| (entry.key().clone(), entry.users.clone()))
+            .collect();
+        *latest = Arc::new(copy);
+        self.version.fetch_add(1, Ordering::Release);
+    }
+
+    /// `read` applied to the latest copy; `read` must not read the mirror again.
+    fn read<R>(&self, read: impl FnOnce(&Snapshot) -> R) -> R {
+        let version = self.version.load(Ordering::Acquire);
+        let cell = self
+            .seen
+            .get_or(|| RefCell::new((u64::MAX, Arc::default())));
+        let mut seen = cell.borrow_mut();
+        if seen.0 != version {
+            let latest = self.latest.lock().unwrap_or_else(PoisonError::into_inner);
+            *seen = (version, latest.clone());
+        }
+        read(&seen.1)
+    }
 }
 
 #[derive(Clone)]
@@ -42,6 +101,8 @@ pub struct SoldOut {
     mirror: Arc<DashMap<Box<str>, Holders>>,
     /// Deals whose stock is being checked off the request path, one check per deal at a time.
     checking: Arc<DashSet<Box<str>>>,
+    /// The mirror as the request path reads it.
+    published: Arc<Published>,
     /// Whether the last refresh could read Redis; a false-to-true change re-shares flags.
     redis_healthy: Arc<AtomicBool>,
     redis: RedisHandle,
@@ -56,6 +117,7 @@ impl SoldOut {
         Self {
             mirror: Arc::new(DashMap::new()),
             checking: Arc::new(DashSet::new()),
+            published: Arc::default(),
             redis_healthy: Arc::new(AtomicBool::new(false)),
             redis,
             holders_max,
@@ -65,17 +127,29 @@ impl SoldOut {
 
     /// Memory only: the hot-path check.
     pub fn is_sold_out(&self, deal_id: &str) -> bool {
-        self.mirror.contains_key(deal_id)
+        self.flag(deal_id) != Flag::Clear
+    }
+
+    /// Memory only: whether the deal is flagged, and whether anyone may be replaying.
+    pub fn flag(&self, deal_id: &str) -> Flag {
+        self.published.read(|mirror| match mirror.get(deal_id) {
+            None => Flag::Clear,
+            Some(Some(users)) if users.is_empty() => Flag::SoldOut,
+            Some(_) => Flag::SoldOutWithHolders,
+        })
     }
 
     /// Memory only: whether `user_id` may be retrying an order it holds in this sold-out deal.
     pub fn may_replay(&self, deal_id: &str, user_id: &str) -> bool {
-        self.mirror.get(deal_id).is_some_and(|holders| {
-            holders
-                .users
-                .as_ref()
-                .is_none_or(|users| users.contains(user_id))
+        self.published.read(|mirror| {
+            mirror
+                .get(deal_id)
+                .is_some_and(|users| users.as_ref().is_none_or(|u| u.contains(user_id)))
         })
+    }
+
+    fn publish(&self) {
+        self.published.publish(&self.mirror);
     }
 
     /// PostgreSQL just showed the deal has no units left. Only the first caller shares the
@@ -87,6 +161,7 @@ impl SoldOut {
                 vacant.insert(Holders::default());
             }
         }
+        self.publish();
         let sadd = redis::cmd("SADD")
             .arg(self.redis.key(SET_KEY))
             .arg(deal_id)
@@ -100,6 +175,7 @@ impl SoldOut {
     /// Units came back: clear here at once, everywhere else at the next refresh.
     pub async fn clear(&self, deal_id: &str) {
         self.mirror.remove(deal_id);
+        self.publish();
         let srem = redis::cmd("SREM")
             .arg(self.redis.key(SET_KEY))
             .arg(deal_id)
@@ -154,6 +230,7 @@ impl SoldOut {
         for deal in flagged {
             self.mirror.entry(deal.into_boxed_str()).or_default();
         }
+        self.publish();
         metrics::gauge!(telemetry::SOLD_OUT_DEALS).set(self.mirror.len() as f64);
         self.reload_holders(pool).await;
         Ok(())
@@ -215,9 +292,10 @@ impl SoldOut {
                 HashSet::new()
             });
         if let Some(mut holders) = self.mirror.get_mut(deal_id) {
-            holders.users = Some(users);
+            holders.users = Some(Arc::new(users));
             holders.loaded_at = Some(Instant::now());
         }
+        self.publish();
     }
 
     /// Refreshes every `interval` until `shutdown`.

@@ -256,9 +256,16 @@ impl HeadClock {
     }
 
     /// A head arrived: the connection answers until the guard is dropped.
-    pub fn answering(self: &Arc<Self>) -> Answering {
+    pub fn answering(&self) -> Answering<'_> {
         self.waiting_since.store(ANSWERING, Ordering::Relaxed);
-        Answering(self.clone())
+        Answering(self)
+    }
+
+    /// An answer was given: the connection waits for its next head from now.
+    pub fn answered(&self) {
+        let since = self.origin.elapsed().as_nanos();
+        let since = u64::try_from(since).unwrap_or(ANSWERING - 1);
+        self.waiting_since.store(since, Ordering::Relaxed);
     }
 
     /// When the wait for the current head ends, or `None` when it has ended already.
@@ -276,14 +283,11 @@ impl HeadClock {
 }
 
 /// Marks its connection waiting for the next head again when dropped.
-pub struct Answering(Arc<HeadClock>);
+pub struct Answering<'a>(&'a HeadClock);
 
-impl Drop for Answering {
+impl Drop for Answering<'_> {
     fn drop(&mut self) {
-        let clock = &self.0;
-        let since = clock.origin.elapsed().as_nanos();
-        let since = u64::try_from(since).unwrap_or(ANSWERING - 1);
-        clock.waiting_since.store(since, Ordering::Relaxed);
+        self.0.answered();
     }
 }
 

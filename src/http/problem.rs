@@ -4,6 +4,7 @@
 //! a problem type and the headers a client needs to react (`Retry-After`, `RateLimit`).
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::fmt;
 
 use bytes::Bytes;
@@ -83,37 +84,40 @@ pub struct Problem {
     kind: Kind,
     status: StatusCode,
     /// Borrowed for the fixed details of the refusals a flood gets, so those allocate nothing.
-    detail: Cow<'static, str>,
+    detail: Detail,
     headers: Vec<(HeaderName, HeaderValue)>,
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
-    #[serde(rename = "type")]
-    type_uri: TypeUri,
-    title: &'a str,
-    status: u16,
-    detail: &'a str,
-    instance: &'a str,
+/// A problem's `detail`: text, or a rate limit's, written into the body without being
+/// formatted apart first.
+#[derive(Debug)]
+enum Detail {
+    Text(Cow<'static, str>),
+    RetryIn { limit: &'static str, seconds: u64 },
 }
 
-/// The `type` URI of a problem kind, written straight into the body.
-struct TypeUri(&'static str);
-
-impl Serialize for TypeUri {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+impl fmt::Display for Detail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Detail::Text(text) => f.write_str(text),
+            Detail::RetryIn { limit, seconds } => {
+                write!(f, "{limit} rate limit reached; retry in {seconds} s")
+            }
+        }
     }
 }
 
-impl fmt::Display for TypeUri {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{TYPE_BASE}{}", self.0)
+impl Serialize for Detail {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Detail::Text(text) => serializer.serialize_str(text),
+            Detail::RetryIn { .. } => serializer.collect_str(self),
+        }
     }
 }
 
 /// Room for a whole problem body, so rendering it does not grow the buffer.
-const BODY_BYTES_TYPICAL: usize = 192;
+const BODY_BYTES_TYPICAL: usize = 256;
 
 impl Problem {
     pub fn new(kind: Kind, status: StatusCode, detail: impl Into<String>) -> Self {
@@ -124,7 +128,7 @@ impl Problem {
         Self {
             kind,
             status,
-            detail,
+            detail: Detail::Text(detail),
             headers: Vec::new(),
         }
     }
@@ -213,24 +217,12 @@ impl Problem {
 
     /// The answer to the request `id`, which `instance` names (`urn:flashgate:request:<id>`).
     pub fn into_response(self, id: &RequestId) -> Response<Full<Bytes>> {
-        let (slug, title) = self.kind.slug_and_title();
-        let instance = id.urn();
-        let body = Body {
-            type_uri: TypeUri(slug),
-            title,
-            status: self.status.as_u16(),
-            detail: &self.detail,
-            instance: &instance,
-        };
-        let mut json = Vec::with_capacity(BODY_BYTES_TYPICAL);
-        if serde_json::to_writer(&mut json, &body).is_err() {
-            json.clear();
-        }
         // Exactly sized: `Bytes` takes a full vector over without allocating again.
-        let json = Bytes::from(json.into_boxed_slice());
+        let json = Bytes::from(self.body(id).into_boxed_slice());
         let mut response = Response::new(Full::new(json));
         *response.status_mut() = self.status;
         let headers = response.headers_mut();
+        headers.reserve(3 + self.headers.len());
         headers.insert(
             CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
@@ -242,31 +234,87 @@ impl Problem {
         response
     }
 
-    fn rate_limited(limited: &Limited) -> Self {
-        let name = limited.scope.as_str();
-        let retry = limited.retry_after_seconds;
-        let header =
-            |text: String| HeaderValue::from_str(&text).unwrap_or(HeaderValue::from_static("1"));
-        let mut problem = Self::new(
-            Kind::RateLimited,
-            StatusCode::TOO_MANY_REQUESTS,
-            format!("{name} rate limit reached; retry in {retry} s"),
-        );
-        problem.headers.reserve_exact(3);
-        problem
-            .with_header(RETRY_AFTER, HeaderValue::from(retry))
-            .with_header(
-                HeaderName::from_static("ratelimit-policy"),
-                header(format!(
-                    "\"{name}\";q={};w={}",
-                    limited.quota, limited.window_seconds
-                )),
-            )
-            .with_header(
-                HeaderName::from_static("ratelimit"),
-                header(format!("\"{name}\";r=0;t={retry}")),
-            )
+    /// The problem+json body. The type URI, the title and the request id need no escaping
+    /// (fixed ASCII, and ids are checked at the edge), so only the detail goes through the
+    /// JSON writer.
+    fn body(&self, id: &RequestId) -> Vec<u8> {
+        let (slug, title) = self.kind.slug_and_title();
+        let mut json = Vec::with_capacity(BODY_BYTES_TYPICAL);
+        for part in [r#"{"type":""#, TYPE_BASE, slug, r#"","title":""#, title] {
+            json.extend_from_slice(part.as_bytes());
+        }
+        json.extend_from_slice(br#"","status":"#);
+        json.extend_from_slice(self.status.as_str().as_bytes());
+        json.extend_from_slice(br#","detail":"#);
+        if serde_json::to_writer(&mut json, &self.detail).is_err() {
+            json.extend_from_slice(b"\"\"");
+        }
+        for part in [
+            r#","instance":"urn:flashgate:request:"#,
+            id.as_str(),
+            r#""}"#,
+        ] {
+            json.extend_from_slice(part.as_bytes());
+        }
+        json
     }
+
+    fn rate_limited(limited: &Limited) -> Self {
+        Self {
+            kind: Kind::RateLimited,
+            status: StatusCode::TOO_MANY_REQUESTS,
+            detail: Detail::RetryIn {
+                limit: limited.scope.as_str(),
+                seconds: limited.retry_after_seconds,
+            },
+            headers: rate_limit_headers(limited),
+        }
+    }
+}
+
+thread_local! {
+    /// This thread's last rate-limit headers: a flood of refusals from one limit gets the
+    /// same three headers, made once instead of formatted and copied for each answer.
+    static RATE_LIMIT_HEADERS: RefCell<Option<(Limited, RateLimitHeaders)>> =
+        const { RefCell::new(None) };
+}
+
+type RateLimitHeaders = [(HeaderName, HeaderValue); 3];
+
+/// `Retry-After`, and the policy and state of the limit (`RateLimit-Policy`, `RateLimit`).
+fn rate_limit_headers(limited: &Limited) -> Vec<(HeaderName, HeaderValue)> {
+    RATE_LIMIT_HEADERS.with_borrow_mut(|last| {
+        let made = match last {
+            Some((seen, headers)) if seen == limited => headers,
+            _ => {
+                &mut last
+                    .insert((limited.clone(), make_rate_limit_headers(limited)))
+                    .1
+            }
+        };
+        made.to_vec()
+    })
+}
+
+fn make_rate_limit_headers(limited: &Limited) -> RateLimitHeaders {
+    let name = limited.scope.as_str();
+    let retry = limited.retry_after_seconds;
+    let header =
+        |text: String| HeaderValue::from_str(&text).unwrap_or(HeaderValue::from_static("1"));
+    [
+        (RETRY_AFTER, HeaderValue::from(retry)),
+        (
+            HeaderName::from_static("ratelimit-policy"),
+            header(format!(
+                "\"{name}\";q={};w={}",
+                limited.quota, limited.window_seconds
+            )),
+        ),
+        (
+            HeaderName::from_static("ratelimit"),
+            header(format!("\"{name}\";r=0;t={retry}")),
+        ),
+    ]
 }
 
 impl Problem {
@@ -545,7 +593,7 @@ mod tests {
         let well_formed = serde_json::from_str::<serde::de::IgnoredAny>(json).is_ok();
         Problem::invalid_json(&error, well_formed)
             .detail
-            .into_owned()
+            .to_string()
     }
 
     #[test]

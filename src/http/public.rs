@@ -173,25 +173,24 @@ pub async fn get_deal(
     ))
 }
 
-pub async fn place_order(
+/// The checks of an order that need nothing but memory, made before its body is read:
+/// the per-IP limit and the sold-out mirror. A flood after a sell-out ends here.
+pub fn check_order<B>(
     state: &State,
     peer: SocketAddr,
-    request: Request<Incoming>,
+    request: &Request<B>,
     raw_id: &str,
-) -> Reply {
-    check_ip(state, peer, &request)?;
-    let deal_id = parse_deal_id(raw_id)?;
-    let authorization = header(&request, AUTHORIZATION);
-    state
-        .admission
-        .check_sold_out(deal_id.as_str(), authorization)?;
-    // A flood is refused above, before anything is awaited; the rest waits on the body,
-    // PostgreSQL and the provider, and its large future lives on the heap.
-    Box::pin(place_admissible(state, request, deal_id)).await
+) -> Result<DealId, Problem> {
+    check_ip(state, peer, request)?;
+    let authorization = header(request, AUTHORIZATION);
+    // Only valid ids are ever flagged, so the raw id is checked first and a flood is
+    // refused without a copy of it.
+    state.admission.check_sold_out(raw_id, authorization)?;
+    parse_deal_id(raw_id)
 }
 
 /// Places an order that the per-IP limit and the sold-out mirror let through.
-async fn place_admissible(state: &State, request: Request<Incoming>, deal_id: DealId) -> Reply {
+pub async fn place_admissible(state: &State, request: Request<Incoming>, deal_id: DealId) -> Reply {
     let (parts, bytes) = body::split(request, &state.settings.server).await?;
     let request = Request::from_parts(parts, ());
     let orders_settings = &state.settings.orders;

@@ -1,10 +1,7 @@
 //! Maps method and path to a handler; times and counts every request by route template.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -14,8 +11,6 @@ use http::header::{CONNECTION, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use metrics::{Counter, Histogram};
-
 use tracing::{Instrument, Span};
 
 use super::problem::Problem;
@@ -244,53 +239,171 @@ impl<'a> Route<'a> {
     }
 }
 
-/// The service function: never fails, never panics on input, always answers in time.
+/// What the first stage of a request decided: an answer (every refusal that memory
+/// decides, as a flood gets), or the request and what is known of it, to be served by a
+/// future that waits.
+pub enum Begun {
+    Answered(Response<Full<Bytes>>),
+    /// Boxed: it is moved into the future that serves it.
+    Waits(Box<Waiting>),
+}
+
+/// A request that has to wait (for a body, PostgreSQL, Redis or a provider).
+pub struct Waiting {
+    started: Instant,
+    id: RequestId,
+    template: &'static str,
+    span: Span,
+    request: Request<Incoming>,
+    work: Work,
+}
+
+/// What serves a waiting request.
+enum Work {
+    /// An order the per-IP limit and the sold-out mirror let through.
+    Order(DealId),
+    /// Any other route, matched again from the request.
+    Route(Face),
+}
+
+/// The first stage of every request, with nothing awaited: its id, its route, and for an
+/// order the checks that refuse a flood. A refusal is answered here, so it never builds,
+/// moves or boxes the futures that serve a request that waits.
 /// Every answer carries the request's id (`X-Request-Id`), and everything logged while
 /// serving it is inside the request's span.
-pub async fn handle(
-    state: Arc<State>,
-    peer: SocketAddr,
-    face: Face,
-    request: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+pub fn begin(state: &State, peer: SocketAddr, face: Face, request: Request<Incoming>) -> Begun {
     let started = Instant::now();
-    let server = &state.settings.server;
-    let id = RequestId::of(request.headers(), server.request_id_bytes_max);
-    // The clone shares the request's bytes: the route borrows the path, the handler the request.
-    let uri = request.uri().clone();
-    let mut route = Route::of(request.method(), uri.path());
-    if !route.served_on(face) {
-        route = Route::Unknown;
-    }
+    let id = RequestId::of(
+        request.headers(),
+        state.settings.server.request_id_bytes_max,
+    );
+    let route = route_of(&request, face);
     let template = route.template();
     let span = request_span(&id, &route);
-    let timeout = crate::config::millis(server.request_timeout_ms);
-    let serving = dispatch(&state, peer, route, request).instrument(span.clone());
-    let (mut response, outcome) = match in_time(timeout, serving).await {
-        Ok(Ok(response)) => (response, "ok"),
-        Ok(Err(problem)) => {
-            let slug = problem.slug();
-            (problem.into_response(&id), slug)
+    let work = match route {
+        Route::PlaceOrder(raw_id) => {
+            match span.in_scope(|| public::check_order(state, peer, &request, raw_id)) {
+                Ok(deal_id) => Work::Order(deal_id),
+                Err(problem) => {
+                    let answered = Answered::new(Err(problem), started, &id, template);
+                    return Begun::Answered(answered.complete(state, &span));
+                }
+            }
         }
-        Err(_) => {
-            let problem = Problem::overloaded("the request took too long");
-            let slug = problem.slug();
-            (problem.into_response(&id), slug)
-        }
+        _ => Work::Route(face),
     };
-    let headers = response.headers_mut();
-    headers.insert(request_id::HEADER, id.header_value());
-    if state.draining.load(Ordering::Relaxed) {
-        // Draining: each connection ends after this answer, so clients reconnect elsewhere.
-        headers.insert(CONNECTION, HeaderValue::from_static("close"));
+    Begun::Waits(Box::new(Waiting {
+        started,
+        id,
+        template,
+        span,
+        request,
+        work,
+    }))
+}
+
+/// Serves a request that waits, in time: a request still unanswered after
+/// `server.request_timeout_ms` is answered 503.
+pub async fn finish(
+    state: &State,
+    peer: SocketAddr,
+    waiting: Box<Waiting>,
+) -> Response<Full<Bytes>> {
+    let Waiting {
+        started,
+        id,
+        template,
+        span,
+        request,
+        work,
+    } = *waiting;
+    let timeout = crate::config::millis(state.settings.server.request_timeout_ms);
+    let serving = std::pin::pin!(serve(state, peer, request, work).instrument(span.clone()));
+    let reply = in_time(timeout, serving)
+        .await
+        .unwrap_or_else(|_| Err(Problem::overloaded("the request took too long")));
+    Answered::new(reply, started, &id, template).complete(state, &span)
+}
+
+async fn serve(
+    state: &State,
+    peer: SocketAddr,
+    request: Request<Incoming>,
+    work: Work,
+) -> Result<Response<Full<Bytes>>, Problem> {
+    match work {
+        Work::Order(deal_id) => public::place_admissible(state, request, deal_id).await,
+        Work::Route(face) => {
+            // The clone shares the request's bytes: the route borrows the path, the
+            // handler the request.
+            let uri = request.uri().clone();
+            let route = route_of_path(request.method(), uri.path(), face);
+            dispatch(state, peer, route, request).await
+        }
     }
-    let elapsed = started.elapsed();
-    let status = response.status();
-    span.record("outcome", outcome);
-    span.record("latency_ms", elapsed.as_secs_f64() * 1000.0);
-    tracing::debug!(parent: &span, status = status.as_u16(), "answered");
-    record(template, status, elapsed);
-    Ok(response)
+}
+
+fn route_of<B>(request: &Request<B>, face: Face) -> Route<'_> {
+    route_of_path(request.method(), request.uri().path(), face)
+}
+
+/// The route, as far as this listener serves it.
+fn route_of_path<'a>(method: &Method, path: &'a str, face: Face) -> Route<'a> {
+    let route = Route::of(method, path);
+    if route.served_on(face) {
+        route
+    } else {
+        Route::Unknown
+    }
+}
+
+/// A request's reply, with what its answer needs: its id, its route and when it began.
+struct Answered<'a> {
+    reply: Result<Response<Full<Bytes>>, Problem>,
+    started: Instant,
+    id: &'a RequestId,
+    template: &'static str,
+}
+
+impl<'a> Answered<'a> {
+    fn new(
+        reply: Result<Response<Full<Bytes>>, Problem>,
+        started: Instant,
+        id: &'a RequestId,
+        template: &'static str,
+    ) -> Self {
+        Self {
+            reply,
+            started,
+            id,
+            template,
+        }
+    }
+
+    /// The answer: a problem rendered, the request id added, the connection closed when
+    /// draining; counted, timed and logged.
+    fn complete(self, state: &State, span: &Span) -> Response<Full<Bytes>> {
+        let (mut response, outcome) = match self.reply {
+            Ok(response) => (response, "ok"),
+            Err(problem) => {
+                let slug = problem.slug();
+                (problem.into_response(self.id), slug)
+            }
+        };
+        let headers = response.headers_mut();
+        headers.insert(request_id::HEADER, self.id.header_value());
+        if state.draining.load(Ordering::Relaxed) {
+            // Draining: each connection ends after this answer, so clients reconnect elsewhere.
+            headers.insert(CONNECTION, HeaderValue::from_static("close"));
+        }
+        let elapsed = self.started.elapsed();
+        let status = response.status();
+        span.record("outcome", outcome);
+        span.record("latency_ms", elapsed.as_secs_f64() * 1000.0);
+        tracing::debug!(parent: span, status = status.as_u16(), "answered");
+        record(self.template, status, elapsed);
+        response
+    }
 }
 
 /// The span of one request: its id and route, the deal named in its path, and (recorded
@@ -322,9 +435,8 @@ pub(super) fn record_user(user: &UserId) {
 /// so the timer is created only for a request that has to wait.
 async fn in_time<F: Future>(
     timeout: Duration,
-    work: F,
+    mut work: Pin<&mut F>,
 ) -> Result<F::Output, tokio::time::error::Elapsed> {
-    let mut work = std::pin::pin!(work);
     let first = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
     match first {
         Poll::Ready(output) => Ok(output),
@@ -332,33 +444,14 @@ async fn in_time<F: Future>(
     }
 }
 
-/// The request counter and duration histogram of one route template and status.
-type RouteMetrics = HashMap<(&'static str, StatusCode), (Counter, Histogram)>;
-
-thread_local! {
-    /// This thread's handles of the request metrics, by route template and status:
-    /// registered once, so answering records two numbers instead of building labels and
-    /// looking them up in the shared registry.
-    static REQUEST_METRICS: RefCell<RouteMetrics> = RefCell::new(HashMap::new());
-}
-
+/// Counts the request and its duration in this thread's tally (see `telemetry::tally`).
 fn record(template: &'static str, status: StatusCode, elapsed: Duration) {
-    REQUEST_METRICS.with_borrow_mut(|handles| {
-        let (requests, duration) = handles.entry((template, status)).or_insert_with(|| {
-            let status = status.as_u16().to_string();
-            (
-                metrics::counter!(telemetry::HTTP_REQUESTS, "route" => template, "status" => status),
-                metrics::histogram!(telemetry::HTTP_DURATION, "route" => template),
-            )
-        });
-        requests.increment(1);
-        duration.record(elapsed.as_secs_f64());
-    });
+    telemetry::tally::request(template, status.as_u16(), elapsed.as_secs_f64());
 }
 
 /// Handlers that wait on PostgreSQL, Redis or a body run boxed: a future holding any of
-/// them inline would be tens of kilobytes, copied into place for every request, refusals
-/// included. Placing an order boxes its own slow part, after the refusals it can give at once.
+/// them inline would be tens of kilobytes, copied into place for every request. Orders are
+/// checked in `begin` and reach this only when no such stage ran.
 async fn dispatch(
     state: &State,
     peer: SocketAddr,
@@ -370,7 +463,10 @@ async fn dispatch(
         Route::Readyz => Ok(Box::pin(admin::readyz(state)).await),
         Route::Metrics => Ok(admin::metrics(state)),
         Route::GetDeal(id) => Box::pin(public::get_deal(state, peer, &request, id)).await,
-        Route::PlaceOrder(id) => public::place_order(state, peer, request, id).await,
+        Route::PlaceOrder(id) => {
+            let deal_id = public::check_order(state, peer, &request, id)?;
+            Box::pin(public::place_admissible(state, request, deal_id)).await
+        }
         Route::JoinQueue(id) => Box::pin(queue::join(state, peer, &request, id)).await,
         Route::QueueStatus(id) => Box::pin(queue::line(state, peer, &request, id)).await,
         Route::PollTicket(id, ticket) => {

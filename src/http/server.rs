@@ -8,10 +8,18 @@
 //! completed), every request whose bytes have arrived is answered, and what is still
 //! open when `server.shutdown_grace_seconds` (counted from the signal) ends is dropped.
 
+use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
 
 use dashmap::DashMap;
 use hyper::server::conn::http1;
@@ -24,7 +32,7 @@ use tokio_util::task::TaskTracker;
 
 use super::State;
 use super::connection::{self, Drain, HeadClock, SharedStream};
-use super::router::{self, Face};
+use super::router::{self, Begun, Face};
 use crate::config::ServerSettings;
 use crate::telemetry;
 
@@ -125,8 +133,11 @@ where
     I: hyper::rt::Read + hyper::rt::Write + Unpin,
 {
     let builder = http1_builder(&state.settings.server);
-    let service =
-        service_fn(move |request| router::handle(state.clone(), peer, Face::Public, request));
+    let shared = Arc::new(ForConnection {
+        state,
+        heads: HeadClock::new(),
+    });
+    let service = service_fn(move |request| shared.respond(peer, Face::Public, request));
     builder.serve_connection(io, service).await
 }
 
@@ -157,18 +168,12 @@ impl Accepter {
         };
         let _ = stream.set_nodelay(true);
         let stream = SharedStream::new(stream);
-        let state = self.state.clone();
         let heads = HeadClock::new();
-        let answering = heads.clone();
-        let service = service_fn(move |request| {
-            let answered = answering.answering();
-            let reply = router::handle(state.clone(), peer, face, request);
-            async move {
-                let reply = reply.await;
-                drop(answered);
-                reply
-            }
+        let shared = Arc::new(ForConnection {
+            state: self.state.clone(),
+            heads: heads.clone(),
         });
+        let service = service_fn(move |request| shared.respond(peer, face, request));
         let connection = self
             .builder
             .serve_connection(TokioIo::new(stream.clone()), service);
@@ -195,6 +200,61 @@ impl Accepter {
         };
         let permit = self.connections_all.clone().try_acquire_owned().ok()?;
         Some((permit, slot))
+    }
+}
+
+/// What a connection's requests share. Each request holds a reference while it is
+/// answered: taken from this count, which only its connection's task writes, rather than
+/// from the state's, which every core would write for every request.
+struct ForConnection {
+    state: Arc<State>,
+    heads: Arc<HeadClock>,
+}
+
+impl ForConnection {
+    /// The answer to `request`: at once when memory decides it, else from a boxed future
+    /// that holds a reference to this connection's share while it waits.
+    fn respond(
+        self: &Arc<Self>,
+        peer: SocketAddr,
+        face: Face,
+        request: Request<Incoming>,
+    ) -> Answer {
+        match router::begin(&self.state, peer, face, request) {
+            Begun::Answered(response) => {
+                self.heads.answered();
+                Answer::Now(Some(response))
+            }
+            Begun::Waits(waiting) => {
+                let shared = self.clone();
+                Answer::Later(Box::pin(async move {
+                    let _answering = shared.heads.answering();
+                    router::finish(&shared.state, peer, waiting).await
+                }))
+            }
+        }
+    }
+}
+
+type Reply = Response<Full<Bytes>>;
+
+/// hyper's service future: an answer ready when it is made, or one still being worked on.
+enum Answer {
+    Now(Option<Reply>),
+    Later(Pin<Box<dyn Future<Output = Reply> + Send>>),
+}
+
+impl Future for Answer {
+    type Output = Result<Reply, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Answer::Now(response) => match response.take() {
+                Some(response) => Poll::Ready(Ok(response)),
+                None => Poll::Pending,
+            },
+            Answer::Later(later) => later.as_mut().poll(cx).map(Ok),
+        }
     }
 }
 
