@@ -220,8 +220,10 @@ async fn a_bounded_soak_keeps_money_and_stock_in_agreement() {
     assert_eq!(available + reserved + sold_units, UNITS);
     app.assert_invariants(&deal).await;
     app.cleanup().await;
+    // A guard against a soak that runs away (orders never settling), not a speed claim: on
+    // a loaded 2-core runner the soak takes 15-45 s.
     assert!(
-        started.elapsed() < Duration::from_secs(30),
+        started.elapsed() < Duration::from_secs(120),
         "the soak took {:?}",
         started.elapsed()
     );
