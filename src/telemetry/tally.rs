@@ -81,11 +81,16 @@ impl Pending {
     }
 
     fn duration(&mut self, series: Series, seconds: f64, register: impl FnOnce() -> Histogram) {
-        let (_, samples) = self
+        let (histogram, samples) = self
             .durations
             .entry(series)
             .or_insert_with(|| (register(), Vec::new()));
         samples.push(seconds);
+        // Nobody may scrape for hours: a full buffer goes to the exporter, whose own upkeep
+        // folds it into the histogram, so memory stays bounded however long nobody renders.
+        if samples.len() >= SAMPLES_MAX {
+            hand_over(histogram, samples);
+        }
     }
 
     /// Moves everything into the exporter; the handles stay for the next events.
@@ -96,11 +101,22 @@ impl Pending {
             }
         }
         for (histogram, samples) in self.durations.values_mut() {
-            // Taken, not cleared: a flood's buffer is not kept for the quiet that follows.
-            for seconds in std::mem::take(samples) {
-                histogram.record(seconds);
-            }
+            hand_over(histogram, samples);
+            // Freed, not only cleared: a flood's buffer is not kept for the quiet after it.
+            *samples = Vec::new();
         }
+    }
+}
+
+/// Durations one thread keeps for one route before handing them to the exporter (8 bytes
+/// each): large enough that the exporter's shared atomics are touched once per thousands of
+/// requests, small enough to be nothing next to a connection's buffers.
+const SAMPLES_MAX: usize = 4096;
+
+/// Hands buffered samples to the exporter, leaving the buffer empty with its capacity.
+fn hand_over(histogram: &Histogram, samples: &mut Vec<f64>) {
+    for seconds in samples.drain(..) {
+        histogram.record(seconds);
     }
 }
 
@@ -185,5 +201,15 @@ mod tests {
         pending.drain();
         assert_eq!(pending.counts[&series].1, 0);
         assert!(pending.durations.values().all(|(_, s)| s.is_empty()));
+    }
+
+    #[test]
+    fn durations_never_wait_in_a_tally_beyond_its_limit() {
+        let mut pending = Pending::default();
+        let series = Series::Duration { route: 1 };
+        for _ in 0..SAMPLES_MAX * 3 + 7 {
+            pending.duration(series, 0.001, Histogram::noop);
+        }
+        assert!(pending.durations[&series].1.len() < SAMPLES_MAX);
     }
 }
