@@ -117,7 +117,7 @@ async fn an_order_takes_at_most_the_configured_number_of_attempts() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn expiry_reads_expired_whichever_of_sweeper_and_cancel_webhook_lands_first() {
-    const BATCH: usize = 8;
+    const BATCH: usize = 20;
     let app = spawn_pay_app_with(|_| {}).await;
     let mut deal = new_deal("expiry-race", 100, 1);
     deal["reservation_ttl_seconds"] = json!(1);
