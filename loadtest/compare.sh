@@ -48,7 +48,20 @@ WORK=$(mktemp -d)
 PIDS=()
 cleanup() {
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    [ -n "${KEEP_WORK:-}" ] && log "work files kept in $WORK" || rm -rf "$WORK"
+    if [ -n "${KEEP_WORK:-}" ]; then
+        log "work files kept in $WORK, databases fg_cmp_*_$RUN_ID kept"
+    else
+        rm -rf "$WORK"
+        drop_run_dbs
+    fi
+}
+# The databases of this run (fresh_db runs in command substitutions, so they are found by
+# name rather than remembered).
+drop_run_dbs() {
+    local name
+    for name in $(psql_base -c "SELECT datname FROM pg_database WHERE datname LIKE 'fg\_cmp\_%\_$RUN_ID'" 2>/dev/null); do
+        psql_base -c "DROP DATABASE IF EXISTS $name WITH (FORCE)" >/dev/null 2>&1 || true
+    done
 }
 trap cleanup EXIT
 
