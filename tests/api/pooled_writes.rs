@@ -204,17 +204,6 @@ fn writes_on_a_pool(text: &str) -> Vec<String> {
     found
 }
 
-fn rust_files(dir: &std::path::Path, found: &mut Vec<std::path::PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("src/ is readable") {
-        let path = entry.expect("a directory entry").path();
-        if path.is_dir() {
-            rust_files(&path, found);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            found.push(path);
-        }
-    }
-}
-
 /// A write run straight on a pool would be committed behind a pooler only after the
 /// connection went back: every write runs in a transaction of its own or through
 /// `store::Writes`.
@@ -228,10 +217,8 @@ fn no_write_runs_straight_on_a_pool() {
         ["4: &self.pool"],
         "the check finds what it looks for"
     );
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files = Vec::new();
-    rust_files(&root.join("src"), &mut files);
-    assert!(files.len() > 20, "src/ was found");
+    let root = crate::helpers::crate_root();
+    let files = crate::helpers::source_files();
     let mut offenders = Vec::new();
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap();

@@ -6,6 +6,7 @@ mod db;
 mod process;
 mod psp;
 mod redis_server;
+mod source;
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -23,6 +24,7 @@ pub use db::*;
 pub use process::*;
 pub use psp::*;
 pub use redis_server::*;
+pub use source::*;
 
 /// How long a test waits for something the gateway promises "within about a second".
 pub const EVENTUALLY: Duration = Duration::from_secs(3);
