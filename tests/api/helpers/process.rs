@@ -4,10 +4,28 @@ use std::time::{Duration, Instant};
 
 use super::{POLL_INTERVAL, eventually};
 
-/// A port nothing listens on right now (the listener is closed again at once).
+/// A port nothing listens on right now, for a child process to listen on.
+///
+/// Chosen below the kernel's ephemeral range, as `scripts/scale.sh free-port` does: a port
+/// the kernel handed out (bind to port 0) may, before the child binds it, become the local
+/// end of one of the busy test run's outgoing connections, and the child then fails to
+/// start with "address in use".
 pub fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().unwrap().port()
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    assert!(
+        ephemeral_low > 21_000,
+        "ephemeral ports start too low ({ephemeral_low})"
+    );
+    loop {
+        // The script's range: its cluster bus ports (port + 10000) lie above it.
+        let port = rand::random_range(11_000..ephemeral_low - 10_000);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// Waits until something accepts TCP connections on `port`.
