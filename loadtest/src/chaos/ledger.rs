@@ -81,25 +81,28 @@ pub async fn check(
 /// No oversell, `stock_total = available + reserved + sold`, and nothing left reserved by
 /// an order that has expired.
 async fn stock_violations(db: &PgPool, deal: &str) -> Result<(Vec<String>, Value), String> {
-    let (total, available, reserved, sold): (i64, i64, i64, i64) = sqlx::query_as(
-        "SELECT d.stock_total::bigint, sum(b.available)::bigint, sum(b.reserved)::bigint,
-                sum(b.sold)::bigint
-           FROM deals d JOIN inventory_buckets b ON b.deal_id = d.id
-          WHERE d.id = $1 GROUP BY d.stock_total",
-    )
-    .bind(deal)
-    .fetch_one(db)
-    .await
-    .map_err(|e| e.to_string())?;
-    let (held, overdue): (i64, i64) = sqlx::query_as(
-        "SELECT coalesce(sum(quantity) FILTER (WHERE status IN ('PENDING_PAYMENT', 'PAID')), 0)::bigint,
-                count(*) FILTER (WHERE status = 'PENDING_PAYMENT' AND expires_at < now() - interval '5 seconds')
-           FROM orders WHERE deal_id = $1",
-    )
-    .bind(deal)
-    .fetch_one(db)
-    .await
-    .map_err(|e| e.to_string())?;
+    // One statement, so buckets and orders are read from one snapshot: the gateways may
+    // still be expiring orders while the ledger looks, and two reads would see an order's
+    // release in one table and not yet in the other.
+    let (total, available, reserved, sold, held, overdue): (i64, i64, i64, i64, i64, i64) =
+        sqlx::query_as(
+            "SELECT d.stock_total::bigint, b.available, b.reserved, b.sold, o.held, o.overdue
+               FROM deals d,
+                    LATERAL (SELECT sum(available)::bigint AS available,
+                                    sum(reserved)::bigint AS reserved,
+                                    sum(sold)::bigint AS sold
+                               FROM inventory_buckets WHERE deal_id = d.id) b,
+                    LATERAL (SELECT coalesce(sum(quantity) FILTER
+                                        (WHERE status IN ('PENDING_PAYMENT', 'PAID')), 0)::bigint AS held,
+                                    count(*) FILTER (WHERE status = 'PENDING_PAYMENT'
+                                        AND expires_at < now() - interval '5 seconds') AS overdue
+                               FROM orders WHERE deal_id = d.id) o
+              WHERE d.id = $1",
+        )
+        .bind(deal)
+        .fetch_one(db)
+        .await
+        .map_err(|e| e.to_string())?;
     let mut violations = Vec::new();
     if total != available + reserved + sold {
         violations.push(format!(
