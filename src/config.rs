@@ -169,6 +169,10 @@ pub struct GlobalLimitSettings {
     /// Instances assumed until Redis has told how many run; while Redis is down each
     /// instance allows this share (1/N) of the per-user and per-deal budgets.
     pub instances_assumed: u32,
+    /// Most per-user checks answered by one Redis script call.
+    pub user_batch_max: u32,
+    /// Most per-user checks waiting for Redis; past it the local share decides.
+    pub user_queue_max: u32,
 }
 
 /// A token bucket: `rate_per_second` sustained, `burst` at once.
@@ -634,6 +638,10 @@ impl Settings {
         check(
             g.instance_ttl_ms > 2 * g.heartbeat_interval_ms,
             "limits.global.instance_ttl_ms must exceed twice heartbeat_interval_ms",
+        )?;
+        check(
+            (1..=1024).contains(&g.user_batch_max) && g.user_queue_max >= g.user_batch_max,
+            "limits.global.user_batch_max must be 1..=1024 and user_queue_max at least as large",
         )?;
         let o = &self.orders;
         check(

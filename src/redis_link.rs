@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, Client, Cmd, FromRedisValue, RedisResult, Value};
+use redis::cluster_routing::Slot;
+use redis::{AsyncConnectionConfig, Client, Cmd, FromRedisValue, RedisResult, ToRedisArgs, Value};
 use tokio::sync::RwLock;
 use tokio_util::sync::CancellationToken;
 
@@ -52,6 +53,37 @@ pub struct RedisTimeouts {
     pub command: Duration,
     /// Timeouts with no answer at all for this long drop the connection.
     pub unresponsive_after: Duration,
+}
+
+/// A Lua script called by its SHA-1 (`EVALSHA`), so that Redis neither receives nor hashes
+/// its text on every call. A server that does not know it yet (new, restarted, another
+/// cluster node) answers `NOSCRIPT` and gets the text once with `EVAL`, which caches it.
+pub struct Script {
+    code: String,
+    sha1: String,
+}
+
+impl Script {
+    pub fn new(code: impl Into<String>) -> Self {
+        let code = code.into();
+        let sha1 = redis::Script::new(&code).get_hash().to_owned();
+        Self { code, sha1 }
+    }
+
+    fn call<K: ToRedisArgs, A: ToRedisArgs>(&self, by_text: bool, keys: &[K], args: &A) -> Cmd {
+        let mut cmd = if by_text {
+            redis::cmd("EVAL").arg(&self.code).clone()
+        } else {
+            redis::cmd("EVALSHA").arg(&self.sha1).clone()
+        };
+        cmd.arg(keys.len()).arg(keys).arg(args);
+        cmd
+    }
+}
+
+/// True for Redis's answer to a script hash it does not hold.
+fn is_unknown_script(error: &RedisError) -> bool {
+    matches!(error, RedisError::Command(e) if e.code() == Some("NOSCRIPT"))
 }
 
 #[derive(Clone)]
@@ -193,6 +225,35 @@ impl RedisHandle {
         format!("{}{}", self.inner.key_prefix, suffix)
     }
 
+    /// Which keys one script call may touch together: any on one server, only keys of one
+    /// slot on a cluster. Keys with equal groups can share a call.
+    pub fn script_group(&self, key: &str) -> Option<Slot> {
+        match self.inner.client {
+            Some(Target::Cluster(_)) => Some(Slot::for_key(key)),
+            _ => None,
+        }
+    }
+
+    /// Runs `script` on `keys` (of one script group) with `args`, by hash first.
+    pub async fn eval<T, K, A>(
+        &self,
+        script: &Script,
+        keys: &[K],
+        args: &A,
+    ) -> Result<T, RedisError>
+    where
+        T: FromRedisValue,
+        K: ToRedisArgs,
+        A: ToRedisArgs,
+    {
+        match self.run(&script.call(false, keys, args)).await {
+            Err(error) if is_unknown_script(&error) => {
+                self.run(&script.call(true, keys, args)).await
+            }
+            answered => answered,
+        }
+    }
+
     pub async fn is_connected(&self) -> bool {
         self.inner.connection.read().await.is_some()
     }
@@ -206,8 +267,11 @@ impl RedisHandle {
             return Err(RedisError::Disconnected);
         };
         let outcome = tokio::time::timeout(self.inner.command_timeout, async {
-            let value = connection.run(cmd).await?;
-            T::from_redis_value(value).map_err(redis::RedisError::from)
+            // An error reply arrives as a value; as an error it keeps its code (`NOSCRIPT`).
+            match connection.run(cmd).await? {
+                Value::ServerError(error) => Err(error.into()),
+                value => T::from_redis_value(value).map_err(redis::RedisError::from),
+            }
         })
         .await;
         let error = match outcome {
@@ -218,6 +282,10 @@ impl RedisHandle {
             Ok(Err(error)) => RedisError::Command(error),
             Err(_) => RedisError::Timeout,
         };
+        // Not a failure: `eval` loads the script and calls again.
+        if is_unknown_script(&error) {
+            return Err(error);
+        }
         metrics::counter!(telemetry::REDIS_ERRORS).increment(1);
         if self.breaks_connection(&error) {
             *self.inner.connection.write().await = None;

@@ -5,7 +5,10 @@
 //! GCRA (generic cell rate algorithm) whose whole state is one timestamp per key, updated
 //! by one script on Redis's clock, so instances with skewed clocks still agree.
 //!
-//! - Per user every check is one script call: exact to the request.
+//! - Per user every check is exact to the request. Checks waiting at once share one script
+//!   call (group-commit style, no timer): while a call is in flight new checks queue, and
+//!   the next call takes all of them, at most `user_batch_max`, their keys grouped so that
+//!   one call touches one Redis Cluster slot.
 //! - Per deal an instance takes a slice of requests per call and spends it locally; an
 //!   unused slice is dropped after `slice_ttl_ms`, so the instances together stay within
 //!   the burst plus rate × (elapsed + slice_ttl).
@@ -14,37 +17,49 @@
 //!   Requests Redis granted drain that bucket too, so an outage starts from what the
 //!   instance already used rather than from a fresh burst. Never no limit.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
+use futures_util::future::join_all;
+use redis::cluster_routing::Slot;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::limits::{Limited, Scope, SharedLimiter};
 use crate::config::{GlobalLimitSettings, LimitSettings, RateSettings};
-use crate::redis_link::{RedisError, RedisHandle};
+use crate::redis_link::{RedisError, RedisHandle, Script};
 use crate::telemetry;
 
-/// GCRA over one key. ARGV: emission interval (µs per request), burst, requests wanted.
-/// Grants up to the wanted number that fit now and answers `{granted, wait_us}`: the wait
-/// until one more would fit when nothing was granted.
+/// GCRA over each key in turn. ARGV: emission interval (µs per request), burst, requests
+/// wanted per key. Grants each key up to the wanted number that fit now and answers
+/// `{granted, wait_us}` per key, flattened: the wait until one more would fit when nothing
+/// was granted. A key listed twice is charged twice, in order.
 const GCRA: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local interval = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
-local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
-if tat < now then tat = now end
-local free = math.floor((now + burst * interval - tat) / interval)
-if free < 1 then
-  return {0, tat - burst * interval + interval - now}
+local out = {}
+for i, key in ipairs(KEYS) do
+  local tat = tonumber(redis.call('GET', key) or '0')
+  if tat < now then tat = now end
+  local free = math.floor((now + burst * interval - tat) / interval)
+  if free < 1 then
+    out[2 * i - 1] = 0
+    out[2 * i] = tat - burst * interval + interval - now
+  else
+    local granted = math.min(free, want)
+    tat = tat + granted * interval
+    redis.call('SET', key, string.format('%.0f', tat), 'PX', math.floor((tat - now) / 1000) + 1)
+    out[2 * i - 1] = granted
+    out[2 * i] = 0
+  end
 end
-local granted = math.min(free, want)
-tat = tat + granted * interval
-redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.floor((tat - now) / 1000) + 1)
-return {granted, 0}
+return out
 "#;
 
 /// Announces this instance and counts the live ones. ARGV: instance id, ttl (ms).
@@ -70,6 +85,8 @@ struct SharedScope {
     rate: RateSettings,
     /// Requests taken per Redis round trip.
     slice: u32,
+    /// Checks waiting at once share one call (per user: each call takes one request).
+    together: bool,
     slices: DashMap<String, Slice>,
     /// The local share used while Redis cannot answer, rebuilt when the count changes.
     fallback: RwLock<(u32, Arc<SharedLimiter>)>,
@@ -81,6 +98,7 @@ impl SharedScope {
             scope,
             rate,
             slice,
+            together: scope == Scope::User,
             slices: DashMap::new(),
             fallback: RwLock::new((instances, Arc::new(share(scope, rate, instances)))),
         }
@@ -156,6 +174,11 @@ pub struct GlobalLimits {
 struct Inner {
     redis: RedisHandle,
     settings: GlobalLimitSettings,
+    gcra: Arc<Script>,
+    heartbeat: Script,
+    /// Per-user checks waiting for the next shared call; the task serving them starts with
+    /// the first check and ends when this sender is dropped.
+    user_checks: OnceLock<mpsc::Sender<UserCheck>>,
     user: SharedScope,
     deal: SharedScope,
     /// Live instances, as last counted in Redis.
@@ -172,6 +195,9 @@ impl GlobalLimits {
             inner: Arc::new(Inner {
                 redis,
                 settings: g,
+                gcra: Arc::new(Script::new(GCRA)),
+                heartbeat: Script::new(HEARTBEAT),
+                user_checks: OnceLock::new(),
                 user: SharedScope::new(Scope::User, settings.per_user, 1, n),
                 deal: SharedScope::new(
                     Scope::Deal,
@@ -212,46 +238,65 @@ impl GlobalLimits {
             return Ok(());
         }
         let key = self.inner.redis.key(&format!("limit:{kind}{id}"));
-        match self.take(&key, scope.rate, scope.slice).await {
-            Ok((granted, _)) if granted > 0 => {
+        let answer = if scope.together {
+            self.take_with_others(key).await
+        } else {
+            let keys = [key];
+            let taken = take(
+                &self.inner.redis,
+                &self.inner.gcra,
+                &keys,
+                scope.rate,
+                scope.slice,
+            );
+            taken
+                .await
+                .ok()
+                .and_then(|answers| answers.first().copied())
+        };
+        match answer {
+            Some((granted, _)) if granted > 0 => {
                 count(scope.scope, "redis");
                 let ttl = Duration::from_millis(self.inner.settings.slice_ttl_ms);
                 scope.keep_slice(id, granted - 1, ttl);
                 scope.spend_share(id, self.instances());
                 Ok(())
             }
-            Ok((_, wait_us)) => {
+            Some((_, wait_us)) => {
                 count(scope.scope, "redis");
                 Err(scope.limited(Duration::from_micros(wait_us)))
             }
-            Err(_) => {
+            None => {
                 count(scope.scope, "fallback");
                 scope.fallback(self.instances()).check(&id.to_owned())
             }
         }
     }
 
-    /// Up to `want` requests of the budget at `key`: `(granted, wait_us)`.
-    async fn take(
-        &self,
-        key: &str,
-        rate: RateSettings,
-        want: u32,
-    ) -> Result<(u32, u64), RedisError> {
-        let interval_us = 1_000_000u64
-            .div_ceil(u64::from(rate.rate_per_second))
-            .max(1);
-        let cmd = redis::cmd("EVAL")
-            .arg(GCRA)
-            .arg(1)
-            .arg(key)
-            .arg(interval_us)
-            .arg(rate.burst)
-            .arg(want)
-            .clone();
-        let (granted, wait_us): (i64, i64) = self.inner.redis.run(&cmd).await?;
-        let granted = u32::try_from(granted.clamp(0, i64::from(want))).unwrap_or(0);
-        Ok((granted, u64::try_from(wait_us.max(0)).unwrap_or(0)))
+    /// One request of the per-user budget at `key`, taken in the next call shared with the
+    /// other checks waiting: `(granted, wait_us)`, or `None` when Redis did not answer or
+    /// too many checks already wait (the local share decides then).
+    async fn take_with_others(&self, key: String) -> Option<(u32, u64)> {
+        let queue = self
+            .inner
+            .user_checks
+            .get_or_init(|| self.start_user_checks());
+        let (answer, answered) = oneshot::channel();
+        queue.try_send(UserCheck { key, answer }).ok()?;
+        answered.await.ok().flatten()
+    }
+
+    fn start_user_checks(&self) -> mpsc::Sender<UserCheck> {
+        let g = self.inner.settings;
+        let (queue, checks) = mpsc::channel(g.user_queue_max as usize);
+        tokio::spawn(run_user_checks(
+            checks,
+            self.inner.redis.clone(),
+            self.inner.gcra.clone(),
+            self.inner.user.rate,
+            g.user_batch_max as usize,
+        ));
+        queue
     }
 
     /// Announces this instance and refreshes the count, until `shutdown`.
@@ -271,14 +316,13 @@ impl GlobalLimits {
         if !self.enabled() {
             return;
         }
-        let cmd = redis::cmd("EVAL")
-            .arg(HEARTBEAT)
-            .arg(1)
-            .arg(self.inner.redis.key("instances"))
-            .arg(&self.inner.id)
-            .arg(self.inner.settings.instance_ttl_ms)
-            .clone();
-        if let Ok(n) = self.inner.redis.run::<u32>(&cmd).await {
+        let keys = [self.inner.redis.key("instances")];
+        let args = (&self.inner.id, self.inner.settings.instance_ttl_ms);
+        let counted = self
+            .inner
+            .redis
+            .eval::<u32, _, _>(&self.inner.heartbeat, &keys, &args);
+        if let Ok(n) = counted.await {
             self.inner.instances.store(n.max(1), Ordering::Relaxed);
         }
     }
@@ -293,6 +337,76 @@ impl GlobalLimits {
             }
         }
     }
+}
+
+/// A per-user check waiting for the next shared script call.
+struct UserCheck {
+    key: String,
+    answer: oneshot::Sender<Option<(u32, u64)>>,
+}
+
+/// Answers the queued per-user checks: every round takes all that wait (at most
+/// `batch_max`) and makes one call per script group, the groups side by side.
+async fn run_user_checks(
+    mut queue: mpsc::Receiver<UserCheck>,
+    redis: RedisHandle,
+    gcra: Arc<Script>,
+    rate: RateSettings,
+    batch_max: usize,
+) {
+    let mut checks = Vec::with_capacity(batch_max);
+    while queue.recv_many(&mut checks, batch_max).await > 0 {
+        let mut groups: HashMap<Option<Slot>, Vec<UserCheck>> = HashMap::new();
+        for check in checks.drain(..) {
+            let group = redis.script_group(&check.key);
+            groups.entry(group).or_default().push(check);
+        }
+        let calls = groups
+            .into_values()
+            .map(|group| answer_group(&redis, &gcra, rate, group));
+        join_all(calls).await;
+    }
+}
+
+/// One call for `group` (keys of one script group); every check gets its own answer.
+async fn answer_group(
+    redis: &RedisHandle,
+    gcra: &Script,
+    rate: RateSettings,
+    group: Vec<UserCheck>,
+) {
+    let keys: Vec<&str> = group.iter().map(|check| check.key.as_str()).collect();
+    let answers = take(redis, gcra, &keys, rate, 1).await.ok();
+    for (i, check) in group.into_iter().enumerate() {
+        let answer = answers.as_ref().and_then(|answers| answers.get(i).copied());
+        let _gone = check.answer.send(answer);
+    }
+}
+
+/// Up to `want` requests of the budget at each of `keys` (one script group), in order:
+/// `(granted, wait_us)` per key.
+async fn take<K: redis::ToRedisArgs>(
+    redis: &RedisHandle,
+    gcra: &Script,
+    keys: &[K],
+    rate: RateSettings,
+    want: u32,
+) -> Result<Vec<(u32, u64)>, RedisError> {
+    let interval_us = 1_000_000u64
+        .div_ceil(u64::from(rate.rate_per_second))
+        .max(1);
+    let flat: Vec<i64> = redis
+        .eval(gcra, keys, &(interval_us, rate.burst, want))
+        .await?;
+    if flat.len() != 2 * keys.len() {
+        let unexpected = (redis::ErrorKind::Parse, "GCRA answered for other keys");
+        return Err(RedisError::Command(unexpected.into()));
+    }
+    let answers = flat.chunks_exact(2).map(|pair| {
+        let granted = u32::try_from(pair[0].clamp(0, i64::from(want))).unwrap_or(0);
+        (granted, u64::try_from(pair[1].max(0)).unwrap_or(0))
+    });
+    Ok(answers.collect())
 }
 
 fn count(scope: Scope, source: &'static str) {

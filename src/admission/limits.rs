@@ -167,6 +167,8 @@ mod tests {
                 heartbeat_interval_ms: 1000,
                 instance_ttl_ms: 5000,
                 instances_assumed: 1,
+                user_batch_max: 64,
+                user_queue_max: 4096,
             },
         }
     }

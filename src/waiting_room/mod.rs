@@ -28,7 +28,7 @@ use redis::Value;
 
 use crate::config::WaitingRoomSettings;
 use crate::deals::Deal;
-use crate::redis_link::{RedisError, RedisHandle};
+use crate::redis_link::{RedisError, RedisHandle, Script};
 use crate::telemetry;
 
 pub use challenge::{Challenge, ChallengeError, Challenges};
@@ -194,7 +194,7 @@ impl WaitingRoom {
     /// Runs `script` on the deal's keys with `args`.
     async fn eval<T: redis::FromRedisValue>(
         &self,
-        script: &str,
+        script: &Script,
         deal_id: &str,
         args: &[&str],
     ) -> Result<T, RedisError> {
@@ -205,17 +205,11 @@ impl WaitingRoom {
     /// Runs `script` on `keys` (of one Redis Cluster slot) with `args`.
     async fn eval_keys<T: redis::FromRedisValue>(
         &self,
-        script: &str,
+        script: &Script,
         keys: &[String],
         args: &[&str],
     ) -> Result<T, RedisError> {
-        let cmd = redis::cmd("EVAL")
-            .arg(script)
-            .arg(keys.len())
-            .arg(keys)
-            .arg(args)
-            .clone();
-        self.redis.run(&cmd).await
+        self.redis.eval(script, keys, &args).await
     }
 
     /// The user's ticket for the deal, issued on the first call; the same afterwards.

@@ -25,6 +25,8 @@
 //!
 //! Times come from Redis (`TIME`), so instances with skewed clocks still agree.
 
+use crate::redis_link::Script;
+
 /// Shared helpers, prepended to every script.
 const PRELUDE: &str = r#"
 local function now_ms()
@@ -340,26 +342,26 @@ return 1
 
 /// The scripts, with the shared helpers in front.
 pub struct Scripts {
-    pub join: String,
-    pub poll: String,
-    pub public: String,
-    pub release: String,
-    pub advance: String,
-    pub freeze: String,
-    pub issued: String,
-    pub place: String,
-    pub shuffled: String,
-    pub renew: String,
-    pub resign: String,
-    pub drain: String,
-    pub revoke: String,
-    pub active: String,
-    pub forget: String,
+    pub join: Script,
+    pub poll: Script,
+    pub public: Script,
+    pub release: Script,
+    pub advance: Script,
+    pub freeze: Script,
+    pub issued: Script,
+    pub place: Script,
+    pub shuffled: Script,
+    pub renew: Script,
+    pub resign: Script,
+    pub drain: Script,
+    pub revoke: Script,
+    pub active: Script,
+    pub forget: Script,
 }
 
 impl Scripts {
     pub fn new() -> Self {
-        let with = |body: &str| format!("{PRELUDE}{body}");
+        let with = |body: &str| Script::new(format!("{PRELUDE}{body}"));
         Self {
             join: with(JOIN),
             poll: with(POLL),

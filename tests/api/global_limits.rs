@@ -6,6 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use flashgate::admission::global::GlobalLimits;
+use flashgate::config::RateSettings;
+use flashgate::redis_link::{RedisHandle, RedisTimeouts};
 use serde_json::json;
 
 use crate::helpers::{
@@ -243,4 +246,87 @@ async fn without_redis_each_gateway_keeps_its_share_of_the_user_budget() {
         "without Redis the user was not limited at all"
     );
     stop(gateways, &settings, database).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn per_user_checks_waiting_together_share_script_calls_and_stay_exact() {
+    // Arrange: a private Redis, so that its command counts are this test's alone; every
+    // user may take 3 requests at once, then 1 a second.
+    const USERS: usize = 100;
+    const CHECKS_PER_USER: usize = 5;
+    let (_redis, port) = start_redis().await;
+    let redis = RedisHandle::new(
+        &format!("redis://127.0.0.1:{port}"),
+        "batched:",
+        RedisTimeouts {
+            command: Duration::from_secs(2),
+            unresponsive_after: Duration::from_secs(5),
+        },
+        Duration::from_secs(60),
+    );
+    redis.connect().await;
+    assert!(redis.is_connected().await, "the private Redis answers");
+    let mut limits = flashgate::config::Settings::defaults().limits;
+    limits.per_user = RateSettings {
+        rate_per_second: 1,
+        burst: 3,
+    };
+    limits.global.enabled = true;
+    let global = GlobalLimits::new(&limits, redis);
+
+    // Act: every check of every user at once.
+    let started = Instant::now();
+    let checks = (0..USERS * CHECKS_PER_USER).map(|n| {
+        let global = global.clone();
+        tokio::spawn(async move {
+            let user = format!("user-{}", n % USERS);
+            (n % USERS, global.check_user(&user).await.is_ok())
+        })
+    });
+    let mut passed = [0usize; USERS];
+    for check in checks.collect::<Vec<_>>() {
+        let (user, ok) = check.await.unwrap();
+        passed[user] += usize::from(ok);
+    }
+    let elapsed = started.elapsed();
+
+    // Assert: each user got its burst (plus what the rate refilled meanwhile), and the
+    // checks shared far fewer script calls than there were checks.
+    let refilled = elapsed.as_secs() as usize + 1;
+    for (user, &n) in passed.iter().enumerate() {
+        assert!(
+            (3..=3 + refilled).contains(&n),
+            "user-{user} passed {n} of {CHECKS_PER_USER} checks in {elapsed:?}"
+        );
+    }
+    let calls = script_calls(port).await;
+    assert!(
+        calls <= USERS * CHECKS_PER_USER / 2,
+        "{calls} script calls for {} checks",
+        USERS * CHECKS_PER_USER
+    );
+}
+
+/// `EVAL` and `EVALSHA` calls the Redis on `port` has served.
+async fn script_calls(port: u16) -> usize {
+    let mut redis = crate::helpers::redis_connection(&format!("redis://127.0.0.1:{port}"))
+        .await
+        .unwrap();
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    stats
+        .lines()
+        .filter(|line| line.starts_with("cmdstat_eval:") || line.starts_with("cmdstat_evalsha:"))
+        .filter_map(|line| {
+            line.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .sum()
 }
