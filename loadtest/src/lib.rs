@@ -6,6 +6,7 @@
 //! - [`sale`]: a bounded sale (closed loop or open-loop arrivals) with HDR latency per
 //!   outcome, a timeline, and a verdict checked against the inventory and, when given,
 //!   the database.
+//! - [`order_client`]: the lean HTTP/1.1 client that places the sale's orders.
 //! - [`summary`]: the report as text for people; [`progress`]: the live line meanwhile.
 //! - [`chart`]: the timeline as an SVG chart.
 //! - [`pow`]: the proof-of-work client that joins a line whose deal asks for one.
@@ -18,6 +19,7 @@ pub mod bare;
 pub mod chaos;
 pub mod chart;
 pub mod cli;
+pub mod order_client;
 pub mod pow;
 pub mod progress;
 pub mod sale;

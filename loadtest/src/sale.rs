@@ -14,8 +14,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use hyper::header::HeaderValue;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
+
+use crate::order_client::OrderClient;
 
 pub use crate::summary::summary;
 use crate::verdict::{DbCheck, check_database, verdict};
@@ -182,6 +185,13 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
             .map(|u| flashgate::auth::mint_token(&config.jwt_secret, &format!("lt-user-{u}"), 3600))
             .collect(),
     );
+    let bearers: Arc<Vec<HeaderValue>> = Arc::new(
+        tokens
+            .iter()
+            .map(|token| OrderClient::bearer(token))
+            .collect::<Result<_, _>>()?,
+    );
+    let orders = Arc::new(OrderClient::new(&config.base_url, &deal_id)?);
     let cpu_before = process_cpu_seconds();
     let started = Instant::now();
     let stock_samples = Arc::new(Mutex::new(Vec::<(Duration, i64)>::new()));
@@ -198,11 +208,13 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
         recorder.clone(),
         stock_samples.clone(),
     );
+    let users = Users { tokens, bearers };
     let paid = drive(
         &client,
+        &orders,
         config,
         &deal_id,
-        &tokens,
+        &users,
         started,
         recorder.clone(),
     )
@@ -291,18 +303,24 @@ async fn create_deal(
 
 /// Runs every purchase, closed or open loop, until done or out of time.
 /// Returns how many orders were paid at the provider's checkout.
+/// Every user's token, and the same as an `Authorization` value, both made before the run.
+struct Users {
+    tokens: Arc<Vec<String>>,
+    bearers: Arc<Vec<HeaderValue>>,
+}
+
 async fn drive(
     client: &reqwest::Client,
+    orders: &Arc<OrderClient>,
     config: &SaleConfig,
     deal_id: &str,
-    tokens: &Arc<Vec<String>>,
+    users: &Users,
     started: Instant,
     recorder: Arc<Mutex<Recorder>>,
 ) -> u64 {
     let deadline = started + Duration::from_secs(config.duration_max_seconds);
     let total = config.users * config.attempts;
     let permits = Arc::new(Semaphore::new(config.concurrency.max(1)));
-    let url = Arc::new(format!("{}/v1/deals/{deal_id}/orders", config.base_url));
     let queue_url: Option<Arc<String>> = (config.queue_admit_per_second > 0)
         .then(|| Arc::new(format!("{}/v1/deals/{deal_id}/queue", config.base_url)));
     let paid = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -323,10 +341,11 @@ async fn drive(
         }
         let (user, attempt) = (job % config.users, job / config.users);
         let key = format!("{deal_id}-{user}-{attempt}");
-        let (client, url, tokens, recorder, retries) = (
+        let (client, orders, tokens, bearers, recorder, retries) = (
             client.clone(),
-            url.clone(),
-            tokens.clone(),
+            orders.clone(),
+            users.tokens.clone(),
+            users.bearers.clone(),
             recorder.clone(),
             config.retries_max,
         );
@@ -362,7 +381,7 @@ async fn drive(
                 scheduled
             };
             let (outcome, created) =
-                buy(&client, &url, &tokens[user], &key, retries, pass.as_deref()).await;
+                buy(&orders, &bearers[user], &key, retries, pass.as_deref()).await;
             if let Some(checkout_url) = created.as_ref().and_then(|c| c.checkout_url.as_deref())
                 && pays(pay_fraction)
                 && pay(&client, checkout_url).await
@@ -444,43 +463,30 @@ async fn pay(client: &reqwest::Client, checkout_url: &str) -> bool {
 
 /// One purchase with its retries: the outcome and, for a 201, the order.
 async fn buy(
-    client: &reqwest::Client,
-    url: &str,
-    token: &str,
+    orders: &OrderClient,
+    bearer: &HeaderValue,
     key: &str,
     retries_max: u32,
     pass: Option<&str>,
 ) -> (String, Option<Created>) {
     let mut retries = 0;
     loop {
-        let mut request = client
-            .post(url)
-            .bearer_auth(token)
-            .header("Idempotency-Key", key)
-            .body(r#"{"quantity":1}"#);
-        if let Some(pass) = pass {
-            request = request.header("Flashgate-Pass", pass);
-        }
-        let response = request.send().await;
-        let Ok(response) = response else {
+        let Ok(answer) = orders.order(bearer, key, pass).await else {
             return ("error".into(), None);
         };
-        let status = response.status().as_u16();
-        if matches!(status, 429 | 503) && retries < retries_max {
+        if matches!(answer.status, 429 | 503) && retries < retries_max {
             retries += 1;
             tokio::time::sleep(Duration::from_millis(20 * u64::from(retries))).await;
             continue;
         }
-        let created = if status == 201 {
-            let body: Value = response.json().await.unwrap_or_default();
+        let created = answer.body.and_then(|body| {
+            let body: Value = serde_json::from_slice(&body).unwrap_or_default();
             body["order_id"].as_str().map(|id| Created {
                 order_id: id.to_owned(),
                 checkout_url: body["payment"]["checkout_url"].as_str().map(str::to_owned),
             })
-        } else {
-            None
-        };
-        return (status.to_string(), created);
+        });
+        return (answer.status.to_string(), created);
     }
 }
 
