@@ -11,7 +11,7 @@
 //! head, and is woken for every request it reads; watching must cost nothing per request
 //! that a bare hyper server does not pay (see `Moment` and `HeadClock`).
 
-use std::io::{self, IoSlice};
+use std::io::{self, IoSlice, Read};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
@@ -52,19 +52,43 @@ impl AsyncRead for SharedStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        // A safe read needs initialized memory, and hyper offers its whole spare buffer
+        // (8 KiB or more) uninitialized on every read: zeroing it all for a request of a
+        // few hundred bytes, and again for the read that finds the socket empty, cost
+        // more than parsing the request.
+        let unfilled = buf.remaining().min(READ_BYTES_MAX);
+        let read = ready!(self.read_into(cx, buf.initialize_unfilled_to(unfilled)))?;
+        buf.advance(read);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl SharedStream {
+    /// Reads into `into` once the socket is readable. A read that fills less than `into`
+    /// emptied the socket's receive buffer, so the socket is marked not ready, as tokio's
+    /// own stream does: hyper reads again after every request, and that read then waits
+    /// for the reactor instead of asking the kernel only to be told to wait.
+    fn read_into(&self, cx: &mut Context<'_>, into: &mut [u8]) -> Poll<io::Result<usize>> {
+        let asked = into.len();
         loop {
             ready!(self.0.poll_read_ready(cx))?;
-            // A safe read needs initialized memory, and hyper offers its whole spare buffer
-            // (8 KiB or more) uninitialized on every read: zeroing it all for a request of a
-            // few hundred bytes, and again for the read that finds the socket empty, cost
-            // more than parsing the request.
-            let unfilled = buf.remaining().min(READ_BYTES_MAX);
-            match self.0.try_read(buf.initialize_unfilled_to(unfilled)) {
-                Ok(read) => {
-                    buf.advance(read);
-                    return Poll::Ready(Ok(()));
+            let mut read = 0;
+            let outcome = self.0.try_io(Interest::READABLE, || {
+                read = (&*socket2::SockRef::from(&*self.0)).read(into)?;
+                if read > 0 && read < asked {
+                    // Clears the readiness this read was made on; bytes arriving since
+                    // set it again.
+                    return Err(io::ErrorKind::WouldBlock.into());
                 }
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                Ok(())
+            });
+            match outcome {
+                Ok(()) => return Poll::Ready(Ok(read)),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                    if read > 0 {
+                        return Poll::Ready(Ok(read));
+                    }
+                }
                 Err(error) => return Poll::Ready(Err(error)),
             }
         }
