@@ -388,21 +388,24 @@ impl<'a> Answered<'a> {
         }
     }
 
-    /// The answer: a problem rendered, the request id added, the connection closed when
-    /// draining; counted, timed and logged. Also returns when it was timed.
+    /// The answer: a problem rendered (carrying the request id), the request id added to
+    /// any other answer, the connection closed when draining; counted, timed and logged. Also returns when it was timed.
     fn complete(self, state: &State, span: &Span) -> (Response<Full<Bytes>>, Instant) {
         let (mut response, outcome) = match self.reply {
-            Ok(response) => (response, "ok"),
+            Ok(mut response) => {
+                let id = self.id.header_value();
+                response.headers_mut().insert(request_id::HEADER, id);
+                (response, "ok")
+            }
             Err(problem) => {
                 let slug = problem.slug();
                 (problem.into_response(self.id), slug)
             }
         };
-        let headers = response.headers_mut();
-        headers.insert(request_id::HEADER, self.id.header_value());
         if state.draining.load(Ordering::Relaxed) {
             // Draining: each connection ends after this answer, so clients reconnect elsewhere.
-            headers.insert(CONNECTION, HeaderValue::from_static("close"));
+            let close = HeaderValue::from_static("close");
+            response.headers_mut().insert(CONNECTION, close);
         }
         let at = Instant::now();
         let elapsed = at.saturating_duration_since(self.started);
