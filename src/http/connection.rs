@@ -11,7 +11,7 @@
 //! head, and is woken for every request it reads; watching must cost nothing per request
 //! that a bare hyper server does not pay (see `Moment` and `HeadClock`).
 
-use std::io::{self, IoSlice};
+use std::io::{self, IoSlice, Read};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -19,9 +19,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 /// The most bytes one read takes from the socket; a longer request takes several reads.
@@ -52,19 +52,43 @@ impl AsyncRead for SharedStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        // A safe read needs initialized memory, and hyper offers its whole spare buffer
+        // (8 KiB or more) uninitialized on every read: zeroing it all for a request of a
+        // few hundred bytes, and again for the read that finds the socket empty, cost
+        // more than parsing the request.
+        let unfilled = buf.remaining().min(READ_BYTES_MAX);
+        let read = ready!(self.read_into(cx, buf.initialize_unfilled_to(unfilled)))?;
+        buf.advance(read);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl SharedStream {
+    /// Reads into `into` once the socket is readable. A read that fills less than `into`
+    /// emptied the socket's receive buffer, so the socket is marked not ready, as tokio's
+    /// own stream does: hyper reads again after every request, and that read then waits
+    /// for the reactor instead of asking the kernel only to be told to wait.
+    fn read_into(&self, cx: &mut Context<'_>, into: &mut [u8]) -> Poll<io::Result<usize>> {
+        let asked = into.len();
         loop {
             ready!(self.0.poll_read_ready(cx))?;
-            // A safe read needs initialized memory, and hyper offers its whole spare buffer
-            // (8 KiB or more) uninitialized on every read: zeroing it all for a request of a
-            // few hundred bytes, and again for the read that finds the socket empty, cost
-            // more than parsing the request.
-            let unfilled = buf.remaining().min(READ_BYTES_MAX);
-            match self.0.try_read(buf.initialize_unfilled_to(unfilled)) {
-                Ok(read) => {
-                    buf.advance(read);
-                    return Poll::Ready(Ok(()));
+            let mut read = 0;
+            let outcome = self.0.try_io(Interest::READABLE, || {
+                read = (&*socket2::SockRef::from(&*self.0)).read(into)?;
+                if read > 0 && read < asked {
+                    // Clears the readiness this read was made on; bytes arriving since
+                    // set it again.
+                    return Err(io::ErrorKind::WouldBlock.into());
                 }
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                Ok(())
+            });
+            match outcome {
+                Ok(()) => return Poll::Ready(Ok(read)),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                    if read > 0 {
+                        return Poll::Ready(Ok(read));
+                    }
+                }
                 Err(error) => return Poll::Ready(Err(error)),
             }
         }
@@ -200,16 +224,15 @@ pub async fn drive<C>(
 {
     tokio::pin!(connection);
     let (mut abort, mut closing) = (drain.abort.cancelled(), drain.closing.cancelled());
-    let head_due = tokio::time::sleep(head_timeout);
-    tokio::pin!(head_due);
+    let mut head_due = HeadTimer::new(head_timeout);
     loop {
         tokio::select! {
             biased;
             ended = connection.as_mut() => return report(ended),
             () = &mut abort => return,
             () = &mut closing => break,
-            () = head_due.as_mut() => match heads.next_due(head_timeout) {
-                Some(due) => head_due.as_mut().reset(due),
+            () = &mut head_due => match heads.next_due(head_timeout) {
+                Some(due) => head_due.reset(due),
                 None => {
                     tracing::debug!("no request head within the header read timeout");
                     return;
@@ -231,6 +254,53 @@ pub async fn drive<C>(
     tokio::select! {
         ended = connection.as_mut() => report(ended),
         () = drain.abort.cancelled() => {}
+    }
+}
+
+/// The timer of the header read timeout, polled only when it may have fired.
+///
+/// A connection's task is woken for every request it reads, and polling a `Sleep` on
+/// every wake-up registers the task's waker with the timer again each time. Once
+/// registered with the task's waker, the timer wakes the task when it fires; until then,
+/// looking at whether it fired is enough.
+struct HeadTimer {
+    sleep: Pin<Box<Sleep>>,
+    /// The waker the timer holds, until it fires or is reset.
+    waker: Option<Waker>,
+}
+
+impl HeadTimer {
+    fn new(timeout: Duration) -> Self {
+        Self {
+            sleep: Box::pin(tokio::time::sleep(timeout)),
+            waker: None,
+        }
+    }
+
+    /// Fires at `due` instead; the next poll registers the waker again.
+    fn reset(&mut self, due: Instant) {
+        self.sleep.as_mut().reset(due);
+        self.waker = None;
+    }
+}
+
+impl Future for HeadTimer {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        let registered = this.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
+        if registered && !this.sleep.is_elapsed() {
+            return Poll::Pending;
+        }
+        this.waker = Some(cx.waker().clone());
+        // Outside the task's budget: a poll the budget turned away would not register
+        // the waker, and the timer would never be looked at again.
+        let sleep = &mut this.sleep;
+        std::pin::pin!(tokio::task::unconstrained(std::future::poll_fn(|cx| {
+            sleep.as_mut().poll(cx)
+        })))
+        .poll(cx)
     }
 }
 
@@ -263,7 +333,12 @@ impl HeadClock {
 
     /// An answer was given: the connection waits for its next head from now.
     pub fn answered(&self) {
-        let since = self.origin.elapsed().as_nanos();
+        self.answered_at(Instant::now());
+    }
+
+    /// An answer was given at `at`: the connection waits for its next head from then.
+    pub fn answered_at(&self, at: Instant) {
+        let since = at.saturating_duration_since(self.origin).as_nanos();
         let since = u64::try_from(since).unwrap_or(ANSWERING - 1);
         self.waiting_since.store(since, Ordering::Relaxed);
     }
@@ -338,6 +413,49 @@ mod tests {
         assert!(due > answered && due <= answered + timeout);
         tokio::time::sleep_until(due).await;
         assert_eq!(clock.next_due(timeout), None);
+    }
+
+    /// A connection hyper would never finish: only the drive's own timers end it.
+    struct Silent;
+
+    impl Future for Silent {
+        type Output = Result<(), hyper::Error>;
+
+        fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Self::Output> {
+            Poll::Pending
+        }
+    }
+
+    impl GracefulConnection for Silent {
+        fn graceful_shutdown(self: Pin<&mut Self>) {}
+    }
+
+    #[tokio::test]
+    async fn the_head_timeout_counts_from_the_last_answer() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let _client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let stream = SharedStream::new(listener.accept().await.unwrap().0);
+        let (timeout, answering_for) = (Duration::from_millis(100), Duration::from_millis(250));
+        let heads = HeadClock::new();
+        let start = Instant::now();
+        let driven = tokio::spawn(drive(
+            Silent,
+            stream,
+            Drain::default(),
+            heads.clone(),
+            timeout,
+        ));
+        let answering = heads.answering();
+        // The timer fires twice meanwhile, and is set again each time.
+        tokio::time::sleep(answering_for).await;
+        drop(answering);
+        tokio::time::timeout(Duration::from_secs(5), driven)
+            .await
+            .expect("closed after the timeout")
+            .expect("no panic");
+        assert!(start.elapsed() >= answering_for + timeout);
     }
 
     #[tokio::test]

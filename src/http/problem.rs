@@ -11,11 +11,11 @@ use bytes::Bytes;
 use http::header::{
     CACHE_CONTROL, CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE,
 };
-use http::{Response, StatusCode};
+use http::{HeaderMap, Response, StatusCode};
 use http_body_util::Full;
 use serde::{Serialize, Serializer};
 
-use super::request_id::RequestId;
+use super::request_id::{self, RequestId};
 use crate::admission::Rejection;
 use crate::admission::limits::Limited;
 use crate::admission::token::TokenError;
@@ -79,18 +79,22 @@ impl Kind {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub struct Problem {
     kind: Kind,
     status: StatusCode,
     /// Borrowed for the fixed details of the refusals a flood gets, so those allocate nothing.
     detail: Detail,
     headers: Vec<(HeaderName, HeaderValue)>,
+    /// The limit that refused the request, whose `RateLimit` headers the answer carries:
+    /// made when the answer is rendered, so a flood of refusals compares limits instead
+    /// of making headers.
+    rate_limit: Option<Limited>,
 }
 
 /// A problem's `detail`: text, or a rate limit's, written into the body without being
 /// formatted apart first.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 enum Detail {
     Text(Cow<'static, str>),
     RetryIn { limit: &'static str, seconds: u64 },
@@ -130,6 +134,7 @@ impl Problem {
             status,
             detail: Detail::Text(detail),
             headers: Vec::new(),
+            rate_limit: None,
         }
     }
 
@@ -215,29 +220,96 @@ impl Problem {
         self.kind.slug_and_title().0
     }
 
-    /// The answer to the request `id`, which `instance` names (`urn:flashgate:request:<id>`).
+    /// The answer to the request `id`, which `instance` names (`urn:flashgate:request:<id>`),
+    /// carrying it in `X-Request-Id` too.
     pub fn into_response(self, id: &RequestId) -> Response<Full<Bytes>> {
-        // Exactly sized: `Bytes` takes a full vector over without allocating again.
-        let json = Bytes::from(self.body(id).into_boxed_slice());
-        let mut response = Response::new(Full::new(json));
-        *response.status_mut() = self.status;
-        let headers = response.headers_mut();
-        headers.reserve(3 + self.headers.len());
+        LAST_ANSWER.with_borrow_mut(|last| {
+            let prepared = match last {
+                Some(prepared) if prepared.problem == self => prepared,
+                _ => last.insert(Prepared::new(self)),
+            };
+            prepared.answer(id)
+        })
+    }
+    fn rate_limited(limited: &Limited) -> Self {
+        Self {
+            kind: Kind::RateLimited,
+            status: StatusCode::TOO_MANY_REQUESTS,
+            detail: Detail::RetryIn {
+                limit: limited.scope.as_str(),
+                seconds: limited.retry_after_seconds,
+            },
+            headers: Vec::new(),
+            rate_limit: Some(limited.clone()),
+        }
+    }
+}
+
+thread_local! {
+    /// This thread's last problem answer. A flood gets one refusal over and over, whose
+    /// answers differ only by the request id: the status, the headers and the body up to
+    /// the id are made once, and each answer copies them.
+    static LAST_ANSWER: RefCell<Option<Prepared>> = const { RefCell::new(None) };
+}
+
+/// A problem's answer but for the request id.
+struct Prepared {
+    problem: Problem,
+    status: StatusCode,
+    /// Every header of the answer, the request id's with a stand-in value: an answer
+    /// replaces it, so a copy of the map never grows.
+    headers: HeaderMap,
+    /// The body up to the request id; `BODY_TAIL` follows the id.
+    body_head: Vec<u8>,
+}
+
+/// What follows the request id in a problem body: the end of `instance` and of the object.
+const BODY_TAIL: &[u8] = br#""}"#;
+
+impl Prepared {
+    fn new(problem: Problem) -> Self {
+        let mut headers = HeaderMap::with_capacity(4 + problem.headers.len());
         headers.insert(
             CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
         headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        for (name, value) in self.headers {
+        for (name, value) in problem.rate_limit.iter().flat_map(rate_limit_headers) {
             headers.insert(name, value);
         }
-        response
+        for (name, value) in &problem.headers {
+            headers.insert(name.clone(), value.clone());
+        }
+        headers.insert(request_id::HEADER, HeaderValue::from_static(""));
+        Self {
+            status: problem.status,
+            body_head: problem.body_head(),
+            headers,
+            problem,
+        }
     }
 
-    /// The problem+json body. The type URI, the title and the request id need no escaping
-    /// (fixed ASCII, and ids are checked at the edge), so only the detail goes through the
-    /// JSON writer.
-    fn body(&self, id: &RequestId) -> Vec<u8> {
+    fn answer(&self, id: &RequestId) -> Response<Full<Bytes>> {
+        let id_text = id.as_str().as_bytes();
+        let mut json = Vec::with_capacity(self.body_head.len() + id_text.len() + BODY_TAIL.len());
+        for part in [&self.body_head[..], id_text, BODY_TAIL] {
+            json.extend_from_slice(part);
+        }
+        // Exactly sized: `Bytes` takes a full vector over without allocating again.
+        let mut response = Response::new(Full::new(Bytes::from(json.into_boxed_slice())));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        *headers = self.headers.clone();
+        headers.insert(request_id::HEADER, id.header_value());
+        response
+    }
+}
+
+impl Problem {
+    /// The problem+json body up to the request id, which ends `instance`. The type URI and
+    /// the title need no escaping (fixed ASCII), so only the detail goes through the JSON
+    /// writer.
+    fn body_head(&self) -> Vec<u8> {
         let (slug, title) = self.kind.slug_and_title();
         let mut json = Vec::with_capacity(BODY_BYTES_TYPICAL);
         for part in [r#"{"type":""#, TYPE_BASE, slug, r#"","title":""#, title] {
@@ -249,54 +321,15 @@ impl Problem {
         if serde_json::to_writer(&mut json, &self.detail).is_err() {
             json.extend_from_slice(b"\"\"");
         }
-        for part in [
-            r#","instance":"urn:flashgate:request:"#,
-            id.as_str(),
-            r#""}"#,
-        ] {
-            json.extend_from_slice(part.as_bytes());
-        }
+        json.extend_from_slice(br#","instance":"urn:flashgate:request:"#);
         json
     }
-
-    fn rate_limited(limited: &Limited) -> Self {
-        Self {
-            kind: Kind::RateLimited,
-            status: StatusCode::TOO_MANY_REQUESTS,
-            detail: Detail::RetryIn {
-                limit: limited.scope.as_str(),
-                seconds: limited.retry_after_seconds,
-            },
-            headers: rate_limit_headers(limited),
-        }
-    }
-}
-
-thread_local! {
-    /// This thread's last rate-limit headers: a flood of refusals from one limit gets the
-    /// same three headers, made once instead of formatted and copied for each answer.
-    static RATE_LIMIT_HEADERS: RefCell<Option<(Limited, RateLimitHeaders)>> =
-        const { RefCell::new(None) };
 }
 
 type RateLimitHeaders = [(HeaderName, HeaderValue); 3];
 
 /// `Retry-After`, and the policy and state of the limit (`RateLimit-Policy`, `RateLimit`).
-fn rate_limit_headers(limited: &Limited) -> Vec<(HeaderName, HeaderValue)> {
-    RATE_LIMIT_HEADERS.with_borrow_mut(|last| {
-        let made = match last {
-            Some((seen, headers)) if seen == limited => headers,
-            _ => {
-                &mut last
-                    .insert((limited.clone(), make_rate_limit_headers(limited)))
-                    .1
-            }
-        };
-        made.to_vec()
-    })
-}
-
-fn make_rate_limit_headers(limited: &Limited) -> RateLimitHeaders {
+fn rate_limit_headers(limited: &Limited) -> RateLimitHeaders {
     let name = limited.scope.as_str();
     let retry = limited.retry_after_seconds;
     let header =

@@ -243,7 +243,12 @@ impl<'a> Route<'a> {
 /// decides, as a flood gets), or the request and what is known of it, to be served by a
 /// future that waits.
 pub enum Begun {
-    Answered(Response<Full<Bytes>>),
+    /// The answer, and when it was made (the clock read that timed it, so that marking the
+    /// connection's head clock does not read the clock again).
+    Answered {
+        response: Response<Full<Bytes>>,
+        at: Instant,
+    },
     /// Boxed: it is moved into the future that serves it.
     Waits(Box<Waiting>),
 }
@@ -286,7 +291,8 @@ pub fn begin(state: &State, peer: SocketAddr, face: Face, request: Request<Incom
                 Ok(deal_id) => Work::Order(deal_id),
                 Err(problem) => {
                     let answered = Answered::new(Err(problem), started, &id, template);
-                    return Begun::Answered(answered.complete(state, &span));
+                    let (response, at) = answered.complete(state, &span);
+                    return Begun::Answered { response, at };
                 }
             }
         }
@@ -322,7 +328,9 @@ pub async fn finish(
     let reply = in_time(timeout, serving)
         .await
         .unwrap_or_else(|_| Err(Problem::overloaded("the request took too long")));
-    Answered::new(reply, started, &id, template).complete(state, &span)
+    Answered::new(reply, started, &id, template)
+        .complete(state, &span)
+        .0
 }
 
 async fn serve(
@@ -380,29 +388,33 @@ impl<'a> Answered<'a> {
         }
     }
 
-    /// The answer: a problem rendered, the request id added, the connection closed when
-    /// draining; counted, timed and logged.
-    fn complete(self, state: &State, span: &Span) -> Response<Full<Bytes>> {
+    /// The answer: a problem rendered (carrying the request id), the request id added to
+    /// any other answer, the connection closed when draining; counted, timed and logged. Also returns when it was timed.
+    fn complete(self, state: &State, span: &Span) -> (Response<Full<Bytes>>, Instant) {
         let (mut response, outcome) = match self.reply {
-            Ok(response) => (response, "ok"),
+            Ok(mut response) => {
+                let id = self.id.header_value();
+                response.headers_mut().insert(request_id::HEADER, id);
+                (response, "ok")
+            }
             Err(problem) => {
                 let slug = problem.slug();
                 (problem.into_response(self.id), slug)
             }
         };
-        let headers = response.headers_mut();
-        headers.insert(request_id::HEADER, self.id.header_value());
         if state.draining.load(Ordering::Relaxed) {
             // Draining: each connection ends after this answer, so clients reconnect elsewhere.
-            headers.insert(CONNECTION, HeaderValue::from_static("close"));
+            let close = HeaderValue::from_static("close");
+            response.headers_mut().insert(CONNECTION, close);
         }
-        let elapsed = self.started.elapsed();
+        let at = Instant::now();
+        let elapsed = at.saturating_duration_since(self.started);
         let status = response.status();
         span.record("outcome", outcome);
         span.record("latency_ms", elapsed.as_secs_f64() * 1000.0);
         tracing::debug!(parent: span, status = status.as_u16(), "answered");
         record(self.template, status, elapsed);
-        response
+        (response, at)
     }
 }
 

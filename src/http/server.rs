@@ -221,8 +221,8 @@ impl ForConnection {
         request: Request<Incoming>,
     ) -> Answer {
         match router::begin(&self.state, peer, face, request) {
-            Begun::Answered(response) => {
-                self.heads.answered();
+            Begun::Answered { response, at } => {
+                self.heads.answered_at(at.into());
                 Answer::Now(Some(response))
             }
             Begun::Waits(waiting) => {
