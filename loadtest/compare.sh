@@ -78,6 +78,9 @@ log "building release binaries"
 cargo build --release -q --workspace
 
 psql_base() { psql "$BASE_URL_DB" -qAt "$@"; }
+# Every measured run starts from a checkpoint with the kernel's dirty pages on disk: what an
+# earlier run left behind is written out before, not during, the next one.
+checkpoint() { psql_base -c CHECKPOINT >/dev/null; sync; }
 fresh_db() {
     local name="fg_cmp_${1}_${RUN_ID}"
     psql_base -c "DROP DATABASE IF EXISTS $name WITH (FORCE)" -c "CREATE DATABASE $name" >/dev/null
@@ -263,8 +266,10 @@ pgbench_tps() {
     pgbench -n -c "$CLIENTS" -j 2 -T "$SECONDS_EACH" -f "$1" "$PGB_URL" 2>/dev/null \
         | awk '/^tps = / {print $3; exit}'
 }
+checkpoint
 log "(a) one hot row, $CLIENTS clients, ${SECONDS_EACH}s"
 A=$(pgbench_tps "$WORK/hot.sql")
+checkpoint
 log "(b) 32 bucket rows, $CLIENTS clients, ${SECONDS_EACH}s"
 B=$(pgbench_tps "$WORK/buckets.sql")
 fi
@@ -327,6 +332,7 @@ json() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print($2)"
 log "(c) warm-up, 2 s"
 sale --stock 10000000 --buckets 32 --users 20000 --per-user-limit 1 --concurrency "$CLIENTS" \
     --duration-max-seconds 2 --out "$WORK/warm.json" >/dev/null
+checkpoint
 log "(c) flashgate purchases, $CLIENTS in flight, ${SECONDS_EACH}s"
 snapshot_pg > "$WORK/pg_before"
 GW_BEFORE=$(ticks_of "$GW_PID")
@@ -382,6 +388,7 @@ print(f"{(busy(sys.argv[2]) - busy(sys.argv[1])) / float(sys.argv[3]):.2f}")
 PY
 )
 RATE=$(python3 -c "print(max(1, int(float('$C') / 2)))")
+checkpoint
 log "(c') open loop at half of (c): $RATE purchases/s, ${SECONDS_EACH}s"
 sale --stock 10000000 --buckets 32 --users $((RATE * SECONDS_EACH)) --per-user-limit 1 \
     --rate "$RATE" --concurrency 2000 --duration-max-seconds "$SECONDS_EACH" \
@@ -404,6 +411,7 @@ TXT
 fi
 
 # --- a whole sale to sell-out, charted -----------------------------------------------
+checkpoint
 log "a sale to sell-out: 100000 units, 200000 users, $CLIENTS in flight (chart: docs/sale.svg)"
 sale --stock 100000 --buckets 32 --users 200000 --per-user-limit 1 --concurrency "$CLIENTS" \
     --duration-max-seconds 120 --out "$WORK/sellout.json" --chart docs/sale.svg >"$WORK/sellout.txt"
@@ -417,7 +425,7 @@ CA=$(ratio "$C" "$A"); CB=$(ratio "$C" "$B")
 MACHINE="$(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)), $(free -g | awk '/Mem:/ {print $2}') GiB, $(psql_base -c 'SHOW server_version' | cut -d' ' -f1 | sed 's/^/PostgreSQL /'), synchronous_commit $(psql_base -c 'SHOW synchronous_commit')"
 TABLE=$(cat <<MD
 Measured $(date -u +%Y-%m-%d) by \`$COMMAND\` on $MACHINE; load generator,
-gateway and PostgreSQL share the machine. $CLIENTS clients or connections, ${SECONDS_EACH} s each.
+gateway and PostgreSQL share the machine. $CLIENTS clients or connections, ${SECONDS_EACH} s each, every run started from a \`CHECKPOINT\` and a \`sync\`.
 
 | | what | throughput |
 |---|---|---|

@@ -9,9 +9,29 @@ use clap::Parser;
 use flashgate_loadtest::cli::{Cli, Command};
 use flashgate_loadtest::{bare, chaos, chart, sale};
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    match Cli::parse().command {
+fn main() -> ExitCode {
+    let command = Cli::parse().command;
+    // A sale's client runs on one thread: the generator shares the machine with what it
+    // measures, and one thread never wakes another for its own work. Everything else
+    // (the baseline server above all) keeps the multi-thread runtime a server uses.
+    let runtime = match &command {
+        Command::Sale { .. } => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    }
+    .enable_all()
+    .build();
+    let runtime = match runtime {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(command))
+}
+
+async fn run(command: Command) -> ExitCode {
+    match command {
         Command::Sale { config, out, chart } => run_sale(&config, out, chart).await,
         Command::Chaos { config } => run_chaos(&config).await,
         Command::BareServer {
