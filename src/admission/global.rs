@@ -241,18 +241,7 @@ impl GlobalLimits {
         let answer = if scope.together {
             self.take_with_others(key).await
         } else {
-            let keys = [key];
-            let taken = take(
-                &self.inner.redis,
-                &self.inner.gcra,
-                &keys,
-                scope.rate,
-                scope.slice,
-            );
-            taken
-                .await
-                .ok()
-                .and_then(|answers| answers.first().copied())
+            self.take_alone(scope, key).await
         };
         match answer {
             Some((granted, _)) if granted > 0 => {
@@ -271,6 +260,14 @@ impl GlobalLimits {
                 scope.fallback(self.instances()).check(&id.to_owned())
             }
         }
+    }
+
+    /// Up to a slice of the budget at `key`, in a call of its own: `(granted, wait_us)`, or
+    /// `None` when Redis did not answer.
+    async fn take_alone(&self, scope: &SharedScope, key: String) -> Option<(u32, u64)> {
+        let (redis, gcra) = (&self.inner.redis, &self.inner.gcra);
+        let answers = take(redis, gcra, &[key], scope.rate, scope.slice).await;
+        answers.ok()?.first().copied()
     }
 
     /// One request of the per-user budget at `key`, taken in the next call shared with the
