@@ -18,14 +18,22 @@ pub fn spawn_gateway(settings: &Settings, api: &Api) -> ChildGuard {
     spawn_gateway_with(settings, api, &[])
 }
 
-/// As `spawn_gateway`, with `extra` environment variables on top (later ones win).
+/// As `spawn_gateway`, with `extra` environment variables on top (later ones win). Its log
+/// goes to the test's output with `TEST_LOG=1`, else to `start_up_log(api)`, shown if it
+/// exits during start-up.
 pub fn spawn_gateway_with(settings: &Settings, api: &Api, extra: &[(&str, &str)]) -> ChildGuard {
     let output = if test_log() {
         Stdio::inherit()
     } else {
-        Stdio::null()
+        std::fs::File::create(start_up_log(api)).map_or_else(|_| Stdio::null(), Stdio::from)
     };
     spawn_gateway_logging_to(settings, api, extra, output)
+}
+
+/// Where the log of the gateway listening for `api` is kept until it is healthy.
+fn start_up_log(api: &Api) -> std::path::PathBuf {
+    let name = api.public_listen().replace([':', '.'], "-");
+    std::env::temp_dir().join(format!("flashgate-gateway-{name}.log"))
 }
 
 /// As `spawn_gateway_with`, writing the gateway's log (stderr) to `log`.
@@ -89,7 +97,8 @@ pub fn spawn_gateway_logging_to(
 pub async fn wait_until_healthy(gateway: &mut ChildGuard, api: &Api) {
     let healthy = eventually(Duration::from_secs(60), || {
         if let Some(status) = gateway.child.try_wait().unwrap() {
-            panic!("flashgate serve exited during start-up: {status} (TEST_LOG=1 shows its log)");
+            let log = std::fs::read_to_string(start_up_log(api)).unwrap_or_default();
+            panic!("flashgate serve exited during start-up: {status}; its log:\n{log}");
         }
         let request = api
             .client
@@ -106,6 +115,8 @@ pub async fn wait_until_healthy(gateway: &mut ChildGuard, api: &Api) {
     })
     .await;
     assert!(healthy.is_some(), "{} never became healthy", api.base);
+    // The gateway keeps writing to the file it opened; only the name goes.
+    let _ = std::fs::remove_file(start_up_log(api));
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -22,10 +22,33 @@ pub fn free_port() -> u16 {
     loop {
         // The script's range: its cluster bus ports (port + 10000) lie above it.
         let port = rand::random_range(11_000..ephemeral_low - 10_000);
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() && reserve(port) {
             return port;
         }
     }
+}
+
+/// How long a port stays reserved: longer than any test keeps a child listening on it.
+const PORT_RESERVED_FOR: Duration = Duration::from_secs(15 * 60);
+
+/// Claims `port` among the test processes running at once (nextest runs each test in its
+/// own): a port free now is free for all of them until a child binds it, so two tests could
+/// each hand it to a child. The first to create the port's marker file owns it.
+fn reserve(port: u16) -> bool {
+    let dir = std::env::temp_dir().join("flashgate-test-ports");
+    let _ = std::fs::create_dir_all(&dir);
+    let marker = dir.join(port.to_string());
+    let stale = std::fs::metadata(&marker)
+        .and_then(|meta| meta.modified())
+        .is_ok_and(|at| at.elapsed().unwrap_or_default() > PORT_RESERVED_FOR);
+    if stale {
+        let _ = std::fs::remove_file(&marker);
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&marker)
+        .is_ok()
 }
 
 /// Waits until something accepts TCP connections on `port`.
