@@ -71,12 +71,13 @@ impl Script {
     }
 
     fn call<K: ToRedisArgs, A: ToRedisArgs>(&self, by_text: bool, keys: &[K], args: &A) -> Cmd {
-        let mut cmd = if by_text {
-            redis::cmd("EVAL").arg(&self.code).clone()
+        let (name, script) = if by_text {
+            ("EVAL", &self.code)
         } else {
-            redis::cmd("EVALSHA").arg(&self.sha1).clone()
+            ("EVALSHA", &self.sha1)
         };
-        cmd.arg(keys.len()).arg(keys).arg(args);
+        let mut cmd = redis::cmd(name);
+        cmd.arg(script).arg(keys.len()).arg(keys).arg(args);
         cmd
     }
 }

@@ -231,6 +231,7 @@ impl Problem {
             prepared.answer(id)
         })
     }
+
     fn rate_limited(limited: &Limited) -> Self {
         Self {
             kind: Kind::RateLimited,
@@ -255,7 +256,6 @@ thread_local! {
 /// A problem's answer but for the request id.
 struct Prepared {
     problem: Problem,
-    status: StatusCode,
     /// Every header of the answer, the request id's with a stand-in value: an answer
     /// replaces it, so a copy of the map never grows.
     headers: HeaderMap,
@@ -282,7 +282,6 @@ impl Prepared {
         }
         headers.insert(request_id::HEADER, HeaderValue::from_static(""));
         Self {
-            status: problem.status,
             body_head: problem.body_head(),
             headers,
             problem,
@@ -297,7 +296,7 @@ impl Prepared {
         }
         // Exactly sized: `Bytes` takes a full vector over without allocating again.
         let mut response = Response::new(Full::new(Bytes::from(json.into_boxed_slice())));
-        *response.status_mut() = self.status;
+        *response.status_mut() = self.problem.status;
         let headers = response.headers_mut();
         *headers = self.headers.clone();
         headers.insert(request_id::HEADER, id.header_value());
