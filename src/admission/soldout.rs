@@ -283,14 +283,18 @@ impl SoldOut {
         }
     }
 
-    /// (Re)reads who ordered `deal_id`, if it is still flagged.
+    /// (Re)reads who ordered `deal_id`, if it is still flagged. A read that fails changes
+    /// nothing: the users known before (or, if none were read yet, anyone) may still replay,
+    /// and the next refresh reads again. Taking the failure for "nobody" would refuse as
+    /// sold out the retry of an order placed just before PostgreSQL went away.
     async fn load_holders(&self, pool: &PgPool, deal_id: &str) {
-        let users = holders(pool, deal_id, self.holders_max)
-            .await
-            .unwrap_or_else(|error| {
+        let users = match holders(pool, deal_id, self.holders_max).await {
+            Ok(users) => users,
+            Err(error) => {
                 tracing::debug!(%error, deal_id, "holders of a sold-out deal not read");
-                HashSet::new()
-            });
+                return;
+            }
+        };
         if let Some(mut holders) = self.mirror.get_mut(deal_id) {
             holders.users = Some(Arc::new(users));
             holders.loaded_at = Some(Instant::now());

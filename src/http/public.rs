@@ -223,19 +223,7 @@ pub async fn place_admissible(state: &State, request: Request<Incoming>, deal_id
         let room = state.admission.waiting_room();
         room.release(&placed.order.deal_id, &pass.pass_id).await;
     }
-    let attempt = match &state.payments {
-        Some(payments) => {
-            payments
-                .for_new_order(
-                    pool,
-                    placed.order.id,
-                    placed.order.expires_at,
-                    placed.order.status() == OrderStatus::PendingPayment,
-                )
-                .await?
-        }
-        None => None,
-    };
+    let attempt = payment_of_placed(state, &placed.order).await;
     let view = OrderView::new(&placed.order, OrderStatus::PendingPayment, attempt.as_ref())
         .with_hold_end(state);
     let mut response = body::respond(StatusCode::CREATED, &view, Caching::Private);
@@ -245,6 +233,24 @@ pub async fn place_admissible(state: &State, request: Request<Incoming>, deal_id
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     Ok(response)
+}
+
+/// The payment block of an order just placed or replayed. The order is committed by now,
+/// so a failure here (the database gone for a moment, the pool exhausted) must not turn
+/// the answer into a 5xx: a client told to retry may meet a sold-out mirror that does not
+/// know it holds an order yet. The order is answered without its payment, which
+/// `POST /v1/orders/{id}/payments` starts or returns.
+async fn payment_of_placed(state: &State, order: &Order) -> Option<Attempt> {
+    let payments = state.payments.as_ref()?;
+    let pending = order.status() == OrderStatus::PendingPayment;
+    payments
+        .for_new_order(&state.pools.request, order.id, order.expires_at, pending)
+        .await
+        .inspect_err(|error| {
+            tracing::warn!(%error, order = %order.id, "order placed; its payment not read");
+        })
+        .ok()
+        .flatten()
 }
 
 /// A quantity out of range was never stored, so under a key already used it is a

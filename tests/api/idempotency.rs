@@ -2,10 +2,16 @@
 //! duplicates still create one order.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
+use flashgate::admission::soldout::{Flag, SoldOut};
+use flashgate::redis_link::RedisHandle;
 use serde_json::json;
+use sqlx::postgres::PgPoolOptions;
 
-use crate::helpers::{db_snapshot, new_deal, order_count, spawn_app};
+use crate::helpers::{
+    base_database_url, db_snapshot, new_deal, order_count, spawn_app, test_settings, unique_suffix,
+};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn replay_returns_the_same_answer_and_reserves_once() {
@@ -215,4 +221,25 @@ async fn replay_after_the_deal_sold_out_returns_the_stored_order() {
     assert_eq!(replay.json(), first);
     assert_eq!(replay.header("idempotent-replayed"), Some("true"));
     app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sell_out_seen_as_the_database_goes_away_still_lets_holders_replay() {
+    // Arrange: a mirror whose database is unreachable, as when PostgreSQL stops between
+    // the batch that sold the last units and the read of who holds them.
+    let settings = test_settings(&base_database_url());
+    let redis = RedisHandle::from_settings(&settings.redis);
+    let unreachable = PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(300))
+        .connect_lazy("postgres://postgres@127.0.0.1:9/unreachable")
+        .unwrap();
+    let sold_out = SoldOut::new(redis, 1_000, Duration::from_secs(60));
+    let deal = format!("deal-{}", unique_suffix());
+
+    // Act
+    sold_out.mark(&unreachable, &deal).await;
+
+    // Assert: flagged, yet whoever may hold an order still reaches PostgreSQL to replay it.
+    assert_eq!(sold_out.flag(&deal), Flag::SoldOutWithHolders);
+    assert!(sold_out.may_replay(&deal, "buyer-of-the-last-units"));
 }

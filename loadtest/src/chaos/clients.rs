@@ -17,8 +17,9 @@ use super::schedule::Rng;
 pub enum Outcome {
     /// 201 with this order id (the client believes it holds the units).
     Acknowledged(String),
-    /// A definitive refusal (sold out, limit): no order may exist for it.
-    Refused(u16),
+    /// A definitive refusal (sold out, limit): no order may exist for it. Beside the
+    /// status, what the client saw, in words, to name the cause of a violation.
+    Refused(u16, String),
     /// No definitive answer before the client gave up: either is fine.
     Unknown,
 }
@@ -120,6 +121,7 @@ impl Buyer {
         let token = flashgate::auth::mint_token(JWT_SECRET, user, 3600);
         let give_up = until + Duration::from_secs(5);
         let mut tries = 0;
+        let started = Instant::now();
         while Instant::now() < give_up && tries < 30 {
             tries += 1;
             let url = format!("{}/v1/deals/{}/orders", self.gateway(), self.targets.deal);
@@ -141,7 +143,12 @@ impl Buyer {
                         return Outcome::Acknowledged(id.to_owned());
                     }
                     400..=499 if status != 408 && status != 429 => {
-                        return Outcome::Refused(status);
+                        let seen = format!(
+                            "{} on try {tries} of a purchase started {} ms earlier",
+                            body["type"].as_str().unwrap_or("no problem type"),
+                            started.elapsed().as_millis()
+                        );
+                        return Outcome::Refused(status, seen);
                     }
                     _ => {}
                 }

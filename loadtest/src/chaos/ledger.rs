@@ -42,8 +42,8 @@ pub async fn check(
             (Outcome::Acknowledged(id), stored) => violations.push(format!(
                 "acknowledged order {id} of {user}/{key} is stored as {stored:?}"
             )),
-            (Outcome::Refused(status), Some((id, _))) => violations.push(format!(
-                "{user}/{key} was refused {status} but order {id} exists"
+            (Outcome::Refused(status, seen), Some((id, _))) => violations.push(format!(
+                "{user}/{key} was refused {status} ({seen}) but order {id} exists"
             )),
             _ => {}
         }
