@@ -42,6 +42,11 @@ pub const SET_KEY: &str = "soldout";
 struct Holders {
     users: Option<Arc<HashSet<String>>>,
     loaded_at: Option<Instant>,
+    /// The deal's freed units (see `inventory::Totals`), read just before `users`. While
+    /// PostgreSQL shows the same count, nobody can have ordered since; once it moved, stock
+    /// went round (given back, sold again, perhaps through another instance whose answer
+    /// was lost) and the users are read again at the next refresh.
+    freed: Option<i64>,
 }
 
 /// What the mirror says about orders for a deal.
@@ -214,7 +219,7 @@ impl SoldOut {
     /// the set PostgreSQL implies.
     pub async fn refresh(&self, pool: &PgPool) -> Result<(), StoreError> {
         let smembers = redis::cmd("SMEMBERS").arg(self.redis.key(SET_KEY)).clone();
-        let flagged = match self.redis.run::<Vec<String>>(&smembers).await {
+        let flagged: HashMap<String, i64> = match self.redis.run::<Vec<String>>(&smembers).await {
             Ok(members) => {
                 if !self.redis_healthy.swap(true, Ordering::Relaxed) {
                     self.share_all(pool).await?;
@@ -226,23 +231,31 @@ impl SoldOut {
                 sold_out_in_postgres(pool).await?
             }
         };
-        self.mirror.retain(|deal, _| flagged.contains(&**deal));
-        for deal in flagged {
-            self.mirror.entry(deal.into_boxed_str()).or_default();
+        self.mirror.retain(|deal, _| flagged.contains_key(&**deal));
+        for deal in flagged.keys() {
+            self.mirror.entry(deal.as_str().into()).or_default();
         }
         self.publish();
         metrics::gauge!(telemetry::SOLD_OUT_DEALS).set(self.mirror.len() as f64);
-        self.reload_holders(pool).await;
+        self.reload_holders(pool, &flagged).await;
         Ok(())
     }
 
-    /// Removes from Redis the flags PostgreSQL no longer backs; returns the rest.
+    /// Removes from Redis the flags PostgreSQL no longer backs; returns the rest, each
+    /// with its freed units.
     async fn drop_stale(
         &self,
         pool: &PgPool,
         members: Vec<String>,
-    ) -> Result<HashSet<String>, StoreError> {
-        let stale = unbacked(pool, &members).await?;
+    ) -> Result<HashMap<String, i64>, StoreError> {
+        if members.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let backed = sold_out_among(pool, Some(&members)).await?;
+        let stale: Vec<&String> = members
+            .iter()
+            .filter(|m| !backed.contains_key(*m))
+            .collect();
         if !stale.is_empty() {
             let srem = redis::cmd("SREM")
                 .arg(self.redis.key(SET_KEY))
@@ -250,7 +263,7 @@ impl SoldOut {
                 .clone();
             let _ = self.redis.run::<i64>(&srem).await;
         }
-        Ok(members.into_iter().filter(|m| !stale.contains(m)).collect())
+        Ok(backed)
     }
 
     /// Redis came (back) up: share every flag PostgreSQL backs, since marks made while it
@@ -260,14 +273,16 @@ impl SoldOut {
         if !sold_out.is_empty() {
             let sadd = redis::cmd("SADD")
                 .arg(self.redis.key(SET_KEY))
-                .arg(Vec::from_iter(sold_out))
+                .arg(Vec::from_iter(sold_out.into_keys()))
                 .clone();
             let _ = self.redis.run::<i64>(&sadd).await;
         }
         Ok(())
     }
 
-    async fn reload_holders(&self, pool: &PgPool) {
+    /// Reads again the holders of flagged deals read long ago, or whose stock went round
+    /// since (`freed_now`: each flagged deal's freed units, just read).
+    async fn reload_holders(&self, pool: &PgPool, freed_now: &HashMap<String, i64>) {
         let due: Vec<String> = self
             .mirror
             .iter()
@@ -275,6 +290,7 @@ impl SoldOut {
                 entry
                     .loaded_at
                     .is_none_or(|at| at.elapsed() >= self.holders_ttl)
+                    || entry.freed != freed_now.get(&**entry.key()).copied()
             })
             .map(|entry| entry.key().to_string())
             .collect();
@@ -288,8 +304,15 @@ impl SoldOut {
     /// and the next refresh reads again. Taking the failure for "nobody" would refuse as
     /// sold out the retry of an order placed just before PostgreSQL went away.
     async fn load_holders(&self, pool: &PgPool, deal_id: &str) {
-        let users = match holders(pool, deal_id, self.holders_max).await {
-            Ok(users) => users,
+        // The freed units first: an order placed after the users are read must have taken
+        // units freed after this count, so the count moves and the users are read again.
+        let read = async {
+            let freed = inventory::totals(pool, &[deal_id.to_owned()]).await?;
+            let freed = freed.get(deal_id).map_or(0, |t| t.freed);
+            Ok::<_, StoreError>((freed, holders(pool, deal_id, self.holders_max).await?))
+        };
+        let (freed, users) = match read.await {
+            Ok(read) => read,
             Err(error) => {
                 tracing::debug!(%error, deal_id, "holders of a sold-out deal not read");
                 return;
@@ -298,6 +321,7 @@ impl SoldOut {
         if let Some(mut holders) = self.mirror.get_mut(deal_id) {
             holders.users = Some(Arc::new(users));
             holders.loaded_at = Some(Instant::now());
+            holders.freed = Some(freed);
         }
         self.publish();
     }
@@ -318,25 +342,13 @@ impl SoldOut {
     }
 }
 
-/// Of `flagged`, those PostgreSQL does not back: unknown deals, deals whose sale ended,
-/// and deals with units available again.
-async fn unbacked(pool: &PgPool, flagged: &[String]) -> Result<HashSet<String>, StoreError> {
-    if flagged.is_empty() {
-        return Ok(HashSet::new());
-    }
-    let backed = sold_out_among(pool, Some(flagged)).await?;
-    Ok(flagged
-        .iter()
-        .filter(|deal| !backed.contains(*deal))
-        .cloned()
-        .collect())
-}
-
-/// Of `deals` (every deal when `None`), those still on sale (or upcoming) with no units left.
+/// Of `deals` (every deal when `None`), those still on sale (or upcoming) with no units
+/// left, each with its freed units. Unknown deals, deals whose sale ended and deals with
+/// units available again are absent.
 async fn sold_out_among(
     pool: &PgPool,
     deals: Option<&[String]>,
-) -> Result<HashSet<String>, StoreError> {
+) -> Result<HashMap<String, i64>, StoreError> {
     let on_sale: Vec<String> = sqlx::query_scalar(
         "SELECT id FROM deals
           WHERE (ends_at IS NULL OR ends_at > now()) AND ($1::text[] IS NULL OR id = ANY($1))",
@@ -348,7 +360,7 @@ async fn sold_out_among(
     Ok(totals
         .into_iter()
         .filter(|(_, t)| t.available == 0)
-        .map(|(deal, _)| deal)
+        .map(|(deal, t)| (deal, t.freed))
         .collect())
 }
 
@@ -372,6 +384,6 @@ async fn holders(
 }
 
 /// Every deal still on sale (or upcoming) with no units left.
-async fn sold_out_in_postgres(pool: &PgPool) -> Result<HashSet<String>, StoreError> {
+async fn sold_out_in_postgres(pool: &PgPool) -> Result<HashMap<String, i64>, StoreError> {
     sold_out_among(pool, None).await
 }

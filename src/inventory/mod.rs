@@ -78,6 +78,9 @@ pub struct Totals {
     pub available: i64,
     pub reserved: i64,
     pub sold: i64,
+    /// Units that became available again since the deal opened (given back or added); it
+    /// only grows, so an unchanged value means nobody could order in between.
+    pub freed: i64,
 }
 
 /// Stock totals of `deal_ids` (deals without buckets are absent). The one place that
@@ -86,8 +89,9 @@ pub async fn totals(
     pool: &PgPool,
     deal_ids: &[String],
 ) -> Result<HashMap<String, Totals>, StoreError> {
-    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
-        "SELECT deal_id, sum(available)::bigint, sum(reserved)::bigint, sum(sold)::bigint
+    let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
+        "SELECT deal_id, sum(available)::bigint, sum(reserved)::bigint, sum(sold)::bigint,
+                sum(freed)::bigint
            FROM inventory_buckets WHERE deal_id = ANY($1) GROUP BY deal_id",
     )
     .bind(deal_ids)
@@ -95,13 +99,14 @@ pub async fn totals(
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(deal, available, reserved, sold)| {
+        .map(|(deal, available, reserved, sold, freed)| {
             (
                 deal,
                 Totals {
                     available,
                     reserved,
                     sold,
+                    freed,
                 },
             )
         })

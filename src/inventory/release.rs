@@ -97,7 +97,8 @@ pub async fn release(tx: &mut PgConnection, orders: &[HeldOrder]) -> Result<(), 
                     RETURNING deal_id, bucket, quantity),
               t AS (SELECT deal_id, bucket, sum(quantity)::bigint AS q FROM l GROUP BY deal_id, bucket),
               u AS (UPDATE inventory_buckets b
-                       SET available = b.available + t.q, reserved = b.reserved - t.q
+                       SET available = b.available + t.q, reserved = b.reserved - t.q,
+                           freed = b.freed + t.q
                       FROM t WHERE b.deal_id = t.deal_id AND b.bucket = t.bucket
                     RETURNING t.q)
          SELECT COALESCE(sum(q), 0)::bigint FROM u",

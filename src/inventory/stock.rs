@@ -39,7 +39,8 @@ pub async fn adjust(pool: &PgPool, deal_id: &str, delta: i64) -> Result<(), Stoc
         .map_err(StoreError::from)?;
     let (ids, deltas): (Vec<i32>, Vec<i64>) = changes.into_iter().unzip();
     sqlx::query(
-        "UPDATE inventory_buckets b SET available = b.available + t.d
+        "UPDATE inventory_buckets b
+            SET available = b.available + t.d, freed = b.freed + greatest(t.d, 0)
            FROM unnest($2::int[], $3::bigint[]) AS t(bucket, d)
           WHERE b.deal_id = $1 AND b.bucket = t.bucket",
     )

@@ -243,3 +243,31 @@ async fn a_sell_out_seen_as_the_database_goes_away_still_lets_holders_replay() {
     assert_eq!(sold_out.flag(&deal), Flag::SoldOutWithHolders);
     assert!(sold_out.may_replay(&deal, "buyer-of-the-last-units"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_mirror_on_another_instance_learns_who_ordered_while_the_stock_went_round() {
+    // Arrange: one unit, sold to alice through the gateway; a second instance's mirror
+    // flags the deal and reads its holders.
+    let app = spawn_app().await;
+    let deal = app.given_deal(&new_deal("round", 1, 1)).await;
+    let alice = app.order("alice", &deal, 1).await.expect(201);
+    let redis = RedisHandle::from_settings(&app.settings.redis);
+    redis.connect().await;
+    let other = SoldOut::new(redis, 1_000, Duration::from_secs(3_600));
+    other.refresh(&app.db).await.unwrap();
+    assert!(other.may_replay(&deal, "alice") && !other.may_replay(&deal, "bob"));
+
+    // Act: the unit goes back and is sold to bob before the other instance looks again,
+    // so the deal is sold out at each of its refreshes.
+    let cancelled = app
+        .cancel_order(&app.token("alice"), alice["order_id"].as_str().unwrap())
+        .await;
+    cancelled.expect(200);
+    app.order("bob", &deal, 1).await.expect(201);
+    other.refresh(&app.db).await.unwrap();
+
+    // Assert: a retry of bob's order there reaches PostgreSQL instead of a sold-out answer.
+    assert_eq!(other.flag(&deal), Flag::SoldOutWithHolders);
+    assert!(other.may_replay(&deal, "bob"));
+    app.cleanup().await;
+}
