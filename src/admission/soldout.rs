@@ -42,10 +42,11 @@ pub const SET_KEY: &str = "soldout";
 struct Holders {
     users: Option<Arc<HashSet<String>>>,
     loaded_at: Option<Instant>,
-    /// The deal's freed units (see `inventory::Totals`), read just before `users`. While
-    /// PostgreSQL shows the same count, nobody can have ordered since; once it moved, stock
-    /// went round (given back, sold again, perhaps through another instance whose answer
-    /// was lost) and the users are read again at the next refresh.
+    /// The deal's freed units (see `inventory::Totals`), read with `users` while nothing
+    /// was available. While PostgreSQL shows the same count, nobody can have ordered since;
+    /// once it moved, stock went round (given back, sold again, perhaps through another
+    /// instance whose answer was lost) and the users are read again at the next refresh.
+    /// `None` when units were left at that read: buyers may follow unseen, so read again.
     freed: Option<i64>,
 }
 
@@ -304,24 +305,23 @@ impl SoldOut {
     /// and the next refresh reads again. Taking the failure for "nobody" would refuse as
     /// sold out the retry of an order placed just before PostgreSQL went away.
     async fn load_holders(&self, pool: &PgPool, deal_id: &str) {
-        // The freed units first: an order placed after the users are read must have taken
-        // units freed after this count, so the count moves and the users are read again.
-        let read = async {
-            let freed = inventory::totals(pool, &[deal_id.to_owned()]).await?;
-            let freed = freed.get(deal_id).map_or(0, |t| t.freed);
-            Ok::<_, StoreError>((freed, holders(pool, deal_id, self.holders_max).await?))
-        };
-        let (freed, users) = match read.await {
+        let read = match inventory::holders(pool, deal_id, self.holders_max).await {
             Ok(read) => read,
             Err(error) => {
                 tracing::debug!(%error, deal_id, "holders of a sold-out deal not read");
                 return;
             }
         };
+        // Beyond the cap nobody is remembered, and every retry is answered sold out.
+        let users = if read.users.len() > self.holders_max {
+            HashSet::new()
+        } else {
+            read.users.into_iter().collect()
+        };
         if let Some(mut holders) = self.mirror.get_mut(deal_id) {
             holders.users = Some(Arc::new(users));
             holders.loaded_at = Some(Instant::now());
-            holders.freed = Some(freed);
+            holders.freed = (read.available == 0).then_some(read.freed);
         }
         self.publish();
     }
@@ -362,25 +362,6 @@ async fn sold_out_among(
         .filter(|(_, t)| t.available == 0)
         .map(|(deal, t)| (deal, t.freed))
         .collect())
-}
-
-/// Users who ever ordered `deal_id`; empty when there are more than `users_max`.
-async fn holders(
-    pool: &PgPool,
-    deal_id: &str,
-    users_max: usize,
-) -> Result<HashSet<String>, StoreError> {
-    let limit = i64::try_from(users_max).unwrap_or(i64::MAX - 1) + 1;
-    let users: Vec<String> =
-        sqlx::query_scalar("SELECT DISTINCT user_id FROM orders WHERE deal_id = $1 LIMIT $2")
-            .bind(deal_id)
-            .bind(limit)
-            .fetch_all(pool)
-            .await?;
-    if users.len() > users_max {
-        return Ok(HashSet::new());
-    }
-    Ok(users.into_iter().collect())
 }
 
 /// Every deal still on sale (or upcoming) with no units left.

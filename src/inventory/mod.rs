@@ -145,6 +145,41 @@ pub async fn available_and_holders(
         .collect())
 }
 
+/// Who ever held units of a deal, with its available and freed units, read in one
+/// statement and so one snapshot (see `holders`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Holders {
+    /// At most the `users_max + 1` first found, so that a caller sees when there are more.
+    pub users: Vec<String>,
+    pub available: i64,
+    pub freed: i64,
+}
+
+/// Users who ever held units of `deal_id` (a placed order keeps its user's counter row,
+/// even at zero units; a refused request leaves none). With nothing available in the same
+/// snapshot, anyone who orders later takes units freed later, so `freed` moves.
+pub async fn holders(
+    pool: &PgPool,
+    deal_id: &str,
+    users_max: usize,
+) -> Result<Holders, StoreError> {
+    let limit = i64::try_from(users_max).unwrap_or(i64::MAX - 1) + 1;
+    let (available, freed, users): (i64, i64, Vec<String>) = sqlx::query_as(
+        "SELECT coalesce(sum(b.available), 0)::bigint, coalesce(sum(b.freed), 0)::bigint,
+                ARRAY(SELECT c.user_id FROM user_deal_units c WHERE c.deal_id = $1 LIMIT $2)
+           FROM inventory_buckets b WHERE b.deal_id = $1",
+    )
+    .bind(deal_id)
+    .bind(limit)
+    .fetch_one(pool)
+    .await?;
+    Ok(Holders {
+        users,
+        available,
+        freed,
+    })
+}
+
 /// Units still available for `deal_id`, as committed.
 pub async fn available(pool: &PgPool, deal_id: &str) -> Result<i64, StoreError> {
     let totals = totals(pool, &[deal_id.to_owned()]).await?;

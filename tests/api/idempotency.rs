@@ -271,3 +271,25 @@ async fn a_mirror_on_another_instance_learns_who_ordered_while_the_stock_went_ro
     assert!(other.may_replay(&deal, "bob"));
     app.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn holders_read_while_units_were_left_are_read_again() {
+    // Arrange: a mirror flags a deal whose last unit is still there (its flag came from a
+    // read that went stale), and reads its holders: nobody yet.
+    let app = spawn_app().await;
+    let deal = app.given_deal(&new_deal("stale", 1, 1)).await;
+    let redis = RedisHandle::from_settings(&app.settings.redis);
+    redis.connect().await;
+    let other = SoldOut::new(redis, 1_000, Duration::from_secs(3_600));
+    other.mark(&app.db, &deal).await;
+    assert!(!other.may_replay(&deal, "bob"));
+
+    // Act: bob takes the last unit, without any unit being freed.
+    app.order("bob", &deal, 1).await.expect(201);
+    other.refresh(&app.db).await.unwrap();
+
+    // Assert
+    assert_eq!(other.flag(&deal), Flag::SoldOutWithHolders);
+    assert!(other.may_replay(&deal, "bob"));
+    app.cleanup().await;
+}
