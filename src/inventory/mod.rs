@@ -79,7 +79,7 @@ pub struct Totals {
     pub reserved: i64,
     pub sold: i64,
     /// Units that became available again since the deal opened (given back or added); it
-    /// only grows, so an unchanged value means nobody could order in between.
+    /// only grows (see `holders` for what an unchanged value tells).
     pub freed: i64,
 }
 
