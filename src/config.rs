@@ -22,6 +22,9 @@ pub use urls::redact_url;
 /// The defaults, shipped inside the binary.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
+/// Most runtime worker threads `server.worker_threads` may ask for.
+const WORKER_THREADS_MAX: usize = 1024;
+
 /// Environment variables with fixed names, and the key each one sets.
 const NAMED_ENV: [(&str, &str); 7] = [
     ("DATABASE_URL", "database.url"),
@@ -65,6 +68,8 @@ pub struct ServerSettings {
     pub listen: SocketAddr,
     /// The operations listener: `/metrics`, `/admin/*`, health. Keep it off the internet.
     pub ops_listen: SocketAddr,
+    /// Runtime worker threads; 0 means one per core.
+    pub worker_threads: usize,
     pub header_bytes_max: usize,
     pub body_bytes_max: usize,
     pub header_read_timeout_ms: u64,
@@ -523,6 +528,10 @@ impl Settings {
         check(
             s.request_timeout_ms > 0,
             "server.request_timeout_ms must be > 0",
+        )?;
+        check(
+            s.worker_threads <= WORKER_THREADS_MAX,
+            "server.worker_threads must be at most 1024 (0: one per core)",
         )?;
         check(s.connections_max > 0, "server.connections_max must be > 0")?;
         check(
@@ -1001,5 +1010,15 @@ mod tests {
         let mut settings = Settings::defaults();
         settings.soldout.refresh_interval_ms = 5000;
         assert!(settings.validate().is_err());
+    }
+
+    #[test]
+    fn worker_threads_are_bounded() {
+        let mut settings = Settings::defaults();
+        settings.server.worker_threads = 1;
+        settings.validate().unwrap();
+        settings.server.worker_threads = WORKER_THREADS_MAX + 1;
+        let error = settings.validate().unwrap_err().to_string();
+        assert!(error.contains("server.worker_threads"), "{error}");
     }
 }

@@ -126,10 +126,11 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     telemetry::init_logging(&settings.telemetry);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if settings.server.worker_threads > 0 {
+        runtime.worker_threads(settings.server.worker_threads);
+    }
+    let runtime = match runtime.enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("flashgate: cannot start the runtime: {error}");
