@@ -387,11 +387,21 @@ async fn record_payment_backlog(pool: &PgPool) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Drops idle limiter keys. A pass visits every key (tens of milliseconds for hundreds of
+/// thousands of users), so it runs on a blocking thread: on a request thread it would stall
+/// every request queued behind it.
 async fn forget_idle_limits(state: Arc<State>, shutdown: CancellationToken) {
     let interval = millis(state.settings.limits.retain_interval_ms);
     while !sleep_or_shutdown(interval, &shutdown).await {
-        state.admission.limits().forget_idle();
-        state.admission.global_limits().forget_idle();
+        let state = state.clone();
+        let swept = tokio::task::spawn_blocking(move || {
+            state.admission.limits().forget_idle();
+            state.admission.global_limits().forget_idle();
+        })
+        .await;
+        if let Err(error) = swept {
+            tracing::error!(%error, "forgetting idle rate-limit keys failed");
+        }
     }
 }
 
