@@ -18,6 +18,7 @@ use crate::admission::Rejection;
 use crate::deals::{Deal, Window};
 use crate::domain::{DealId, IdempotencyKey, OrderStatus, Quantity, UserId};
 use crate::orders::{self, Order, OrderError};
+use crate::payments::Payments;
 use crate::payments::attempts::{self, Attempt};
 use crate::payments::checkout::PaymentView;
 
@@ -215,15 +216,20 @@ pub async fn place_admissible(state: &State, request: Request<Incoming>, deal_id
     super::router::record_user(&admitted.user);
     admitted.quantity = match quantity {
         Ok(quantity) => quantity,
-        Err(invalid) => return Err(refuse_quantity(pool, &admitted.user, &key, invalid).await),
+        Err(invalid) => {
+            return Err(Box::pin(refuse_quantity(pool, &admitted.user, &key, invalid)).await);
+        }
     };
     let pass = admitted.pass.clone();
     let placed = state.orders.place(admitted, key).await?;
     if let Some(pass) = pass.as_ref().filter(|_| !placed.replayed) {
         let room = state.admission.waiting_room();
-        room.release(&placed.order.deal_id, &pass.pass_id).await;
+        Box::pin(room.release(&placed.order.deal_id, &pass.pass_id)).await;
     }
-    let attempt = payment_of_placed(state, &placed.order).await;
+    let attempt = match state.payments.as_ref() {
+        Some(payments) => Box::pin(payment_of_placed(state, payments, &placed.order)).await,
+        None => None,
+    };
     let view = OrderView::new(&placed.order, OrderStatus::PendingPayment, attempt.as_ref())
         .with_hold_end(state);
     let mut response = body::respond(StatusCode::CREATED, &view, Caching::Private);
@@ -240,8 +246,7 @@ pub async fn place_admissible(state: &State, request: Request<Incoming>, deal_id
 /// the answer into a 5xx: a client told to retry may meet a sold-out mirror that does not
 /// know it holds an order yet. The order is answered without its payment, which
 /// `POST /v1/orders/{id}/payments` starts or returns.
-async fn payment_of_placed(state: &State, order: &Order) -> Option<Attempt> {
-    let payments = state.payments.as_ref()?;
+async fn payment_of_placed(state: &State, payments: &Payments, order: &Order) -> Option<Attempt> {
     let pending = order.status() == OrderStatus::PendingPayment;
     payments
         .for_new_order(&state.pools.request, order.id, order.expires_at, pending)
