@@ -4,8 +4,12 @@
 //!
 //! Each measured connection reads one request per read (as a keep-alive client sends
 //! them) and writes every answer to a counter; the time per request is the whole loop
-//! divided by the requests. Neither PostgreSQL nor Redis is reached: the sold-out flag is
-//! set in memory, and a refusal must not need either.
+//! divided by the requests. Neither PostgreSQL nor Redis is reached while measuring: the
+//! gateway's pools point nowhere, and a refusal must not need either. Before, the sold-out
+//! mirror learns from PostgreSQL that nobody holds the deal, as in a running gateway (while
+//! it does not know, it lets requests through to PostgreSQL): the deal is created with no
+//! stock in a database of its own (`DATABASE_URL`, default the local `test` database's
+//! server), which is dropped once the mirror has read it.
 //!
 //! Run with `cargo bench --bench refusal`.
 
@@ -20,11 +24,14 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use flashgate::admission::Admission;
 use flashgate::auth::mint_token_for;
 use flashgate::config::Settings;
+use flashgate::deals::{self, NewDeal};
+use flashgate::domain::DealId;
 use flashgate::http::{State, serve_public};
 use flashgate::inventory::StockEvents;
 use flashgate::redis_link::{RedisHandle, RedisTimeouts};
 use flashgate::store::Pools;
 use hyper::rt::{Read, ReadBufCursor, Write};
+use sqlx::PgPool;
 
 const DEAL: &str = "sold-out";
 
@@ -167,7 +174,9 @@ fn state(runtime: &tokio::runtime::Runtime, per_ip_limited: bool) -> Arc<State> 
             Duration::from_secs(60),
         );
         let admission = Admission::new(&settings, redis.clone());
-        admission.sold_out().mark(&pools.background, DEAL).await;
+        let holders = HoldersDatabase::create().await;
+        admission.sold_out().mark(&holders.pool, DEAL).await;
+        holders.drop().await;
         State::new(
             Arc::new(settings),
             pools,
@@ -177,6 +186,62 @@ fn state(runtime: &tokio::runtime::Runtime, per_ip_limited: bool) -> Arc<State> 
             StockEvents::default(),
         )
     })
+}
+
+/// A database holding the sold-out deal with no stock and no orders.
+struct HoldersDatabase {
+    admin: PgPool,
+    pool: PgPool,
+    name: String,
+}
+
+impl HoldersDatabase {
+    async fn create() -> Self {
+        let admin_url = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+        let admin = PgPool::connect(&admin_url)
+            .await
+            .expect("PostgreSQL is reachable");
+        let name = format!("fg_bench_{}", uuid::Uuid::now_v7().simple());
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&admin)
+            .await
+            .unwrap();
+        let mut settings = Settings::defaults();
+        settings.database.url = format!("{}/{name}", admin_url.rsplit_once('/').unwrap().0);
+        flashgate::store::migrate(&settings.database).await.unwrap();
+        let pool = PgPool::connect(&settings.database.url).await.unwrap();
+        deals::create(&pool, &sold_out_deal()).await.unwrap();
+        Self { admin, pool, name }
+    }
+
+    async fn drop(self) {
+        self.pool.close().await;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE {} WITH (FORCE)",
+            self.name
+        )))
+        .execute(&self.admin)
+        .await
+        .unwrap();
+    }
+}
+
+fn sold_out_deal() -> NewDeal {
+    NewDeal {
+        id: DealId::parse(DEAL).unwrap(),
+        name: DEAL.into(),
+        stock: 0,
+        buckets: 1,
+        unit_price_minor: 100,
+        currency: "EUR".into(),
+        per_user_limit: 1,
+        reservation_ttl_seconds: 600,
+        starts_at: None,
+        ends_at: None,
+        payment_terms: Default::default(),
+        waiting_room: Default::default(),
+    }
 }
 
 fn order_request(state: &State) -> Vec<u8> {
