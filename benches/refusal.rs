@@ -31,7 +31,11 @@ use flashgate::inventory::StockEvents;
 use flashgate::redis_link::{RedisHandle, RedisTimeouts};
 use flashgate::store::Pools;
 use hyper::rt::{Read, ReadBufCursor, Write};
-use sqlx::PgPool;
+
+#[path = "support/database.rs"]
+mod database;
+
+use database::BenchDatabase;
 
 const DEAL: &str = "sold-out";
 
@@ -174,7 +178,10 @@ fn state(runtime: &tokio::runtime::Runtime, per_ip_limited: bool) -> Arc<State> 
             Duration::from_secs(60),
         );
         let admission = Admission::new(&settings, redis.clone());
-        let holders = HoldersDatabase::create().await;
+        let holders = BenchDatabase::create().await;
+        deals::create(&holders.pool, &sold_out_deal())
+            .await
+            .unwrap();
         admission.sold_out().mark(&holders.pool, DEAL).await;
         holders.drop().await;
         State::new(
@@ -186,45 +193,6 @@ fn state(runtime: &tokio::runtime::Runtime, per_ip_limited: bool) -> Arc<State> 
             StockEvents::default(),
         )
     })
-}
-
-/// A database holding the sold-out deal with no stock and no orders.
-struct HoldersDatabase {
-    admin: PgPool,
-    pool: PgPool,
-    name: String,
-}
-
-impl HoldersDatabase {
-    async fn create() -> Self {
-        let admin_url = std::env::var("DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-        let admin = PgPool::connect(&admin_url)
-            .await
-            .expect("PostgreSQL is reachable");
-        let name = format!("fg_bench_{}", uuid::Uuid::now_v7().simple());
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&admin)
-            .await
-            .unwrap();
-        let mut settings = Settings::defaults();
-        settings.database.url = format!("{}/{name}", admin_url.rsplit_once('/').unwrap().0);
-        flashgate::store::migrate(&settings.database).await.unwrap();
-        let pool = PgPool::connect(&settings.database.url).await.unwrap();
-        deals::create(&pool, &sold_out_deal()).await.unwrap();
-        Self { admin, pool, name }
-    }
-
-    async fn drop(self) {
-        self.pool.close().await;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE {} WITH (FORCE)",
-            self.name
-        )))
-        .execute(&self.admin)
-        .await
-        .unwrap();
-    }
 }
 
 fn sold_out_deal() -> NewDeal {

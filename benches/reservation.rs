@@ -9,21 +9,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use flashgate::config::Settings;
 use flashgate::deals::{self, NewDeal};
 use flashgate::domain::DealId;
 use flashgate::orders::batch::{BatchOptions, Request, place_batch};
 use flashgate::orders::fingerprint;
-use sqlx::PgPool;
 use tokio::runtime::Runtime;
+
+#[path = "support/database.rs"]
+mod database;
+
+use database::BenchDatabase;
 
 const STOCK: i64 = 100_000_000;
 
 struct Bench {
     runtime: Runtime,
-    pool: PgPool,
-    admin_url: String,
-    database: String,
+    database: BenchDatabase,
 }
 
 fn setup() -> Bench {
@@ -31,28 +32,8 @@ fn setup() -> Bench {
         .enable_all()
         .build()
         .unwrap();
-    let admin_url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let database = format!("fg_bench_{}", uuid::Uuid::now_v7().simple());
-    let pool = runtime.block_on(async {
-        let admin = PgPool::connect(&admin_url)
-            .await
-            .expect("PostgreSQL is reachable");
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
-            .execute(&admin)
-            .await
-            .unwrap();
-        let mut settings = Settings::defaults();
-        settings.database.url = format!("{}/{database}", admin_url.rsplit_once('/').unwrap().0);
-        flashgate::store::migrate(&settings.database).await.unwrap();
-        PgPool::connect(&settings.database.url).await.unwrap()
-    });
-    Bench {
-        runtime,
-        pool,
-        admin_url,
-        database,
-    }
+    let database = runtime.block_on(BenchDatabase::create());
+    Bench { runtime, database }
 }
 
 fn deal(bench: &Bench, id: &str, buckets: i32) -> Arc<deals::Deal> {
@@ -73,7 +54,7 @@ fn deal(bench: &Bench, id: &str, buckets: i32) -> Arc<deals::Deal> {
     Arc::new(
         bench
             .runtime
-            .block_on(deals::create(&bench.pool, &new))
+            .block_on(deals::create(&bench.database.pool, &new))
             .unwrap(),
     )
 }
@@ -102,7 +83,7 @@ fn single(c: &mut Criterion, bench: &Bench) {
                 let options = BatchOptions::default();
                 bench
                     .runtime
-                    .block_on(place_batch(&bench.pool, &deal, &batch, &options))
+                    .block_on(place_batch(&bench.database.pool, &deal, &batch, &options))
                     .unwrap()
             })
         });
@@ -124,7 +105,7 @@ fn batched(c: &mut Criterion, bench: &Bench) {
                         let options = BatchOptions::default();
                         bench
                             .runtime
-                            .block_on(place_batch(&bench.pool, &deal, &batch, &options))
+                            .block_on(place_batch(&bench.database.pool, &deal, &batch, &options))
                             .unwrap();
                     }
                     started
@@ -140,16 +121,7 @@ fn reservation(c: &mut Criterion) {
     let bench = setup();
     single(c, &bench);
     batched(c, &bench);
-    bench.runtime.block_on(async {
-        bench.pool.close().await;
-        let admin = PgPool::connect(&bench.admin_url).await.unwrap();
-        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE {} WITH (FORCE)",
-            bench.database
-        )))
-        .execute(&admin)
-        .await;
-    });
+    bench.runtime.block_on(bench.database.drop());
 }
 
 criterion_group! {
