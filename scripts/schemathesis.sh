@@ -12,6 +12,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
+# The database the fresh one is created from and dropped from: a database cannot be dropped
+# over a connection to itself.
+ADMIN_URL="$DATABASE_URL"
 REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
 
 if ! command -v schemathesis >/dev/null 2>&1; then
@@ -34,12 +37,12 @@ cleanup() {
         kill "$server" 2>/dev/null || true
         wait "$server" 2>/dev/null || true
     fi
-    psql -q "$DATABASE_URL" -c "DROP DATABASE IF EXISTS \"$database\" WITH (FORCE)" >/dev/null 2>&1 || true
+    psql -q "$ADMIN_URL" -c "DROP DATABASE IF EXISTS \"$database\" WITH (FORCE)" >/dev/null 2>&1 || true
     rm -f "$log"
 }
 trap cleanup EXIT
 
-psql -q "$DATABASE_URL" -c "CREATE DATABASE \"$database\""
+psql -q "$ADMIN_URL" -c "CREATE DATABASE \"$database\""
 
 export DATABASE_URL="$base/$database"
 export REDIS_URL
