@@ -198,7 +198,8 @@ pub(super) async fn lock_order(
     attempt: &Attempt,
 ) -> Result<LockedOrder, StoreError> {
     let order = settlement::lock(tx, attempt.order_id).await?;
-    // The foreign key guarantees the order exists.
+    // Attempts are only ever created from their order's row, and orders with attempts are
+    // never deleted.
     Ok(order.expect("every attempt belongs to an order"))
 }
 
