@@ -4,5 +4,5 @@
 -- statements that create attempts select the order row they attach to (the batch's hook
 -- for the orders it placed, and a later attempt under the order's lock), and an order that
 -- has attempts is never deleted: the batch removes only orders it refused, before its hook
--- runs. `lock_order` in payments asserts the order is there whenever an attempt is settled.
+-- runs. A settlement whose attempt has no order is refused and rolled back.
 ALTER TABLE payment_attempts DROP CONSTRAINT payment_attempts_order_id_fkey;

@@ -197,10 +197,13 @@ pub(super) async fn lock_order(
     tx: &mut PgConnection,
     attempt: &Attempt,
 ) -> Result<LockedOrder, StoreError> {
-    let order = settlement::lock(tx, attempt.order_id).await?;
     // Attempts are only ever created from their order's row, and orders with attempts are
-    // never deleted.
-    Ok(order.expect("every attempt belongs to an order"))
+    // never deleted. Should one be missing all the same, the settlement is refused and
+    // rolled back (the provider retries), never applied to nothing.
+    settlement::lock(tx, attempt.order_id).await?.ok_or_else(|| {
+        tracing::error!(attempt = %attempt.id, order = %attempt.order_id, "payment attempt without its order");
+        StoreError::Unexpected(sqlx::Error::RowNotFound)
+    })
 }
 
 async fn succeeded(tx: &mut PgConnection, attempt: &Attempt) -> Result<Applied, StoreError> {

@@ -183,3 +183,43 @@ async fn a_signed_event_whose_amount_differs_from_the_order_is_refused_and_count
     app.assert_invariants(&deal).await;
     app.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_event_for_an_attempt_whose_order_is_missing_is_refused_and_changes_nothing() {
+    let app = spawn_pay_app().await;
+    let deal = app.given_deal(&new_deal("orphan1", 10, 2)).await;
+    let alice = app.token("alice");
+    let order = app.place_order(&alice, &deal, "k1", 1).await.expect(201);
+    let order_id = order["order_id"].as_str().unwrap();
+    let intent = app.sim.intent(&crate::helpers::intent_id(&order)).await;
+    // No code path detaches an attempt from its order; the test forges that broken
+    // invariant to show a settlement never applies to an order that is not there.
+    let detached = sqlx::query(
+        "UPDATE payment_attempts SET order_id = gen_random_uuid() WHERE order_id = $1::uuid",
+    )
+    .bind(order_id)
+    .execute(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(detached.rows_affected(), 1);
+    let before = payment_snapshot(&app.db, &deal).await;
+
+    let body = succeeded_event("evt_orphan_1", &intent).to_string();
+    let signature = sign(SIM_WEBHOOK_SECRET.as_bytes(), now(), body.as_bytes());
+    let reply = post_webhook(&app, Some(&signature), body.as_bytes()).await;
+    assert!(
+        (500..600).contains(&reply.status),
+        "the provider is told to retry: {} {}",
+        reply.status,
+        reply.text
+    );
+
+    assert_eq!(payment_snapshot(&app.db, &deal).await, before);
+    assert!(payment_events(&app.db).await.is_empty());
+    assert_eq!(order_status(&app.db, order_id).await, "PENDING_PAYMENT");
+    assert_eq!(stock(&app.db, &deal).await, (9, 1, 0));
+    // The gateway is still serving.
+    let other = app.place_order(&app.token("bob"), &deal, "k1", 1).await;
+    other.expect(201);
+    app.cleanup().await;
+}
