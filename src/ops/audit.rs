@@ -42,10 +42,13 @@ pub enum Check {
     OrderState,
     /// No deal flagged sold out in Redis while PostgreSQL still has units on sale.
     SoldOutFlag,
+    /// Every payment attempt belongs to an order that exists (nothing but the way attempts
+    /// are created keeps it so: the row-by-row foreign key cost every purchase a lock).
+    AttemptOrder,
 }
 
 impl Check {
-    pub const ALL: [Check; 8] = [
+    pub const ALL: [Check; 9] = [
         Check::StockTotal,
         Check::NegativeBucket,
         Check::ReservedLines,
@@ -54,6 +57,7 @@ impl Check {
         Check::UserUnits,
         Check::OrderState,
         Check::SoldOutFlag,
+        Check::AttemptOrder,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -66,6 +70,7 @@ impl Check {
             Check::UserUnits => "user_units",
             Check::OrderState => "order_state",
             Check::SoldOutFlag => "sold_out_flag",
+            Check::AttemptOrder => "attempt_order",
         }
     }
 }
@@ -164,7 +169,7 @@ pub async fn run(
 }
 
 /// Each query returns `(deal_id, detail)` rows, one per violation.
-const SQL_CHECKS: [(Check, &str); 7] = [
+const SQL_CHECKS: [(Check, &str); 8] = [
     (
         Check::StockTotal,
         "SELECT d.id, format('stock_total %s, buckets hold %s', d.stock_total,
@@ -231,6 +236,13 @@ const SQL_CHECKS: [(Check, &str); 7] = [
           WHERE updated_at < created_at
              OR expires_at <= created_at
              OR (status = 'EXPIRED' AND updated_at < expires_at)",
+    ),
+    (
+        Check::AttemptOrder,
+        "SELECT ''::text, format('payment attempt %s (%s): its order %s does not exist',
+                                a.id, a.status, a.order_id)
+           FROM payment_attempts a
+          WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.id = a.order_id)",
     ),
 ];
 

@@ -218,8 +218,27 @@ async fn an_event_for_an_attempt_whose_order_is_missing_is_refused_and_changes_n
     assert!(payment_events(&app.db).await.is_empty());
     assert_eq!(order_status(&app.db, order_id).await, "PENDING_PAYMENT");
     assert_eq!(stock(&app.db, &deal).await, (9, 1, 0));
-    // The gateway is still serving.
+    // The gateway is still serving, and the audit names the attempt.
     let other = app.place_order(&app.token("bob"), &deal, "k1", 1).await;
     other.expect(201);
+    let audit = app
+        .client
+        .get(app.url("/admin/audit"))
+        .bearer_auth(&app.admin_token);
+    let report = send(audit).await.expect(200);
+    let findings = report["findings"].as_array().unwrap();
+    let orphans: Vec<&Value> = findings
+        .iter()
+        .filter(|f| f["check"] == "attempt_order")
+        .collect();
+    assert_eq!(orphans.len(), 1, "{report}");
+    assert_eq!(orphans[0]["deal_id"], "");
+    assert!(
+        orphans[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("does not exist"),
+        "{report}"
+    );
     app.cleanup().await;
 }
