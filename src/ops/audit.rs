@@ -42,8 +42,8 @@ pub enum Check {
     OrderState,
     /// No deal flagged sold out in Redis while PostgreSQL still has units on sale.
     SoldOutFlag,
-    /// Every payment attempt belongs to an order that exists (nothing but the way attempts
-    /// are created keeps it so: the row-by-row foreign key cost every purchase a lock).
+    /// Every payment attempt belongs to an order that exists. No foreign key enforces it
+    /// (checking one cost every purchase a row lock); the statements creating attempts do.
     AttemptOrder,
 }
 
