@@ -60,7 +60,7 @@ pub async fn reserve_again(
     assert!(quantity >= 1);
     let outcome: Option<String> = sqlx::query_scalar(
         "SELECT r.outcomes[1] FROM inventory_reserve_batch($1, ARRAY[$2::uuid], ARRAY[$3::text],
-                ARRAY[$4::int], ARRAY[0], $5, '{}', true) AS r",
+                ARRAY[$4::int], ARRAY[0], $5, '{}', true, false) AS r",
     )
     .bind(deal_id)
     .bind(order_id)
