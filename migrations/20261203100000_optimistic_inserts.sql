@@ -228,10 +228,15 @@ END
 $fn$;
 
 
-CREATE OR REPLACE FUNCTION orders_place_batch(
+-- Each answer also says whether the batch was decided the careful way (`rechecked`), which
+-- the gateway counts: a rising share means more replays or repeat buyers than the plain
+-- path expects.
+DROP FUNCTION orders_place_batch(text, uuid[], text[], text[], bytea[], int[], int[], int[],
+                                 boolean, text, text);
+CREATE FUNCTION orders_place_batch(
     p_deal text, p_ids uuid[], p_users text[], p_keys text[], p_fps bytea[], p_units int[],
     p_after int[], p_share int[], p_wait_all boolean, p_hook text, p_hook_arg text)
-RETURNS TABLE (n int, outcome text, available bigint, ran_out boolean,
+RETURNS TABLE (n int, outcome text, available bigint, ran_out boolean, rechecked boolean,
                id uuid, user_id text, deal_id text, status text, quantity int,
                amount_minor bigint, currency text, expires_at timestamptz,
                created_at timestamptz)
@@ -253,6 +258,7 @@ DECLARE
     late uuid[] := '{}';
     placed uuid[] := '{}';
     ran boolean := false;
+    careful boolean := false;
     k int;
 BEGIN
     SELECT x.unit_price_minor, x.currency, x.reservation_ttl_seconds, x.per_user_limit,
@@ -280,6 +286,7 @@ BEGIN
                                                d.per_user_limit, p_share, p_wait_all, true);
             fresh := array_fill(true, ARRAY[requests]);
         EXCEPTION WHEN unique_violation THEN
+            careful := true;
             WITH ins AS (
                 INSERT INTO orders (id, user_id, deal_id, idempotency_key, request_fingerprint,
                                     status, quantity, unit_price_minor, amount_minor, currency,
@@ -351,7 +358,7 @@ BEGIN
                 WHEN o.id IS NULL THEN 'sale_not_open'
                 WHEN o.request_fingerprint = p_fps[t.k] THEN 'replayed'
                 ELSE 'idempotency_conflict' END,
-           t.a, ran, o.id, o.user_id, o.deal_id, o.status, o.quantity, o.amount_minor,
+           t.a, ran, careful, o.id, o.user_id, o.deal_id, o.status, o.quantity, o.amount_minor,
            o.currency, o.expires_at, o.created_at
       FROM unnest(outcomes, left_after) WITH ORDINALITY AS t(o, a, k)
       LEFT JOIN LATERAL (

@@ -39,6 +39,7 @@ pub const SWEEPER_RUNS: &str = "flashgate_sweeper_runs_total";
 pub const RESERVATION_GROUPS: &str = "flashgate_reservation_groups_total";
 pub const GROUPED_ORDERS: &str = "flashgate_grouped_orders_total";
 pub const RESERVATION_BATCH_SIZE: &str = "flashgate_reservation_batch_size";
+pub const RESERVATION_BATCHES_RECHECKED: &str = "flashgate_reservation_batches_rechecked_total";
 pub const LANES_BUSY: &str = "flashgate_reservation_lanes_busy";
 pub const WEBHOOK_EVENTS: &str = "flashgate_webhook_events_total";
 pub const WEBHOOK_LAG: &str = "flashgate_webhook_lag_seconds";
@@ -249,6 +250,10 @@ fn describe() {
     describe_counter!(
         GROUPED_ORDERS,
         "Orders placed in a batch of more than one (any outcome)."
+    );
+    describe_counter!(
+        RESERVATION_BATCHES_RECHECKED,
+        "Reservation statements that met an existing idempotency key or per-user counter and were decided again the careful way."
     );
     describe_histogram!(
         RESERVATION_BATCH_SIZE,

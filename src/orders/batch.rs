@@ -79,6 +79,8 @@ struct Row {
     outcome: String,
     available: Option<i64>,
     ran_out: bool,
+    /// The batch met an existing key or counter and was decided again with `ON CONFLICT`.
+    rechecked: bool,
     id: Option<Uuid>,
     user_id: Option<String>,
     deal_id: Option<String>,
@@ -171,6 +173,9 @@ async fn run(
         query.fetch_all(&mut *conn).await?
     };
     metrics::histogram!(telemetry::RESERVATION_TRANSACTION).record(running.elapsed().as_secs_f64());
+    if rows.first().is_some_and(|row| row.rechecked) {
+        metrics::counter!(telemetry::RESERVATION_BATCHES_RECHECKED).increment(1);
+    }
     assert!(
         rows.iter()
             .enumerate()

@@ -141,6 +141,103 @@ async fn per_user_limits_count_across_the_group_and_earlier_orders() {
     app.cleanup().await;
 }
 
+/// `flashgate_reservation_batches_rechecked_total` as `/metrics` gives it.
+async fn rechecked(app: &crate::helpers::TestApp) -> f64 {
+    crate::helpers::metric_value(
+        &app.metrics().await,
+        "flashgate_reservation_batches_rechecked_total",
+        "",
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_that_meets_an_existing_key_or_buyer_is_decided_again_and_counted() {
+    // Arrange: alice already holds 1 of her 2 units.
+    let app = spawn_app().await;
+    let mut deal_body = new_deal("recheck", 10, 2);
+    deal_body["per_user_limit"] = json!(2);
+    let id = app.given_deal(&deal_body).await;
+    app.place_order(&app.token("alice"), &id, "a-1", 1)
+        .await
+        .expect(201);
+    let deal: Deal = deals::load(&app.db, &id).await.unwrap().unwrap();
+    let before = rechecked(&app).await;
+
+    // Act: new keys of new buyers; then a replay; then a known buyer's new key, met only
+    // after the batch's orders were written.
+    let new_only = place_group(
+        &app.db,
+        &deal,
+        &[
+            request(&id, "bob", "b-1", 1),
+            request(&id, "carol", "c-1", 1),
+        ],
+    )
+    .await;
+    let after_new = rechecked(&app).await;
+    let with_replay = place_group(
+        &app.db,
+        &deal,
+        &[
+            request(&id, "dave", "d-1", 1),
+            request(&id, "alice", "a-1", 1),
+        ],
+    )
+    .await;
+    let after_replay = rechecked(&app).await;
+    let with_buyer = place_group(
+        &app.db,
+        &deal,
+        &[
+            request(&id, "erin", "e-1", 1),
+            request(&id, "alice", "a-2", 1),
+            request(&id, "alice", "a-3", 1),
+        ],
+    )
+    .await;
+    let after_buyer = rechecked(&app).await;
+
+    // Assert: each answer as if alone; only the last two batches took the careful way,
+    // and the first try of each left nothing behind.
+    let outcomes = |results: &[Result<Placed, OrderError>]| -> Vec<String> {
+        results.iter().map(outcome).collect()
+    };
+    assert_eq!(outcomes(&new_only), vec!["reserved:1", "reserved:1"]);
+    assert_eq!(outcomes(&with_replay), vec!["reserved:1", "replayed:1"]);
+    assert_eq!(
+        outcomes(&with_buyer),
+        vec!["reserved:1", "reserved:1", "per-user-limit"]
+    );
+    assert_eq!(
+        (
+            after_new - before,
+            after_replay - before,
+            after_buyer - before
+        ),
+        (0.0, 1.0, 2.0)
+    );
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE deal_id = $1")
+        .bind(&id)
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(
+        orders, 6,
+        "one order per reserved request, none for the refused"
+    );
+    let alice: i32 = sqlx::query_scalar(
+        "SELECT units FROM user_deal_units WHERE deal_id = $1 AND user_id = 'alice'",
+    )
+    .bind(&id)
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(alice, 2);
+    assert_eq!(app.inventory(&id).await["reserved"], json!(6));
+    app.assert_invariants(&id).await;
+    app.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_closed_sale_window_refuses_the_whole_group_but_replays_still_answer() {
     let app = spawn_app().await;
