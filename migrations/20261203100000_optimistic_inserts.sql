@@ -228,14 +228,16 @@ END
 $fn$;
 
 
--- Each answer also says whether the batch was decided the careful way (`rechecked`), which
--- the gateway counts: a rising share means more replays or repeat buyers than the plain
--- path expects.
+-- Each answer also says whether the plain inserts met an existing key or counter and the
+-- batch was decided again (`rechecked`). The gateway counts those, and after one it sends
+-- the deal's next few batches the careful way at once (`p_careful`), so that a storm of
+-- replays cannot make every batch pay for a plain attempt that fails.
 DROP FUNCTION orders_place_batch(text, uuid[], text[], text[], bytea[], int[], int[], int[],
                                  boolean, text, text);
 CREATE FUNCTION orders_place_batch(
     p_deal text, p_ids uuid[], p_users text[], p_keys text[], p_fps bytea[], p_units int[],
-    p_after int[], p_share int[], p_wait_all boolean, p_hook text, p_hook_arg text)
+    p_after int[], p_share int[], p_wait_all boolean, p_hook text, p_hook_arg text,
+    p_careful boolean)
 RETURNS TABLE (n int, outcome text, available bigint, ran_out boolean, rechecked boolean,
                id uuid, user_id text, deal_id text, status text, quantity int,
                amount_minor bigint, currency text, expires_at timestamptz,
@@ -258,7 +260,7 @@ DECLARE
     late uuid[] := '{}';
     placed uuid[] := '{}';
     ran boolean := false;
-    careful boolean := false;
+    again boolean := false;
     k int;
 BEGIN
     SELECT x.unit_price_minor, x.currency, x.reservation_ttl_seconds, x.per_user_limit,
@@ -268,25 +270,30 @@ BEGIN
       INTO d FROM deals x WHERE x.id = p_deal;
     IF FOUND AND d.open THEN
         -- In (user, key) order, so two batches sharing keys cannot wait on each other.
-        -- First as if every key and every user were new, the common case: plain inserts.
-        -- A key or a counter that exists raises `unique_violation`, which undoes this block
-        -- only, and the batch is decided again the careful way, exactly as before.
-        BEGIN
-            INSERT INTO orders (id, user_id, deal_id, idempotency_key, request_fingerprint,
-                                status, quantity, unit_price_minor, amount_minor, currency,
-                                expires_at, deal_name, late_payment_policy, capture_method)
-            SELECT j.id, j.u, p_deal, j.key, j.fp, 'PENDING_PAYMENT', j.q, d.unit_price_minor,
-                   d.unit_price_minor * j.q, d.currency,
-                   now() + make_interval(secs => d.reservation_ttl_seconds),
-                   d.name, d.late_payment_policy, d.capture_method
-              FROM unnest(p_ids, p_users, p_keys, p_fps, p_units) WITH ORDINALITY
-                   AS j(id, u, key, fp, q, k)
-             ORDER BY j.u, j.key, j.k;
-            decided := inventory_reserve_batch(p_deal, p_ids, p_users, p_units, p_after,
-                                               d.per_user_limit, p_share, p_wait_all, true);
-            fresh := array_fill(true, ARRAY[requests]);
-        EXCEPTION WHEN unique_violation THEN
-            careful := true;
+        -- Unless told to be careful, first as if every key and every user were new, the
+        -- common case: plain inserts. A key or a counter that exists raises
+        -- `unique_violation`, which undoes this block only; the batch is then decided again
+        -- the careful way, exactly as before.
+        IF NOT p_careful THEN
+            BEGIN
+                INSERT INTO orders (id, user_id, deal_id, idempotency_key, request_fingerprint,
+                                    status, quantity, unit_price_minor, amount_minor, currency,
+                                    expires_at, deal_name, late_payment_policy, capture_method)
+                SELECT j.id, j.u, p_deal, j.key, j.fp, 'PENDING_PAYMENT', j.q, d.unit_price_minor,
+                       d.unit_price_minor * j.q, d.currency,
+                       now() + make_interval(secs => d.reservation_ttl_seconds),
+                       d.name, d.late_payment_policy, d.capture_method
+                  FROM unnest(p_ids, p_users, p_keys, p_fps, p_units) WITH ORDINALITY
+                       AS j(id, u, key, fp, q, k)
+                 ORDER BY j.u, j.key, j.k;
+                decided := inventory_reserve_batch(p_deal, p_ids, p_users, p_units, p_after,
+                                                   d.per_user_limit, p_share, p_wait_all, true);
+                fresh := array_fill(true, ARRAY[requests]);
+            EXCEPTION WHEN unique_violation THEN
+                again := true;
+            END;
+        END IF;
+        IF p_careful OR again THEN
             WITH ins AS (
                 INSERT INTO orders (id, user_id, deal_id, idempotency_key, request_fingerprint,
                                     status, quantity, unit_price_minor, amount_minor, currency,
@@ -317,7 +324,7 @@ BEGIN
             END IF;
             decided := inventory_reserve_batch(p_deal, p_ids, p_users, units, p_after,
                                                d.per_user_limit, p_share, p_wait_all, false);
-        END;
+        END IF;
         outcomes := decided.outcomes;
         left_after := decided.left_after;
         ran := decided.ran_out;
@@ -358,7 +365,7 @@ BEGIN
                 WHEN o.id IS NULL THEN 'sale_not_open'
                 WHEN o.request_fingerprint = p_fps[t.k] THEN 'replayed'
                 ELSE 'idempotency_conflict' END,
-           t.a, ran, careful, o.id, o.user_id, o.deal_id, o.status, o.quantity, o.amount_minor,
+           t.a, ran, again, o.id, o.user_id, o.deal_id, o.status, o.quantity, o.amount_minor,
            o.currency, o.expires_at, o.created_at
       FROM unnest(outcomes, left_after) WITH ORDINALITY AS t(o, a, k)
       LEFT JOIN LATERAL (

@@ -199,6 +199,8 @@ pub struct OrderSettings {
     pub lanes: usize,
     /// Most orders placed in one batch (one statement, one transaction).
     pub batch_max: usize,
+    /// Batches of a deal placed the careful way after one met an existing key or buyer.
+    pub careful_after_recheck: u32,
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -72,6 +72,7 @@ impl State {
             batch_max: o.batch_max,
             retries_max: o.retries_max,
             commit_before_answer: settings.database.transaction_pooler,
+            careful_after_recheck: o.careful_after_recheck,
         };
         let hook = payments
             .as_ref()

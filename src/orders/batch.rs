@@ -60,6 +60,9 @@ pub struct BatchOptions {
     pub hook: Option<Arc<dyn PlacementHook>>,
     /// Runs the statement in a transaction of its own, committed before returning.
     pub commit_before_answer: bool,
+    /// Checks every key and buyer against those that exist (`ON CONFLICT`) from the start,
+    /// instead of inserting them plainly first and deciding again if one exists.
+    pub careful: bool,
 }
 
 /// The answers of a batch, one per request in order.
@@ -70,6 +73,8 @@ pub struct Batch {
     pub ran_out: bool,
     /// Statements it took: 1, or 2 when some requests had to wait for buckets.
     pub statements: u32,
+    /// A statement's plain inserts met an existing key or buyer, so it decided again.
+    pub rechecked: bool,
 }
 
 /// One row of `orders_place_batch`.
@@ -102,8 +107,10 @@ pub async fn place_batch(
     assert!(!requests.is_empty());
     let mut rows = run(pool, deal, requests, options, false).await?;
     let mut statements = 1;
+    let mut rechecked = rows.first().is_some_and(|row| row.rechecked);
     if let Some(first) = rows.iter().position(|row| row.outcome == "undecided") {
         let again = run(pool, deal, &requests[first..], options, true).await?;
+        rechecked |= again.first().is_some_and(|row| row.rechecked);
         rows.truncate(first);
         rows.extend(again);
         statements = 2;
@@ -115,6 +122,7 @@ pub async fn place_batch(
         results,
         ran_out,
         statements,
+        rechecked,
     })
 }
 
@@ -147,7 +155,7 @@ async fn run(
     let units: Vec<i32> = requests.iter().map(|r| r.quantity).collect();
     let hook = options.hook.as_deref();
     let query = sqlx::query_as(
-        "SELECT * FROM orders_place_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        "SELECT * FROM orders_place_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
     )
     .bind(&deal.id)
     .bind(&ids)
@@ -159,7 +167,8 @@ async fn run(
     .bind(&options.share)
     .bind(wait_all)
     .bind(hook.map(PlacementHook::sql_function))
-    .bind(hook.map(PlacementHook::argument));
+    .bind(hook.map(PlacementHook::argument))
+    .bind(options.careful);
     let waiting = std::time::Instant::now();
     let mut conn = pool.acquire().await?;
     metrics::histogram!(telemetry::DB_POOL_WAIT).record(waiting.elapsed().as_secs_f64());

@@ -15,7 +15,7 @@
 //! share of the buckets, so the lanes of an instance do not queue on each other's rows.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicUsize, Ordering};
 
 use dashmap::DashMap;
 use sqlx::PgPool;
@@ -44,6 +44,9 @@ pub struct LaneSettings {
     /// only when the connection goes back to the pool, after the answers would be sent: the
     /// batch then commits its own transaction before anyone is answered.
     pub commit_before_answer: bool,
+    /// After a batch met an existing key or buyer and was decided again, this many of the
+    /// deal's next batches check every key and buyer from the start.
+    pub careful_after_recheck: u32,
 }
 
 /// One order waiting for its batch.
@@ -60,12 +63,39 @@ struct DealQueue {
     in_flight: AtomicUsize,
     /// Woken whenever one of those batches ends.
     ended: Notify,
+    /// Batches still to place the careful way since the last one that was decided again.
+    careful_left: AtomicU32,
 }
 
 impl DealQueue {
+    fn new(receiver: mpsc::Receiver<Job>) -> Self {
+        Self {
+            receiver: Mutex::new(receiver),
+            in_flight: AtomicUsize::new(0),
+            ended: Notify::new(),
+            careful_left: AtomicU32::new(0),
+        }
+    }
+
     fn end_batch(&self) {
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
         self.ended.notify_waiters();
+    }
+
+    /// Whether the next batch goes the careful way; counts it if so. A batch inserts new
+    /// keys and buyers plainly and decides again when one exists, which costs a failed
+    /// attempt: after one, the next batches skip the attempt, so that a storm of replays
+    /// pays for at most one failed attempt in `careful_after_recheck + 1` batches.
+    fn take_careful(&self) -> bool {
+        self.careful_left
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
+                left.checked_sub(1)
+            })
+            .is_ok()
+    }
+
+    fn rechecked(&self, careful_batches: u32) {
+        self.careful_left.store(careful_batches, Ordering::Release);
     }
 }
 
@@ -144,11 +174,7 @@ impl Engine {
             .or_insert_with(|| {
                 let settings = self.context.settings;
                 let (jobs, receiver) = mpsc::channel(settings.batch_max * settings.lanes * 4);
-                let queue = Arc::new(DealQueue {
-                    receiver: Mutex::new(receiver),
-                    in_flight: AtomicUsize::new(0),
-                    ended: Notify::new(),
-                });
+                let queue = Arc::new(DealQueue::new(receiver));
                 let lanes = settings.lanes.min(deal.bucket_count.max(1) as usize);
                 for lane in 0..lanes {
                     let context = self.context.clone();
@@ -171,7 +197,7 @@ async fn run_lane(lane: usize, lanes: usize, queue: Arc<DealQueue>, context: Con
         if !jobs.is_empty() {
             let busy = context.busy.fetch_add(1, Ordering::AcqRel) + 1;
             metrics::gauge!(telemetry::LANES_BUSY).set(busy as f64);
-            run_batch(&context, lane, lanes, jobs).await;
+            run_batch(&context, lane, lanes, &queue, jobs).await;
             let busy = context.busy.fetch_sub(1, Ordering::AcqRel) - 1;
             metrics::gauge!(telemetry::LANES_BUSY).set(busy as f64);
         }
@@ -212,7 +238,13 @@ async fn next_batch(queue: &DealQueue, batch_max: usize, beside_min: usize) -> O
     Some(jobs)
 }
 
-async fn run_batch(context: &Context, lane: usize, lanes: usize, jobs: Vec<Job>) {
+async fn run_batch(
+    context: &Context,
+    lane: usize,
+    lanes: usize,
+    queue: &DealQueue,
+    jobs: Vec<Job>,
+) {
     // The newest copy of the deal in the batch knows the current bucket count.
     let deal = jobs
         .iter()
@@ -223,6 +255,7 @@ async fn run_batch(context: &Context, lane: usize, lanes: usize, jobs: Vec<Job>)
         share: inventory::share(lane, lanes, deal.bucket_count),
         hook: context.hook.clone(),
         commit_before_answer: context.settings.commit_before_answer,
+        careful: queue.take_careful(),
     };
     let requests: Vec<Request> = jobs.iter().map(|job| job.request.clone()).collect();
     let size = requests.len();
@@ -235,7 +268,12 @@ async fn run_batch(context: &Context, lane: usize, lanes: usize, jobs: Vec<Job>)
     })
     .await;
     let (results, ran_out) = match outcome {
-        Ok(Ok(batch)) => (batch.results, batch.ran_out),
+        Ok(Ok(batch)) => {
+            if batch.rechecked {
+                queue.rechecked(context.settings.careful_after_recheck);
+            }
+            (batch.results, batch.ran_out)
+        }
         Ok(Err(error)) => {
             tracing::warn!(%error, size, "reservation batch failed");
             (
@@ -301,5 +339,27 @@ fn record_size(size: usize) {
     metrics::counter!(telemetry::RESERVATION_GROUPS).increment(1);
     if size > 1 {
         metrics::counter!(telemetry::GROUPED_ORDERS).increment(size as u64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recheck_sends_exactly_the_next_batches_the_careful_way() {
+        let (_jobs, receiver) = mpsc::channel(1);
+        let queue = DealQueue::new(receiver);
+        assert!(
+            !queue.take_careful(),
+            "plain until a batch is decided again"
+        );
+
+        queue.rechecked(3);
+        let next: Vec<bool> = (0..5).map(|_| queue.take_careful()).collect();
+
+        assert_eq!(next, [true, true, true, false, false]);
+        queue.rechecked(0);
+        assert!(!queue.take_careful(), "0 turns the backoff off");
     }
 }

@@ -2,7 +2,9 @@
 //! and different bodies), replays of earlier orders, per-user limits, quantities above what
 //! is left and sell-outs inside the batch, one batch gives every request exactly the answer
 //! it gets when the same requests run one at a time, in the same order, against an
-//! identical deal; both leave the same stock and the invariants intact.
+//! identical deal; both leave the same stock and the invariants intact. The batch either
+//! inserts new keys and buyers plainly first (deciding again if one exists) or checks them
+//! from the start; both must give the same answers.
 
 use flashgate::deals::{self, Deal};
 use flashgate::orders::batch::{BatchOptions, Request, place_batch};
@@ -42,6 +44,8 @@ struct Case {
     batch: Vec<Ask>,
     /// The batch's lane share: a single bucket, so the batch also spills to the others.
     share: i32,
+    /// Checks every key and buyer from the start instead of inserting them plainly first.
+    careful: bool,
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -51,13 +55,15 @@ fn case() -> impl Strategy<Value = Case> {
         proptest::collection::vec(ask(), 0..4),
         proptest::collection::vec(ask(), 1..16),
         0i32..5,
+        any::<bool>(),
     )
-        .prop_map(|(stock, buckets, earlier, batch, share)| Case {
+        .prop_map(|(stock, buckets, earlier, batch, share, careful)| Case {
             stock,
             buckets,
             earlier,
             batch,
             share: share % buckets as i32,
+            careful,
         })
 }
 
@@ -117,6 +123,7 @@ async fn run_case(app: &TestApp, case: &Case) {
         share: vec![case.share],
         hook: None,
         commit_before_answer: false,
+        careful: case.careful,
     };
     let batch = place_batch(
         &app.db,

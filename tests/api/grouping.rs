@@ -239,6 +239,39 @@ async fn a_batch_that_meets_an_existing_key_or_buyer_is_decided_again_and_counte
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn after_a_recheck_the_deals_next_batches_check_from_the_start() {
+    // Arrange: one lane, so every order of the deal goes through the same backoff.
+    let app = spawn_app_with(|s| {
+        s.orders.lanes = 1;
+        s.orders.careful_after_recheck = 2;
+    })
+    .await;
+    let mut deal_body = new_deal("backoff", 10, 2);
+    deal_body["per_user_limit"] = json!(5);
+    let id = app.given_deal(&deal_body).await;
+    let bob = app.token("bob");
+    app.place_order(&bob, &id, "b-1", 1).await.expect(201);
+
+    // Act: a replay is decided again; bob's next two new keys would be too, but go the
+    // careful way at once; the third is plain again, and decided again.
+    let replay = app.place_order(&bob, &id, "b-1", 1).await;
+    let after_replay = rechecked(&app).await;
+    for key in ["b-2", "b-3"] {
+        app.place_order(&bob, &id, key, 1).await.expect(201);
+    }
+    let after_careful = rechecked(&app).await;
+    app.place_order(&bob, &id, "b-4", 1).await.expect(201);
+    let after_plain = rechecked(&app).await;
+
+    // Assert
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!((after_replay, after_careful, after_plain), (1.0, 1.0, 2.0));
+    assert_eq!(app.inventory(&id).await["reserved"], json!(4));
+    app.assert_invariants(&id).await;
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_closed_sale_window_refuses_the_whole_group_but_replays_still_answer() {
     let app = spawn_app().await;
     let mut deal_body = new_deal("window", 5, 1);
