@@ -6,9 +6,12 @@
 # /proc, over the run minus its first and last second) and the WAL written per purchase.
 # The schema is the one `flashgate migrate` applies, on a fresh database dropped at the end.
 # With PAYMENTS=1 each placed order also gets its first payment attempt in the same
-# statement, as when the gateway has a payment provider configured.
+# statement, as when the gateway has a payment provider configured. With CAREFUL=1 every
+# batch checks its keys and buyers with `ON CONFLICT` from the start, as the gateway's
+# batches do for a while after one met a known key or buyer, instead of inserting them
+# plainly.
 #
-# Usage: [PAYMENTS=1] loadtest/batch_cost.sh [seconds per size, default 10] [batch sizes, default "1 8 24 64"]
+# Usage: [PAYMENTS=1] [CAREFUL=1] loadtest/batch_cost.sh [seconds per size, default 10] [batch sizes, default "1 8 24 64"]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -20,6 +23,7 @@ if [ "${PAYMENTS:-0}" = 1 ]; then
 else
     HOOK="NULL, NULL"
 fi
+if [ "${CAREFUL:-0}" = 1 ]; then CAREFUL=true; else CAREFUL=false; fi
 BASE_URL_DB=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
 NAME="fg_batch_cost_$(date +%s)"
 DB="${BASE_URL_DB%/*}/$NAME"
@@ -63,7 +67,7 @@ SELECT count(*) FROM orders_place_batch('cost',
     array_fill('k'::text, ARRAY[$n]), array_fill('\\x7631'::bytea, ARRAY[$n]),
     array_fill(1, ARRAY[$n]), array_fill(0, ARRAY[$n]),
     (SELECT array_agg(b) FROM generate_series(0, 31) b WHERE b % $LANES = :lane),
-    false, $HOOK);
+    false, $HOOK, $CAREFUL);
 SQL
     lsn_before=$(psql "$DB" -Atc "SELECT pg_current_wal_lsn()")
     pgbench -n -M prepared -c "$LANES" -j 2 -T "$SECONDS_EACH" -f "$WORK/batch.sql" \
