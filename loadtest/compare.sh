@@ -7,8 +7,9 @@
 # CPU time of the gateway process and of the PostgreSQL processes serving it (backends of
 # its database, WAL writer, checkpointer, background writer) divided by purchases, how busy
 # the machine's cores were, the load generator's own CPU, reservation batch sizes (mean,
-# p99) and batches in flight; then an open-loop run at half the measured rate (201 p50/p99),
-# and a whole sale of 100,000 units to 200,000 users, charted, with the database verdict.
+# p99), batches in flight and batches decided again; then an open-loop run at half the
+# measured rate (201 p50/p99), and a whole sale of 100,000 units to 200,000 users, charted,
+# with the database verdict.
 # Then refusals against a fair baseline (wrk, loadtest/refusal.lua): flashgate refusing an
 # order for a sold-out deal (409) and over the per-IP limit (429), each next to a bare
 # hyper server replaying the very answer captured from the gateway to the very same
@@ -309,7 +310,7 @@ pg_ticks_since() {
     echo "$total"
 }
 machine_ticks() { awk '/^cpu / {idle = $5 + $6; total = 0; for (i = 2; i <= NF; i++) total += $i; print idle, total}' /proc/stat; }
-metrics_dump() { curl -sf "http://127.0.0.1:$OPS_PORT/metrics" | grep -E '^flashgate_reservation_(batch_size|transaction_seconds_sum)' > "$1"; }
+metrics_dump() { curl -sf "http://127.0.0.1:$OPS_PORT/metrics" | grep -E '^flashgate_reservation_(batch_size|transaction_seconds_sum|batches_rechecked_total)' > "$1"; }
 
 # A sale whose verdict fails (exit 2) is reported with its reasons rather than ending the
 # comparison; the script still exits non-zero at the end. Any other failure is fatal.
@@ -362,8 +363,12 @@ read -r GW_CPU PG_CPU GW_US PG_US ALL_US BUSY < <(python3 -c "
 g, p, n, clk = $GW_TICKS, $PG_TICKS, $C_CREATED, $CLK_TCK
 idle = $IDLE_AFTER - $IDLE_BEFORE; total = $TOTAL_AFTER - $TOTAL_BEFORE
 print(f'{g/clk:.2f} {p/clk:.2f} {g/clk/n*1e6:.0f} {p/clk/n*1e6:.0f} {(g+p)/clk/n*1e6:.0f} {100*(1-idle/total):.0f}')")
-read -r BATCH_MEAN BATCH_P99 < <(python3 - "$WORK/batch_before" "$WORK/batch_after" <<'PY'
+# Batch sizes, and how many batches met a known key or buyer and were decided again (every
+# purchase here is a new buyer's new key, so none should be).
+read -r BATCH_MEAN BATCH_P99 BATCHES RECHECKED < <(python3 - "$WORK/batch_before" "$WORK/batch_after" <<'PY'
 import re, sys
+def rechecked(path):
+    return next((float(l.split()[-1]) for l in open(path) if l.startswith("flashgate_reservation_batches_rechecked_total")), 0.0)
 def parse(path):
     buckets, total, count = {}, 0.0, 0.0
     for line in open(path):
@@ -380,7 +385,8 @@ def parse(path):
 (b0, s0, c0), (b1, s1, c1) = parse(sys.argv[1]), parse(sys.argv[2])
 batches = c1 - c0
 p99 = next((le for le in sorted(b1) if b1[le] - b0.get(le, 0) >= 0.99 * batches), float("nan"))
-print(f"{(s1 - s0) / max(batches, 1):.1f} {p99:g}")
+again = rechecked(sys.argv[2]) - rechecked(sys.argv[1])
+print(f"{(s1 - s0) / max(batches, 1):.1f} {p99:g} {batches:.0f} {again:.0f}")
 PY
 )
 # Batches in flight on average: the time spent in reservation transactions over the run
@@ -409,7 +415,7 @@ if [ "$MODE" = purchases ]; then
 (c) $C purchases/s (201 p50 ${C_P50} ms, p99 ${C_P99} ms), $C_CREATED in ${C_ELAPSED} s, verdict $C_OK, gateway threads $GW_THREADS
 gateway CPU ${GW_CPU} s (${GW_US} µs per purchase), PostgreSQL CPU ${PG_CPU} s (${PG_US} µs), together ${ALL_US} µs
 machine busy ${BUSY} %, load generator CPU ${LG_CPU} s
-batch size mean ${BATCH_MEAN}, p99 ${BATCH_P99}; batches in flight mean ${LANES_MEAN}
+batch size mean ${BATCH_MEAN}, p99 ${BATCH_P99}; batches in flight mean ${LANES_MEAN}; decided again ${RECHECKED} of ${BATCHES}
 (c') open loop $RATE/s scheduled, $OPEN_DONE/s completed, 201 p50 ${OPEN_P50} ms, p99 ${OPEN_P99} ms, verdict $OPEN_OK
 TXT
     [ "$FAILED_VERDICTS" = 0 ] || exit 2
@@ -455,6 +461,7 @@ What a purchase cost in (c): $C_CREATED durable purchases in ${C_ELAPSED} s, dat
 | load generator CPU during the run | ${LG_CPU} s |
 | reservation batch size, mean / p99 (histogram bucket bound) | ${BATCH_MEAN} / ${BATCH_P99} |
 | batches in flight (lanes busy), mean: time in reservation transactions / run time | ${LANES_MEAN} |
+| batches decided again after meeting a known key or buyer | ${RECHECKED} of ${BATCHES} |
 
 Open loop at half of (c): $RATE purchases/s scheduled, $OPEN_DONE/s completed, 201 p50
 ${OPEN_P50} ms, p99 ${OPEN_P99} ms (latency from the scheduled start), verdict $OPEN_OK.
