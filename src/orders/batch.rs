@@ -107,22 +107,27 @@ pub async fn place_batch(
     assert!(!requests.is_empty());
     let mut rows = run(pool, deal, requests, options, false).await?;
     let mut statements = 1;
-    let mut rechecked = rows.first().is_some_and(|row| row.rechecked);
+    // Every row of a statement carries its flag; the first stands for the statement.
+    let rechecked_of = |rows: &[Row]| rows.first().is_some_and(|row| row.rechecked);
+    let mut rechecked = u64::from(rechecked_of(&rows));
     if let Some(first) = rows.iter().position(|row| row.outcome == "undecided") {
         let again = run(pool, deal, &requests[first..], options, true).await?;
-        rechecked |= again.first().is_some_and(|row| row.rechecked);
+        rechecked += u64::from(rechecked_of(&again));
         rows.truncate(first);
         rows.extend(again);
         statements = 2;
     }
     assert_eq!(rows.len(), requests.len(), "one answer per request");
+    if rechecked > 0 {
+        metrics::counter!(telemetry::RESERVATION_BATCHES_RECHECKED).increment(rechecked);
+    }
     let ran_out = rows.last().is_some_and(|row| row.ran_out);
     let results = rows.into_iter().map(|row| answer(deal, row)).collect();
     Ok(Batch {
         results,
         ran_out,
         statements,
-        rechecked,
+        rechecked: rechecked > 0,
     })
 }
 
@@ -182,9 +187,6 @@ async fn run(
         query.fetch_all(&mut *conn).await?
     };
     metrics::histogram!(telemetry::RESERVATION_TRANSACTION).record(running.elapsed().as_secs_f64());
-    if rows.first().is_some_and(|row| row.rechecked) {
-        metrics::counter!(telemetry::RESERVATION_BATCHES_RECHECKED).increment(1);
-    }
     assert!(
         rows.iter()
             .enumerate()
