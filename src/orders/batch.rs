@@ -71,8 +71,6 @@ pub struct Batch {
     pub results: Vec<Result<Placed, OrderError>>,
     /// The deal has no available unit left after this batch.
     pub ran_out: bool,
-    /// Statements it took: 1, or 2 when some requests had to wait for buckets.
-    pub statements: u32,
     /// A statement's plain inserts met an existing key or buyer, so it decided again.
     pub rechecked: bool,
 }
@@ -106,7 +104,6 @@ pub async fn place_batch(
 ) -> Result<Batch, StoreError> {
     assert!(!requests.is_empty());
     let mut rows = run(pool, deal, requests, options, false).await?;
-    let mut statements = 1;
     // Every row of a statement carries its flag; the first stands for the statement.
     let rechecked_of = |rows: &[Row]| rows.first().is_some_and(|row| row.rechecked);
     let mut rechecked = u64::from(rechecked_of(&rows));
@@ -115,7 +112,6 @@ pub async fn place_batch(
         rechecked += u64::from(rechecked_of(&again));
         rows.truncate(first);
         rows.extend(again);
-        statements = 2;
     }
     assert_eq!(rows.len(), requests.len(), "one answer per request");
     if rechecked > 0 {
@@ -126,7 +122,6 @@ pub async fn place_batch(
     Ok(Batch {
         results,
         ran_out,
-        statements,
         rechecked: rechecked > 0,
     })
 }
