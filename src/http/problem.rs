@@ -299,7 +299,11 @@ impl Prepared {
         *response.status_mut() = self.problem.status;
         let headers = response.headers_mut();
         *headers = self.headers.clone();
-        headers.insert(request_id::HEADER, id.header_value());
+        // Replaced in place: an insert first makes room for one more header, and a copy of a
+        // map has none to spare, so every answer would reallocate its map.
+        if let Some(value) = headers.get_mut(request_id::HEADER) {
+            *value = id.header_value();
+        }
         response
     }
 }
@@ -673,5 +677,35 @@ mod tests {
                 assert!(!detail.contains(rust), "{json}: {detail}");
             }
         }
+    }
+    #[test]
+    fn each_answer_carries_its_own_request_id_and_each_header_once() {
+        let limited = Limited {
+            scope: crate::admission::limits::Scope::Ip,
+            retry_after_seconds: 2,
+            quota: 1,
+            window_seconds: 1,
+        };
+        let problems: [&dyn Fn() -> Problem; 3] = [
+            &|| Problem::not_found("no such deal").cacheable(5),
+            &|| Problem::rate_limited(&limited),
+            &|| Problem::overloaded("busy"),
+        ];
+        for problem in problems {
+            // The second answer of a kind is made from the first one's prepared parts.
+            for _ in 0..2 {
+                let id = RequestId::generate();
+                let response = problem().into_response(&id);
+                let headers = response.headers();
+                for name in headers.keys() {
+                    assert_eq!(headers.get_all(name).iter().count(), 1, "{name}");
+                }
+                assert_eq!(headers[request_id::HEADER], id.header_value());
+            }
+        }
+        let cacheable = Problem::not_found("x")
+            .cacheable(5)
+            .into_response(&RequestId::generate());
+        assert_eq!(cacheable.headers()[CACHE_CONTROL], "public, max-age=5");
     }
 }
