@@ -56,6 +56,7 @@ mod rate_limits;
 mod redis_outage;
 mod request_id;
 mod shutdown;
+mod sql_functions;
 mod startup_errors;
 mod sweeper_crash;
 mod waiting_room;

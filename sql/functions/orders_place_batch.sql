@@ -1,0 +1,173 @@
+-- orders_place_batch: the current definition. PostgreSQL runs exactly this text after every
+-- migration (tests/api/sql_functions.rs); to change it, see sql/README.md.
+--
+-- The orders' half of the reservation engine, and its entry point (`src/orders/batch.rs`):
+-- a batch of orders for one deal is decided and committed in one statement, one round trip
+-- and one short transaction. It owns the order rows and idempotency, and calls
+-- `inventory_reserve_batch` for the units.
+--
+-- Places requests 1..n for one deal: inserts their orders (a key used before inserts
+-- nothing), lets inventory decide, removes the orders it refused, runs the caller's hook
+-- (`p_hook`, by name: payments opens the first attempt, so orders does not depend on
+-- payments) for the orders placed, and answers every request: reserved, replayed,
+-- idempotency_conflict, sale_not_open, per_user_limit, sold_out, undecided (run again with
+-- `p_wait_all`). `p_after[k]` is the previous request of the batch with the same user and
+-- key, or 0.
+--
+-- Nearly every request is a new key from a new buyer, so unless told to be careful
+-- (`p_careful`) the orders and counters are first inserted plainly; an existing key or
+-- counter raises `unique_violation`, which undoes that block alone, and the batch is decided
+-- again with `ON CONFLICT`. `rechecked` reports that, so the gateway can send the deal's next
+-- few batches the careful way at once. The deal's snapshot (name, late-payment policy,
+-- capture method) is written by the insert itself, so the `orders_snapshot_deal` trigger
+-- does not run.
+CREATE OR REPLACE FUNCTION orders_place_batch(
+    p_deal text, p_ids uuid[], p_users text[], p_keys text[], p_fps bytea[], p_units int[],
+    p_after int[], p_share int[], p_wait_all boolean, p_hook text, p_hook_arg text,
+    p_careful boolean)
+RETURNS TABLE (n int, outcome text, available bigint, ran_out boolean, rechecked boolean,
+               id uuid, user_id text, deal_id text, status text, quantity int,
+               amount_minor bigint, currency text, expires_at timestamptz,
+               created_at timestamptz)
+LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+SET plan_cache_mode = force_generic_plan
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    requests int := coalesce(cardinality(p_ids), 0);
+    d record;
+    inserted uuid[] := '{}';
+    fresh boolean[] := array_fill(false, ARRAY[requests]);
+    units int[] := array_fill(0, ARRAY[requests]);
+    outcomes text[] := array_fill(NULL::text, ARRAY[requests]);
+    left_after bigint[] := array_fill(NULL::bigint, ARRAY[requests]);
+    decided record;
+    refused uuid[] := '{}';
+    late uuid[] := '{}';
+    placed uuid[] := '{}';
+    ran boolean := false;
+    again boolean := false;
+    k int;
+BEGIN
+    SELECT x.unit_price_minor, x.currency, x.reservation_ttl_seconds, x.per_user_limit,
+           x.name, x.late_payment_policy, x.capture_method,
+           NOT x.paused AND (x.starts_at IS NULL OR x.starts_at <= now())
+               AND (x.ends_at IS NULL OR now() < x.ends_at) AS open
+      INTO d FROM deals x WHERE x.id = p_deal;
+    IF FOUND AND d.open THEN
+        -- In (user, key) order, so two batches sharing keys cannot wait on each other.
+        -- Unless told to be careful, first as if every key and every user were new, the
+        -- common case: plain inserts. A key or a counter that exists raises
+        -- `unique_violation`, which undoes this block only; the batch is then decided again
+        -- the careful way, exactly as before.
+        IF NOT p_careful THEN
+            BEGIN
+                INSERT INTO orders (id, user_id, deal_id, idempotency_key, request_fingerprint,
+                                    status, quantity, unit_price_minor, amount_minor, currency,
+                                    expires_at, deal_name, late_payment_policy, capture_method)
+                SELECT j.id, j.u, p_deal, j.key, j.fp, 'PENDING_PAYMENT', j.q, d.unit_price_minor,
+                       d.unit_price_minor * j.q, d.currency,
+                       now() + make_interval(secs => d.reservation_ttl_seconds),
+                       d.name, d.late_payment_policy, d.capture_method
+                  FROM unnest(p_ids, p_users, p_keys, p_fps, p_units) WITH ORDINALITY
+                       AS j(id, u, key, fp, q, k)
+                 ORDER BY j.u, j.key, j.k;
+                decided := inventory_reserve_batch(p_deal, p_ids, p_users, p_units, p_after,
+                                                   d.per_user_limit, p_share, p_wait_all, true);
+                fresh := array_fill(true, ARRAY[requests]);
+            EXCEPTION WHEN unique_violation THEN
+                again := true;
+            END;
+        END IF;
+        IF p_careful OR again THEN
+            WITH ins AS (
+                INSERT INTO orders (id, user_id, deal_id, idempotency_key, request_fingerprint,
+                                    status, quantity, unit_price_minor, amount_minor, currency,
+                                    expires_at, deal_name, late_payment_policy, capture_method)
+                SELECT j.id, j.u, p_deal, j.key, j.fp, 'PENDING_PAYMENT', j.q, d.unit_price_minor,
+                       d.unit_price_minor * j.q, d.currency,
+                       now() + make_interval(secs => d.reservation_ttl_seconds),
+                       d.name, d.late_payment_policy, d.capture_method
+                  FROM unnest(p_ids, p_users, p_keys, p_fps, p_units) WITH ORDINALITY
+                       AS j(id, u, key, fp, q, k)
+                 ORDER BY j.u, j.key, j.k
+                ON CONFLICT (user_id, idempotency_key) DO NOTHING
+                RETURNING id)
+            SELECT coalesce(array_agg(ins.id), '{}') INTO inserted FROM ins;
+            -- Asked of inventory: every inserted order, and a repeated key whose first request
+            -- inserted (it is skipped if that one reserves, decided afresh if not). When every
+            -- order inserted, no key repeats.
+            IF cardinality(inserted) = requests THEN
+                fresh := array_fill(true, ARRAY[requests]);
+                units := p_units;
+            ELSE
+                FOR k IN 1..requests LOOP
+                    fresh[k] := p_ids[k] = ANY (inserted);
+                    IF fresh[k] OR (p_after[k] > 0 AND units[p_after[k]] > 0) THEN
+                        units[k] := p_units[k];
+                    END IF;
+                END LOOP;
+            END IF;
+            decided := inventory_reserve_batch(p_deal, p_ids, p_users, units, p_after,
+                                               d.per_user_limit, p_share, p_wait_all, false);
+        END IF;
+        outcomes := decided.outcomes;
+        left_after := decided.left_after;
+        ran := decided.ran_out;
+        FOR k IN 1..requests LOOP
+            IF outcomes[k] = 'reserved' THEN
+                placed := placed || p_ids[k];
+                IF NOT fresh[k] THEN
+                    late := late || p_ids[k];
+                END IF;
+            ELSIF outcomes[k] IS NOT NULL AND fresh[k] THEN
+                refused := refused || p_ids[k];
+            END IF;
+        END LOOP;
+        IF cardinality(refused) > 0 THEN
+            DELETE FROM orders o WHERE o.id = ANY (refused);
+        END IF;
+        IF cardinality(late) > 0 THEN
+            -- A repeated key whose first request was refused, reserved on its own turn.
+            INSERT INTO orders (id, user_id, deal_id, idempotency_key, request_fingerprint,
+                                status, quantity, unit_price_minor, amount_minor, currency,
+                                expires_at, deal_name, late_payment_policy, capture_method)
+            SELECT j.id, j.u, p_deal, j.key, j.fp, 'PENDING_PAYMENT', j.q, d.unit_price_minor,
+                   d.unit_price_minor * j.q, d.currency,
+                   now() + make_interval(secs => d.reservation_ttl_seconds),
+                   d.name, d.late_payment_policy, d.capture_method
+              FROM unnest(p_ids, p_users, p_keys, p_fps, p_units) AS j(id, u, key, fp, q)
+             WHERE j.id = ANY (late);
+        END IF;
+        IF cardinality(placed) > 0 AND p_hook IS NOT NULL THEN
+            EXECUTE format('SELECT %s($1, $2)', p_hook::regproc) USING placed, p_hook_arg;
+        END IF;
+    END IF;
+    -- A reserved order is the row inserted above (same ids, same `now()`); any other
+    -- answered request names an order placed before.
+    RETURN QUERY
+    SELECT t.k::int,
+           CASE WHEN t.o IN ('reserved', 'per_user_limit', 'sold_out', 'undecided') THEN t.o
+                WHEN o.id IS NULL THEN 'sale_not_open'
+                WHEN o.request_fingerprint = p_fps[t.k] THEN 'replayed'
+                ELSE 'idempotency_conflict' END,
+           t.a, ran, again, o.id, o.user_id, o.deal_id, o.status, o.quantity, o.amount_minor,
+           o.currency, o.expires_at, o.created_at
+      FROM unnest(outcomes, left_after) WITH ORDINALITY AS t(o, a, k)
+      LEFT JOIN LATERAL (
+            SELECT p_ids[t.k] AS id, p_users[t.k] AS user_id, p_deal AS deal_id,
+                   'PENDING_PAYMENT'::text AS status, p_units[t.k] AS quantity,
+                   d.unit_price_minor * p_units[t.k] AS amount_minor, d.currency::text AS currency,
+                   now() + make_interval(secs => d.reservation_ttl_seconds) AS expires_at,
+                   now() AS created_at, p_fps[t.k] AS request_fingerprint
+             WHERE t.o = 'reserved'
+            UNION ALL
+            SELECT x.id, x.user_id, x.deal_id, x.status, x.quantity, x.amount_minor,
+                   x.currency, x.expires_at, x.created_at, x.request_fingerprint
+              FROM orders x
+             WHERE (t.o IS NULL OR t.o = 'skipped')
+               AND x.user_id = p_users[t.k] AND x.idempotency_key = p_keys[t.k]) o ON true
+     ORDER BY t.k;
+END
+$fn$;
