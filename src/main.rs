@@ -59,9 +59,6 @@ enum Command {
         #[arg(long, default_value_t = 3600, value_parser = token_ttl_seconds, allow_negative_numbers = true)]
         ttl_seconds: i64,
     },
-    /// Run the payment-provider simulator (hosted checkout, signed webhooks, fault
-    /// injection): a launcher for the test tool `flashgate-psp-sim`.
-    PspSim(psp_sim::SimConfig),
 }
 
 #[derive(Subcommand)]
@@ -157,11 +154,6 @@ async fn run(command: Command, settings: Settings) -> Result<(), String> {
         Command::Check => ops::cli::check(&settings).await,
         Command::Reconcile => reconcile(&settings).await,
         Command::Review { command } => review(&settings, command).await,
-        Command::PspSim(config) => {
-            let token = tokio_util::sync::CancellationToken::new();
-            tokio::spawn(shutdown::cancel_on_signal(token.clone()));
-            psp_sim::run(config, token).await
-        }
     }
 }
 

@@ -1,6 +1,6 @@
-//! A payment-provider simulator, run as its own process (`flashgate-psp-sim`, or the
-//! `flashgate psp-sim` launcher). It is a test tool: the gateway's library does not contain
-//! it and speaks to it only over HTTP, as to any provider.
+//! A payment-provider simulator, run as its own process (`flashgate-psp-sim`) or started by
+//! the gateway's tests through [`bind`]. It is a test tool: the gateway does not link it and
+//! speaks to it only over HTTP, as to any provider.
 //!
 //! It behaves like a hosted-checkout provider, so the gateway's payment code can be tested
 //! over real HTTP exactly as it would talk to a real one:
@@ -35,6 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use faults::Faults;
@@ -90,6 +91,24 @@ pub struct Sim {
 /// Binds, prints `psp-sim listening on http(s)://ADDR` as the first stdout line, and serves
 /// until `shutdown` is cancelled.
 pub async fn run(config: SimConfig, shutdown: CancellationToken) -> Result<(), String> {
+    let bound = bind(config, shutdown.clone()).await?;
+    println!("psp-sim listening on {}", bound.base_url());
+    bound.serve(shutdown).await;
+    Ok(())
+}
+
+/// A simulator listening on its address but not yet serving, so whoever started it learns
+/// the address first: the command prints it, a test in the same process reads it.
+pub struct Bound {
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    sim: Arc<Sim>,
+    base_url: String,
+}
+
+/// Binds `config.listen` and starts the background work (webhook delivery, expiry), which
+/// stops when `shutdown` is cancelled.
+pub async fn bind(config: SimConfig, shutdown: CancellationToken) -> Result<Bound, String> {
     let webhook_url = config
         .webhook_url
         .as_deref()
@@ -121,11 +140,26 @@ pub async fn run(config: SimConfig, shutdown: CancellationToken) -> Result<(), S
         faults,
         api_key: config.api_key,
     });
-    tokio::spawn(expire_in_background(sim.clone(), shutdown.clone()));
-    println!("psp-sim listening on {base_url}");
+    tokio::spawn(expire_in_background(sim.clone(), shutdown));
     tracing::info!(%addr, "psp-sim listening");
-    server::serve(listener, tls, sim, shutdown).await;
-    Ok(())
+    Ok(Bound {
+        listener,
+        tls,
+        sim,
+        base_url,
+    })
+}
+
+impl Bound {
+    /// `http://ADDR` or `https://ADDR`: where the simulator answers.
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// Serves until `shutdown` is cancelled.
+    pub async fn serve(self, shutdown: CancellationToken) {
+        server::serve(self.listener, self.tls, self.sim, shutdown).await;
+    }
 }
 
 /// Accepts only `http://` URLs: the simulator sends webhooks without TLS.

@@ -1,5 +1,5 @@
 //! The provider spoken to over HTTP: a hosted-checkout API in the shape of the simulator
-//! (`flashgate psp-sim`) and of the providers it imitates.
+//! (`flashgate-psp-sim`) and of the providers it imitates.
 //!
 //! Every call has a connect and a request timeout; transient failures are retried a
 //! bounded number of times with jittered exponential backoff. All calls are safe to

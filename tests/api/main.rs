@@ -17,6 +17,7 @@ mod concurrency;
 mod deals;
 mod failover;
 mod faults;
+mod gateway_dependencies;
 mod global_limits;
 mod grouping;
 mod health;

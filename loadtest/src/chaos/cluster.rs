@@ -241,11 +241,12 @@ pub struct PspSim {
 }
 
 impl PspSim {
-    pub async fn start(flashgate: &Path) -> Result<Self, String> {
+    /// Starts `binary` (`flashgate-psp-sim`) on a free port.
+    pub async fn start(binary: &Path) -> Result<Self, String> {
         let port = free_port()?;
         let process = Process::spawn(
-            Command::new(flashgate)
-                .args(["psp-sim", "--listen", &format!("127.0.0.1:{port}")])
+            Command::new(binary)
+                .args(["--listen", &format!("127.0.0.1:{port}")])
                 .args([
                     "--api-key",
                     PSP_API_KEY,

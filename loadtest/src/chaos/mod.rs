@@ -52,19 +52,29 @@ pub struct ChaosConfig {
     /// The `flashgate` binary; defaults to the one next to this program.
     #[arg(long)]
     pub flashgate: Option<PathBuf>,
+    /// The payment simulator's binary (`flashgate-psp-sim`); defaults to the one next to
+    /// this program.
+    #[arg(long)]
+    pub psp_sim: Option<PathBuf>,
+}
+
+/// The programs a run starts.
+struct Binaries {
+    flashgate: PathBuf,
+    psp_sim: PathBuf,
 }
 
 /// Runs one seeded sale; the report says `"ok": true` when no violation was found.
 pub async fn run(config: &ChaosConfig) -> Result<Value, String> {
-    let flashgate = match &config.flashgate {
-        Some(path) => path.clone(),
-        None => sibling_binary("flashgate")?,
+    let binaries = Binaries {
+        flashgate: binary(config.flashgate.as_ref(), "flashgate", "--flashgate")?,
+        psp_sim: binary(config.psp_sim.as_ref(), "flashgate-psp-sim", "--psp-sim")?,
     };
     let duration = Duration::from_secs(config.duration_seconds);
     let steps = schedule::schedule(config.seed, duration, GATEWAYS);
     let dir = std::env::temp_dir().join(format!("flashgate-chaos-{}", uuid::Uuid::now_v7()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let outcome = sale(config, &flashgate, &steps, &dir).await;
+    let outcome = sale(config, &binaries, &steps, &dir).await;
     let _ = std::fs::remove_dir_all(&dir);
     let shown: Vec<String> = steps.iter().map(ToString::to_string).collect();
     let mut report =
@@ -74,19 +84,18 @@ pub async fn run(config: &ChaosConfig) -> Result<Value, String> {
     Ok(report)
 }
 
-fn sibling_binary(name: &str) -> Result<PathBuf, String> {
+/// `given`, or the program `name` next to this one (`flag` names the option to pass).
+fn binary(given: Option<&PathBuf>, name: &str, flag: &str) -> Result<PathBuf, String> {
+    if let Some(path) = given {
+        return Ok(path.clone());
+    }
     let me = std::env::current_exe().map_err(|e| e.to_string())?;
     let dir = me.parent().ok_or("no directory for this program")?;
     let candidates = [dir.join(name), dir.join("..").join(name)];
     candidates
         .into_iter()
         .find(|path| path.is_file())
-        .ok_or_else(|| {
-            format!(
-                "no {name} binary next to {}; pass --flashgate",
-                me.display()
-            )
-        })
+        .ok_or_else(|| format!("no {name} binary next to {}; pass {flag}", me.display()))
 }
 
 /// The processes of a run; all killed when dropped.
@@ -101,11 +110,11 @@ struct Cluster {
 
 async fn sale(
     config: &ChaosConfig,
-    flashgate: &std::path::Path,
+    binaries: &Binaries,
     steps: &[Step],
     dir: &std::path::Path,
 ) -> Result<Value, String> {
-    let mut cluster = Cluster::start(flashgate, dir).await?;
+    let mut cluster = Cluster::start(binaries, dir).await?;
     let deal = cluster.create_deal(config).await?;
     let targets = clients::Targets {
         gateways: cluster.gateways.iter().map(Gateway::base).collect(),
@@ -132,7 +141,7 @@ async fn sale(
     let journal = std::mem::take(&mut *journal.lock().unwrap_or_else(|e| e.into_inner()));
     let (mut violations, figures) = ledger::check(&db, &journal, &intents, &deal).await?;
     violations.extend(ledger::audit(
-        flashgate,
+        &binaries.flashgate,
         &cluster.wiring.database_url,
         &cluster.redis.url(),
     ));
@@ -160,12 +169,12 @@ async fn sale(
 }
 
 impl Cluster {
-    async fn start(flashgate: &std::path::Path, dir: &std::path::Path) -> Result<Self, String> {
+    async fn start(binaries: &Binaries, dir: &std::path::Path) -> Result<Self, String> {
         let postgres = Postgres::start(dir).await?;
         let redis = Redis::start().await?;
-        let sim = PspSim::start(flashgate).await?;
+        let sim = PspSim::start(&binaries.psp_sim).await?;
         let wiring = Wiring {
-            flashgate: flashgate.to_owned(),
+            flashgate: binaries.flashgate.clone(),
             logs: dir.to_owned(),
             database_url: postgres.url(),
             redis_url: redis.url(),

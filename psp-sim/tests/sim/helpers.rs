@@ -19,7 +19,7 @@ use tokio::sync::Notify;
 pub const API_KEY: &str = "test-api-key";
 pub const SECRET: &str = "test-webhook-secret";
 
-/// A running `flashgate psp-sim`, killed when dropped.
+/// A running `flashgate-psp-sim`, killed when dropped.
 pub struct Sim {
     child: Child,
     /// Kept open: the simulator must be able to write to stdout.

@@ -1,21 +1,22 @@
-//! The payment-provider simulator (`flashgate psp-sim`) as a child process, and a gateway
-//! wired to it with payments enabled.
+//! The payment-provider simulator (the `flashgate-psp-sim` crate), started in the test's
+//! process on a runtime of its own, and a gateway wired to it with payments enabled. The
+//! gateway speaks to it only over HTTP, as to any provider, and does not link it: only the
+//! tests do.
 //!
-//! The simulator starts first on port 0 (its address is the first stdout line), the gateway
+//! The simulator starts first on port 0 (`psp_sim::bind` tells its address), the gateway
 //! is built with `payments.base_url` pointing at it, and only then is the simulator told
 //! where to send webhooks (`POST /control/webhook_url`), so neither side needs a port
 //! picked in advance.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use flashgate::config::Settings;
 use serde_json::{Value, json};
 use sqlx::postgres::PgPool;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use uuid::Uuid;
 
-use super::{POLL_INTERVAL, TestApp, spawn_app_with, test_log};
+use super::{POLL_INTERVAL, TestApp, spawn_app_with};
 
 /// At least 32 bytes and not the development defaults, as `serve` requires.
 pub const SIM_API_KEY: &str = "test-psp-api-key-0123456789abcdef";
@@ -24,11 +25,9 @@ pub const SIM_WEBHOOK_SECRET: &str = "test-psp-webhook-secret-0123456789abcdef";
 /// Long enough for a payment to travel checkout → webhook → database.
 pub const SETTLE: Duration = Duration::from_secs(10);
 
-/// A running simulator, killed when dropped.
+/// A running simulator, stopped when dropped.
 pub struct Sim {
-    child: Child,
-    /// Kept open so the simulator can keep writing to stdout.
-    _stdout: BufReader<ChildStdout>,
+    _stop: DropGuard,
     pub client: SimClient,
 }
 
@@ -47,83 +46,68 @@ pub struct SimClient {
     pub http: reqwest::Client,
 }
 
-impl Drop for Sim {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 impl Sim {
     pub async fn start() -> Sim {
-        Self::start_with(&[], reqwest::Client::builder()).await
+        Self::start_with(None, reqwest::Client::builder()).await
     }
 
     /// Starts the simulator serving HTTPS with `certs`; the test's own client trusts their
     /// authority.
     pub async fn start_tls(certs: &TestCerts) -> Sim {
-        let args = [
-            "--tls-cert",
-            certs.cert_path(),
-            "--tls-key",
-            certs.key_path(),
-        ];
         let authority = reqwest::Certificate::from_pem(certs.ca_pem.as_bytes()).expect("CA");
         Self::start_with(
-            &args,
+            Some(certs),
             reqwest::Client::builder().tls_certs_only([authority]),
         )
         .await
     }
 
-    async fn start_with(extra: &[&str], http: reqwest::ClientBuilder) -> Sim {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_flashgate"));
-        command
-            .args([
-                "psp-sim",
-                "--listen",
-                "127.0.0.1:0",
-                "--api-key",
-                SIM_API_KEY,
-            ])
-            .args(["--webhook-secret", SIM_WEBHOOK_SECRET])
-            .args(extra)
-            .env_remove("FLASHGATE_PSP_WEBHOOK_URL")
-            .env_remove("FLASHGATE_PSP_API_KEY")
-            .env_remove("FLASHGATE_PSP_WEBHOOK_SECRET")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(if test_log() {
-                Stdio::inherit()
-            } else {
-                Stdio::null()
-            });
-        let mut child = command.spawn().expect("spawn flashgate psp-sim");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (line, stdout) = tokio::task::spawn_blocking(move || {
-            let mut stdout = BufReader::new(stdout);
-            let mut line = String::new();
-            stdout.read_line(&mut line).map(|_| (line, stdout))
-        })
-        .await
-        .expect("join")
-        .expect("read the simulator's first stdout line");
-        let base = line
-            .trim()
-            .strip_prefix("psp-sim listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line from psp-sim: {line:?}"))
-            .to_owned();
+    async fn start_with(tls: Option<&TestCerts>, http: reqwest::ClientBuilder) -> Sim {
+        let config = psp_sim::SimConfig {
+            listen: "127.0.0.1:0".parse().expect("a socket address"),
+            webhook_url: None,
+            webhook_secret: SIM_WEBHOOK_SECRET.to_owned(),
+            api_key: SIM_API_KEY.to_owned(),
+            tls_cert: tls.map(|certs| certs.cert_path().into()),
+            tls_key: tls.map(|certs| certs.key_path().into()),
+        };
+        let stop = CancellationToken::new();
+        let base = serve_on_own_runtime(config, stop.clone()).await;
         let http = http
             .no_proxy()
             .timeout(Duration::from_secs(30))
             .build()
             .expect("build HTTP client");
         Sim {
-            child,
-            _stdout: stdout,
+            _stop: stop.drop_guard(),
             client: SimClient { base, http },
         }
     }
+}
+
+/// Runs the simulator on a runtime and threads of its own, as its own process would, so a
+/// test that keeps the gateway's threads busy does not slow the provider's answers down.
+/// Answers its base URL once it listens; it serves until `stop` is cancelled.
+async fn serve_on_own_runtime(config: psp_sim::SimConfig, stop: CancellationToken) -> String {
+    let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Runtime::new().expect("the simulator's runtime");
+        runtime.block_on(async move {
+            match psp_sim::bind(config, stop.clone()).await {
+                Ok(bound) => {
+                    let _ = bound_tx.send(Ok(bound.base_url().to_owned()));
+                    bound.serve(stop).await;
+                }
+                Err(error) => {
+                    let _ = bound_tx.send(Err(error));
+                }
+            }
+        });
+    });
+    bound_rx
+        .await
+        .expect("the simulator's thread answers")
+        .expect("start the payment simulator")
 }
 
 impl SimClient {
