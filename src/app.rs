@@ -175,7 +175,7 @@ fn spawn_background(tasks: &TaskTracker, state: &Arc<State>, shutdown: &Cancella
         millis(settings.soldout.refresh_interval_ms),
         shutdown.clone(),
     ));
-    let events = state.stock_events.clone();
+    let events = state.sale.stock_events().clone();
     tasks.spawn(sweeper::run(
         background,
         millis(settings.sweeper.interval_ms),
@@ -216,13 +216,13 @@ fn spawn_background(tasks: &TaskTracker, state: &Arc<State>, shutdown: &Cancella
 
 /// The outbox worker, the provider check before unpaid orders expire, and the reconciler.
 fn spawn_payments(tasks: &TaskTracker, state: &Arc<State>, shutdown: &CancellationToken) {
-    let Some(payments) = state.payments.clone() else {
+    let Some(payments) = state.sale.payments().cloned() else {
         return;
     };
     let settings = &state.settings;
     let pool = state.pools.background.clone();
     let clear = {
-        let events = state.stock_events.clone();
+        let events = state.sale.stock_events().clone();
         move |deals: Vec<String>| {
             let events = events.clone();
             async move { events.freed(deals).await }
@@ -305,7 +305,7 @@ async fn sample_metrics(state: Arc<State>, shutdown: CancellationToken) {
         if let Err(error) = retiring.await {
             tracing::debug!(%error, "series of ended deals not retired");
         }
-        if state.payments.is_some()
+        if state.sale.payments().is_some()
             && let Err(error) = record_payment_backlog(&state.pools.background).await
         {
             tracing::debug!(%error, "payment gauges not refreshed");

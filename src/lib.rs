@@ -11,6 +11,8 @@
 //! ```
 //!
 //! - [`http`]: hyper server, router, handlers; the only module that knows HTTP.
+//! - [`sale`]: the sale service: placing, reading, cancelling and paying for an order and
+//!   settling its payment, each one call for the handlers.
 //! - [`admission`]: cheap checks, cheapest first; produces [`admission::Admitted`].
 //! - [`orders`]: the order transaction (idempotency, per-user limit, reservation), cancel,
 //!   and the expiry sweeper. It drives [`inventory`], which owns the bucket rows.
@@ -40,6 +42,7 @@ pub mod ops;
 pub mod orders;
 pub mod payments;
 pub mod redis_link;
+pub mod sale;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;

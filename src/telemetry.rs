@@ -435,3 +435,8 @@ pub fn init_logging(settings: &crate::config::TelemetrySettings) {
             .try_init(),
     };
 }
+
+/// Names the authenticated user in the current request's span.
+pub fn record_user(user: &crate::domain::UserId) {
+    tracing::Span::current().record("user", user.as_str());
+}

@@ -34,6 +34,7 @@ use crate::orders::lanes::{Engine, LaneSettings};
 use crate::payments::Payments;
 use crate::payments::attempts::InitialAttempt;
 use crate::redis_link::RedisHandle;
+use crate::sale::Sale;
 use crate::store::Pools;
 
 pub use server::{Listeners, serve, serve_public};
@@ -43,13 +44,10 @@ pub struct State {
     pub settings: Arc<Settings>,
     pub pools: Pools,
     pub redis: RedisHandle,
-    pub admission: Admission,
-    /// The payment provider and its settings; `None` when payments are disabled.
-    pub payments: Option<Payments>,
-    /// Places admitted orders in batches, and cancels orders.
-    pub orders: Engine,
-    /// Where stock that became free or ran out is reported.
-    pub stock_events: StockEvents,
+    /// The checks made before a request costs anything; the sale service shares it.
+    pub admission: Arc<Admission>,
+    /// Places, cancels and pays for orders: what the order and payment handlers call.
+    pub sale: Sale,
     pub client_ip_header: HeaderName,
     /// False once shutdown has begun, so load balancers stop sending traffic.
     pub ready: AtomicBool,
@@ -78,6 +76,14 @@ impl State {
             .as_ref()
             .map(|p| InitialAttempt::hook(p.provider.name()));
         let orders = Engine::new(lanes, pools.request.clone(), hook, stock_events.clone());
+        let admission = Arc::new(admission);
+        let sale = Sale::new(
+            Arc::clone(&admission),
+            orders,
+            payments,
+            pools.clone(),
+            stock_events,
+        );
         let client_ip_header = HeaderName::from_bytes(settings.server.client_ip_header.as_bytes())
             .expect("validated: client_ip_header is a header name");
         Arc::new(Self {
@@ -85,9 +91,7 @@ impl State {
             pools,
             redis,
             admission,
-            payments,
-            orders,
-            stock_events,
+            sale,
             client_ip_header,
             ready: AtomicBool::new(true),
             draining: AtomicBool::new(false),

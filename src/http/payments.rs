@@ -13,8 +13,7 @@ use uuid::Uuid;
 use super::State;
 use super::body::{self, Caching};
 use super::problem::Problem;
-use crate::domain::{IdempotencyKey, OrderStatus};
-use crate::orders;
+use crate::domain::IdempotencyKey;
 use crate::payments::checkout::PaymentView;
 use crate::payments::webhook::Received;
 
@@ -34,7 +33,7 @@ pub async fn start_payment(
         .get(AUTHORIZATION)
         .map(HeaderValue::as_bytes);
     let user = state.admission.authenticate(values)?;
-    super::router::record_user(&user);
+    crate::telemetry::record_user(&user);
     let order_id = Uuid::parse_str(raw_id).map_err(|_| Problem::not_found("no such order"))?;
     let key = request
         .headers()
@@ -48,21 +47,7 @@ pub async fn start_payment(
     if !bytes.trim_ascii().is_empty() {
         body::json::<serde_json::Map<String, serde_json::Value>>(&bytes)?;
     }
-    let pool = &state.pools.request;
-    let order = orders::get(pool, &user, order_id).await?;
-    let payments = state
-        .payments
-        .as_ref()
-        .ok_or_else(|| Problem::not_found("payments are not enabled"))?;
-    if order.status() != OrderStatus::PendingPayment {
-        return Err(Problem::order_not_pending(format!(
-            "the order is {}; only PENDING_PAYMENT orders can be paid",
-            order.status()
-        )));
-    }
-    let (attempt, replayed) = payments
-        .start_attempt(pool, order.id, order.expires_at, key.as_str())
-        .await?;
+    let (attempt, replayed) = state.sale.pay(&user, order_id, &key).await?;
     let mut response = body::respond(
         StatusCode::CREATED,
         &PaymentView::of(&attempt),
@@ -79,26 +64,15 @@ pub async fn start_payment(
 /// `POST /v1/webhooks/{provider}`: the signature is checked on the raw body before anything
 /// else; the answer is fast, slow work is left to the outbox.
 pub async fn webhook(state: &State, request: Request<Incoming>, provider: &str) -> Reply {
-    let payments = state
-        .payments
-        .as_ref()
-        .ok_or_else(|| Problem::not_found("payments are not enabled"))?;
+    if state.sale.payments().is_none() {
+        return Err(Problem::not_found("payments are not enabled"));
+    }
     let (parts, raw) = body::split(request, &state.settings.server).await?;
     let signature = parts
         .headers
         .get("flashgate-signature")
         .map(HeaderValue::as_bytes);
-    let received = payments
-        .receive(&state.pools.webhook, provider, signature, &raw)
-        .await?;
-    let released = match &received {
-        Received::Accepted(applied) => applied.released_deal().map(str::to_owned),
-        Received::Duplicate => None,
-    };
-    if let Some(deal_id) = released {
-        let freed = crate::inventory::StockChange::Freed(deal_id);
-        state.stock_events.emit(freed).await;
-    }
+    let received = state.sale.settle(provider, signature, &raw).await?;
     let answer = match &received {
         Received::Accepted(applied) => {
             json!({ "received": true, "duplicate": false, "outcome": applied.label() })

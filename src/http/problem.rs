@@ -27,6 +27,7 @@ use crate::orders::OrderError;
 use crate::payments::checkout::CheckoutError;
 use crate::payments::provider::WebhookError;
 use crate::payments::webhook::WebhookRejection;
+use crate::sale::SaleError;
 use crate::store::StoreError;
 
 const TYPE_BASE: &str = "https://flashgate.dev/problems/";
@@ -597,6 +598,21 @@ impl From<WebhookRejection> for Problem {
                 Problem::overloaded("no payment attempt matches this event yet; deliver it again")
             }
             WebhookRejection::Store(error) => error.into(),
+        }
+    }
+}
+
+impl From<SaleError> for Problem {
+    fn from(error: SaleError) -> Self {
+        match error {
+            SaleError::Rejected(rejection) => rejection.into(),
+            SaleError::Invalid(invalid) => invalid.into(),
+            SaleError::Order(error) => error.into(),
+            error @ SaleError::NotPayable(_) => Problem::order_not_pending(error.to_string()),
+            error @ SaleError::PaymentsDisabled => Problem::not_found(error.to_string()),
+            SaleError::Checkout(error) => error.into(),
+            SaleError::Webhook(rejection) => rejection.into(),
+            SaleError::Store(error) => error.into(),
         }
     }
 }

@@ -17,10 +17,10 @@ use super::problem::Problem;
 use crate::admission::Rejection;
 use crate::deals::{Deal, Window};
 use crate::domain::{DealId, IdempotencyKey, OrderStatus, Quantity, UserId};
-use crate::orders::{self, Order, OrderError};
-use crate::payments::Payments;
-use crate::payments::attempts::{self, Attempt};
+use crate::orders::Order;
+use crate::payments::attempts::Attempt;
 use crate::payments::checkout::PaymentView;
+use crate::sale::{self, OrderOutcome};
 
 type Reply = Result<Response<Full<Bytes>>, Problem>;
 
@@ -86,13 +86,12 @@ impl<'a> OrderView<'a> {
         }
     }
 
-    /// Shows when the hold ends at the latest, for an order of a gateway taking payments.
-    pub(super) fn with_hold_end(mut self, state: &State) -> Self {
-        if let Some(payments) = &state.payments {
-            let grace = chrono::Duration::seconds(payments.settings.expiry_grace_seconds.into());
-            self.hold_ends_at = Some(self.expires_at + grace);
-        }
-        self
+    /// An order with its payment, showing when the hold ends at the latest on a gateway
+    /// taking payments.
+    fn of(outcome: &'a OrderOutcome, status: OrderStatus) -> Self {
+        let mut view = Self::new(&outcome.order, status, outcome.attempt.as_ref());
+        view.hold_ends_at = outcome.hold_grace.map(|grace| view.expires_at + grace);
+        view
     }
 }
 
@@ -128,7 +127,7 @@ fn authenticate<B>(
     let user = state
         .admission
         .authenticate(header(request, AUTHORIZATION))?;
-    super::router::record_user(&user);
+    crate::telemetry::record_user(&user);
     Ok(user)
 }
 
@@ -199,39 +198,15 @@ pub async fn place_admissible(state: &State, request: Request<Incoming>, deal_id
         .ok_or_else(|| Problem::invalid("the Idempotency-Key header is required"))?;
     let key = IdempotencyKey::parse(key, orders_settings.idempotency_key_bytes_max)?;
     let asked: OrderRequest = body::json(&bytes)?;
-    let pool = &state.pools.request;
-    let quantity = Quantity::new(asked.quantity, orders_settings.quantity_max);
-    // Admission (limits, window, pass) does not depend on the quantity: a quantity out of
-    // range is refused after it, so that its key check below is held to the same limits.
-    let mut admitted = state
-        .admission
-        .admit_order(
-            pool,
-            deal_id.as_str(),
-            header(&request, AUTHORIZATION),
-            header(&request, super::queue::PASS_HEADER),
-            quantity.as_ref().map_or(Quantity::ONE, |q| *q),
-        )
-        .await?;
-    super::router::record_user(&admitted.user);
-    admitted.quantity = match quantity {
-        Ok(quantity) => quantity,
-        Err(invalid) => {
-            return Err(Box::pin(refuse_quantity(pool, &admitted.user, &key, invalid)).await);
-        }
+    let order = sale::OrderRequest {
+        deal: deal_id,
+        authorization: header(&request, AUTHORIZATION),
+        pass: header(&request, super::queue::PASS_HEADER),
+        key,
+        quantity: Quantity::new(asked.quantity, orders_settings.quantity_max),
     };
-    let pass = admitted.pass.clone();
-    let placed = state.orders.place(admitted, key).await?;
-    if let Some(pass) = pass.as_ref().filter(|_| !placed.replayed) {
-        let room = state.admission.waiting_room();
-        Box::pin(room.release(&placed.order.deal_id, &pass.pass_id)).await;
-    }
-    let attempt = match state.payments.as_ref() {
-        Some(payments) => Box::pin(payment_of_placed(state, payments, &placed.order)).await,
-        None => None,
-    };
-    let view = OrderView::new(&placed.order, OrderStatus::PendingPayment, attempt.as_ref())
-        .with_hold_end(state);
+    let placed = state.sale.place(order).await?;
+    let view = OrderView::of(&placed, OrderStatus::PendingPayment);
     let mut response = body::respond(StatusCode::CREATED, &view, Caching::Private);
     if placed.replayed {
         response
@@ -239,38 +214,6 @@ pub async fn place_admissible(state: &State, request: Request<Incoming>, deal_id
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     Ok(response)
-}
-
-/// The payment block of an order just placed or replayed. The order is committed by now,
-/// so a failure here (the database gone for a moment, the pool exhausted) must not turn
-/// the answer into a 5xx: a client told to retry may meet a sold-out mirror that does not
-/// know it holds an order yet. The order is answered without its payment, which
-/// `POST /v1/orders/{id}/payments` starts or returns.
-async fn payment_of_placed(state: &State, payments: &Payments, order: &Order) -> Option<Attempt> {
-    let pending = order.status() == OrderStatus::PendingPayment;
-    payments
-        .for_new_order(&state.pools.request, order.id, order.expires_at, pending)
-        .await
-        .inspect_err(|error| {
-            tracing::warn!(%error, order = %order.id, "order placed; its payment not read");
-        })
-        .ok()
-        .flatten()
-}
-
-/// A quantity out of range was never stored, so under a key already used it is a
-/// conflict, answered before the range itself.
-async fn refuse_quantity(
-    pool: &sqlx::PgPool,
-    user: &UserId,
-    key: &IdempotencyKey,
-    invalid: crate::domain::InvalidInput,
-) -> Problem {
-    match orders::key_used(pool, user, key.as_str()).await {
-        Ok(true) => OrderError::IdempotencyConflict.into(),
-        Ok(false) => invalid.into(),
-        Err(error) => error.into(),
-    }
 }
 
 pub async fn get_order(
@@ -281,14 +224,10 @@ pub async fn get_order(
 ) -> Reply {
     let user = authenticate(state, peer, request)?;
     let order_id = parse_order_id(raw_id)?;
-    let order = orders::get(&state.pools.request, &user, order_id).await?;
-    let attempt = match state.payments {
-        Some(_) => attempts::latest(&state.pools.request, order.id).await?,
-        None => None,
-    };
+    let found = state.sale.order(&user, order_id).await?;
     Ok(body::respond(
         StatusCode::OK,
-        &OrderView::new(&order, order.status(), attempt.as_ref()).with_hold_end(state),
+        &OrderView::of(&found, found.order.status()),
         Caching::Private,
     ))
 }
@@ -301,17 +240,7 @@ pub async fn cancel_order(
 ) -> Reply {
     let user = authenticate(state, peer, request)?;
     let order_id = parse_order_id(raw_id)?;
-    let order = state.orders.cancel(&user, order_id).await?;
-    let room = state.admission.waiting_room();
-    room.end_session(&order.deal_id, user.as_str()).await;
-    if let Some(payments) = &state.payments
-        && let Err(error) = payments
-            .close_open_attempts(&state.pools.request, order.id)
-            .await
-    {
-        // The reconciler and the late-payment path still cover a session left open.
-        tracing::warn!(%error, order = %order.id, "checkout session of a cancelled order not closed");
-    }
+    let order = state.sale.cancel(&user, order_id).await?;
     Ok(body::respond(
         StatusCode::OK,
         &OrderView::new(&order, order.status(), None),

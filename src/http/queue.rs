@@ -154,7 +154,7 @@ fn user<B>(state: &State, peer: SocketAddr, request: &Request<B>) -> Result<User
     check_ip(state, peer, request)?;
     let authorization = request.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
     let user = state.admission.authenticate(authorization)?;
-    super::router::record_user(&user);
+    crate::telemetry::record_user(&user);
     Ok(user)
 }
 

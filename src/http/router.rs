@@ -16,7 +16,7 @@ use tracing::{Instrument, Span};
 use super::problem::Problem;
 use super::request_id::{self, RequestId};
 use super::{State, admin, ops, payments, public, queue, review, wait_page};
-use crate::domain::{DealId, UserId};
+use crate::domain::DealId;
 use crate::telemetry;
 
 /// Which listener a request came in on.
@@ -439,11 +439,6 @@ fn request_span(id: &RequestId, route: &Route<'_>) -> Span {
         span.record("deal", deal);
     }
     span
-}
-
-/// Names the authenticated user in the current request's span.
-pub(super) fn record_user(user: &UserId) {
-    tracing::Span::current().record("user", user.as_str());
 }
 
 /// `work`'s output, or `Elapsed` after `timeout`. Refusals are answered on the first poll,
