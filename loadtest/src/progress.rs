@@ -6,11 +6,8 @@ use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hdrhistogram::Histogram;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-
-use crate::sale::Recorder;
 
 /// How often the line is redrawn.
 const REFRESH: Duration = Duration::from_millis(250);
@@ -21,11 +18,12 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// Starts redrawing the line, if stderr is a terminal.
+    /// Starts redrawing the line, if stderr is a terminal. `counts` reads the count of
+    /// each outcome so far; `samples` holds the units left as last sampled.
     pub(crate) fn start(
         started: Instant,
         stock: i64,
-        recorder: Arc<Mutex<Recorder>>,
+        counts: impl Fn() -> Vec<(String, u64)> + Send + 'static,
         samples: Arc<Mutex<Vec<(Duration, i64)>>>,
     ) -> Self {
         if !std::io::stderr().is_terminal() {
@@ -39,7 +37,7 @@ impl Progress {
                     _ = &mut stopped => break,
                     () = tokio::time::sleep(REFRESH) => {}
                 }
-                let outcomes = counts(&recorder);
+                let outcomes = counts();
                 let total: u64 = outcomes.iter().map(|(_, n)| n).sum();
                 let rate = (total - last.1) as f64 / last.0.elapsed().as_secs_f64().max(1e-3);
                 last = (Instant::now(), total);
@@ -66,18 +64,6 @@ impl Progress {
             let _ = task.await;
         }
     }
-}
-
-fn counts(recorder: &Mutex<Recorder>) -> Vec<(String, u64)> {
-    recorder
-        .lock()
-        .map(|r| {
-            r.outcomes
-                .iter()
-                .map(|(outcome, h)| (outcome.clone(), Histogram::len(h)))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// One progress line, e.g. `3.2 s | 5120 req/s | 201: 800, 409: 3000 | stock 200/1000`.

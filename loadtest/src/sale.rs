@@ -98,8 +98,8 @@ pub struct Slot {
     pub available: i64,
 }
 
-pub(crate) struct Recorder {
-    pub(crate) outcomes: Outcomes,
+struct Recorder {
+    outcomes: Outcomes,
     per_second: Vec<Histogram<u64>>,
     created_per_second: Vec<u64>,
     order_ids: Vec<String>,
@@ -115,6 +115,14 @@ fn histogram() -> Histogram<u64> {
 }
 
 impl Recorder {
+    /// How many answers of each outcome were recorded so far.
+    fn counts(&self) -> Vec<(String, u64)> {
+        self.outcomes
+            .iter()
+            .map(|(outcome, h)| (outcome.clone(), Histogram::len(h)))
+            .collect()
+    }
+
     fn new(stock: i64) -> Self {
         Self {
             outcomes: Outcomes::new(),
@@ -202,10 +210,11 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
         started,
         stock_samples.clone(),
     ));
+    let counted = recorder.clone();
     let progress = crate::progress::Progress::start(
         started,
         config.stock,
-        recorder.clone(),
+        move || counted.lock().map(|r| r.counts()).unwrap_or_default(),
         stock_samples.clone(),
     );
     let users = Users { tokens, bearers };

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::faults::FaultsPatch;
 use super::ledger::{Created, parse_idempotency_key, to_json};
 use super::model::{Action, SimError};
-use super::server::{Reply, Route, json_body};
+use super::route::{Reply, Route, json_body};
 use super::{Sim, checkout, lock, parse_webhook_url};
 
 /// Answers one request.

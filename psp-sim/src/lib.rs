@@ -25,6 +25,7 @@ pub mod faults;
 pub mod handlers;
 pub mod ledger;
 pub mod model;
+pub mod route;
 pub mod server;
 pub mod tls;
 pub mod webhooks;

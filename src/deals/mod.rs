@@ -59,6 +59,16 @@ impl Deal {
             _ => Window::Open,
         }
     }
+
+    /// The state a buyer is shown: the window first, then the sold-out mirror.
+    pub fn public_state(&self, now: DateTime<Utc>, sold_out: bool) -> &'static str {
+        match self.window(now) {
+            Window::Upcoming => "upcoming",
+            Window::Ended => "ended",
+            Window::Open if sold_out => "sold_out",
+            Window::Open => "open",
+        }
+    }
 }
 
 /// What an administrator asks for; validated by `NewDeal::validate` before any SQL runs.

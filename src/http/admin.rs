@@ -2,7 +2,6 @@
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use http::header::AUTHORIZATION;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -13,27 +12,14 @@ use std::sync::atomic::Ordering;
 
 use super::State;
 use super::body::{self, Caching};
+use super::guard::require_admin;
 use super::problem::Problem;
-use super::public::deal_state;
-use crate::admission::token::{bearer, constant_time_eq};
-use crate::deals::{self, Deal, NewDeal, PaymentTerms};
+use crate::deals::{self, Deal, NewDeal, PaymentTerms, WaitingRoomTerms};
 use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};
 use crate::inventory;
 use crate::telemetry;
 
 type Reply = Result<Response<Full<Bytes>>, Problem>;
-
-/// Only the configured admin token opens /admin; compared in constant time.
-pub(super) fn require_admin<B>(state: &State, request: &Request<B>) -> Result<(), Problem> {
-    let value = request.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
-    let token =
-        bearer(value).ok_or_else(|| Problem::unauthorized("admin bearer token required"))?;
-    if constant_time_eq(token, state.settings.auth.admin_token.as_bytes()) {
-        Ok(())
-    } else {
-        Err(Problem::forbidden("this token may not use the admin API"))
-    }
-}
 
 /// Deal ids may be sent as strings or non-negative integers; they are stored as strings.
 struct IdInput(String);
@@ -90,7 +76,7 @@ struct CreateDeal {
     #[serde(default)]
     capture_method: Option<CaptureMethod>,
     #[serde(default)]
-    waiting_room: Option<super::queue::WaitingRoomInput>,
+    waiting_room: Option<WaitingRoomInput>,
 }
 
 impl CreateDeal {
@@ -136,7 +122,7 @@ impl CreateDeal {
             },
             waiting_room: self
                 .waiting_room
-                .map(super::queue::WaitingRoomInput::into_terms)
+                .map(WaitingRoomInput::into_terms)
                 .unwrap_or_default(),
         })
     }
@@ -164,7 +150,7 @@ impl<'a> AdminDealView<'a> {
         Self {
             id: &deal.id,
             name: &deal.name,
-            state: deal_state(deal, deal.stock_total == 0),
+            state: deal.public_state(Utc::now(), deal.stock_total == 0),
             stock_total: deal.stock_total,
             buckets: deal.bucket_count,
             unit_price_minor: deal.unit_price_minor,
@@ -323,4 +309,43 @@ pub fn metrics(state: &State) -> Response<Full<Bytes>> {
         "text/plain; version=0.0.4; charset=utf-8",
         handle.render(),
     )
+}
+
+/// The `waiting_room` object of `POST /admin/deals`; missing fields take the defaults.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WaitingRoomInput {
+    #[serde(default)]
+    enabled: Option<bool>,
+    #[serde(default, deserialize_with = "super::integer::optional")]
+    admit_per_second: Option<i32>,
+    #[serde(default, deserialize_with = "super::integer::optional")]
+    max_active: Option<i32>,
+    #[serde(default, deserialize_with = "super::integer::optional")]
+    pass_ttl_seconds: Option<i32>,
+    #[serde(default)]
+    queue_order: Option<String>,
+    #[serde(default)]
+    prequeue_opens_at: Option<DateTime<Utc>>,
+    #[serde(default, deserialize_with = "super::integer::optional")]
+    pow_bits: Option<i32>,
+    #[serde(default)]
+    checkout_url: Option<String>,
+}
+
+impl WaitingRoomInput {
+    /// Terms to validate with the rest of the deal; an object without `enabled` enables.
+    fn into_terms(self) -> WaitingRoomTerms {
+        let defaults = WaitingRoomTerms::default();
+        WaitingRoomTerms {
+            enabled: self.enabled.unwrap_or(true),
+            admit_per_second: self.admit_per_second.unwrap_or(defaults.admit_per_second),
+            max_active: self.max_active.unwrap_or(defaults.max_active),
+            pass_ttl_seconds: self.pass_ttl_seconds.unwrap_or(defaults.pass_ttl_seconds),
+            queue_order: self.queue_order.unwrap_or(defaults.queue_order),
+            prequeue_opens_at: self.prequeue_opens_at,
+            pow_bits: self.pow_bits.unwrap_or(defaults.pow_bits),
+            checkout_url: self.checkout_url,
+        }
+    }
 }

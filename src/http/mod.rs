@@ -10,6 +10,7 @@
 mod admin;
 mod body;
 mod connection;
+mod guard;
 mod integer;
 mod ops;
 mod payments;

@@ -10,8 +10,9 @@ use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 
 use super::State;
-use super::admin::{AdminDealView, admin_json, require_admin};
+use super::admin::{AdminDealView, admin_json};
 use super::body::{self, Caching};
+use super::guard::require_admin;
 use super::problem::Problem;
 use crate::domain::DealId;
 use crate::ops::{audit, pause, rebalance};

@@ -27,7 +27,7 @@ pub async fn start_payment(
     request: Request<Incoming>,
     raw_id: &str,
 ) -> Reply {
-    super::public::check_ip(state, peer, &request)?;
+    super::guard::check_ip(state, peer, &request)?;
     let values = request
         .headers()
         .get(AUTHORIZATION)

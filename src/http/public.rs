@@ -13,9 +13,9 @@ use uuid::Uuid;
 
 use super::State;
 use super::body::{self, Caching};
+use super::guard::{self, check_ip, header};
 use super::problem::Problem;
 use crate::admission::Rejection;
-use crate::deals::{Deal, Window};
 use crate::domain::{DealId, IdempotencyKey, OrderStatus, Quantity, UserId};
 use crate::orders::Order;
 use crate::payments::attempts::Attempt;
@@ -33,16 +33,6 @@ struct DealView<'a> {
     currency: &'a str,
     starts_at: Option<DateTime<Utc>>,
     ends_at: Option<DateTime<Utc>>,
-}
-
-/// The public state of a deal: its window first, then the sold-out mirror.
-pub fn deal_state(deal: &Deal, sold_out: bool) -> &'static str {
-    match deal.window(Utc::now()) {
-        Window::Upcoming => "upcoming",
-        Window::Ended => "ended",
-        Window::Open if sold_out => "sold_out",
-        Window::Open => "open",
-    }
 }
 
 #[derive(Serialize)]
@@ -101,23 +91,6 @@ struct OrderRequest {
     quantity: i64,
 }
 
-fn header<B>(request: &Request<B>, name: impl http::header::AsHeaderName) -> Option<&[u8]> {
-    request.headers().get(name).map(HeaderValue::as_bytes)
-}
-
-/// Per-IP limit, after resolving the client address.
-pub(super) fn check_ip<B>(
-    state: &State,
-    peer: SocketAddr,
-    request: &Request<B>,
-) -> Result<(), Problem> {
-    let values = request.headers().get_all(&state.client_ip_header).iter();
-    let ip = state
-        .admission
-        .client_ip(peer.ip(), values.map(HeaderValue::as_bytes));
-    Ok(state.admission.check_ip(ip)?)
-}
-
 fn authenticate<B>(
     state: &State,
     peer: SocketAddr,
@@ -160,7 +133,7 @@ pub async fn get_deal(
     let view = DealView {
         id: &deal.id,
         name: &deal.name,
-        state: deal_state(&deal, state.admission.sold_out().is_sold_out(&deal.id)),
+        state: deal.public_state(Utc::now(), state.admission.sold_out().is_sold_out(&deal.id)),
         unit_price_minor: deal.unit_price_minor,
         currency: &deal.currency,
         starts_at: deal.starts_at,
@@ -201,7 +174,7 @@ pub async fn place_admissible(state: &State, request: Request<Incoming>, deal_id
     let order = sale::OrderRequest {
         deal: deal_id,
         authorization: header(&request, AUTHORIZATION),
-        pass: header(&request, super::queue::PASS_HEADER),
+        pass: header(&request, guard::PASS_HEADER),
         key,
         quantity: Quantity::new(asked.quantity, orders_settings.quantity_max),
     };

@@ -18,61 +18,16 @@ use serde::{Deserialize, Serialize};
 
 use super::State;
 use super::body::{self, Caching};
+use super::guard::{POW_HEADER, check_ip, require_admin};
 use super::problem::Problem;
-use super::public::{check_ip, deal_state};
-use crate::deals::{Deal, WaitingRoomTerms, Window};
+use crate::deals::{Deal, Window};
 use crate::domain::{DealId, UserId};
 use crate::waiting_room::{QueueError, TicketState, TicketStatus};
 
 type Reply = Result<Response<Full<Bytes>>, Problem>;
 
-/// The request header that carries a pass on `POST /v1/deals/{id}/orders`.
-pub const PASS_HEADER: &str = "flashgate-pass";
-
-/// The request header that carries a proof-of-work solution on `POST /v1/deals/{id}/queue`.
-pub const POW_HEADER: &str = "flashgate-pow";
-
 /// Longest ticket id accepted in a path; real ones are 32 hex digits.
 const TICKET_BYTES_MAX: usize = 64;
-
-/// The `waiting_room` object of `POST /admin/deals`; missing fields take the defaults.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct WaitingRoomInput {
-    #[serde(default)]
-    enabled: Option<bool>,
-    #[serde(default, deserialize_with = "super::integer::optional")]
-    admit_per_second: Option<i32>,
-    #[serde(default, deserialize_with = "super::integer::optional")]
-    max_active: Option<i32>,
-    #[serde(default, deserialize_with = "super::integer::optional")]
-    pass_ttl_seconds: Option<i32>,
-    #[serde(default)]
-    queue_order: Option<String>,
-    #[serde(default)]
-    pub(super) prequeue_opens_at: Option<DateTime<Utc>>,
-    #[serde(default, deserialize_with = "super::integer::optional")]
-    pow_bits: Option<i32>,
-    #[serde(default)]
-    checkout_url: Option<String>,
-}
-
-impl WaitingRoomInput {
-    /// Terms to validate with the rest of the deal; an object without `enabled` enables.
-    pub(super) fn into_terms(self) -> WaitingRoomTerms {
-        let defaults = WaitingRoomTerms::default();
-        WaitingRoomTerms {
-            enabled: self.enabled.unwrap_or(true),
-            admit_per_second: self.admit_per_second.unwrap_or(defaults.admit_per_second),
-            max_active: self.max_active.unwrap_or(defaults.max_active),
-            pass_ttl_seconds: self.pass_ttl_seconds.unwrap_or(defaults.pass_ttl_seconds),
-            queue_order: self.queue_order.unwrap_or(defaults.queue_order),
-            prequeue_opens_at: self.prequeue_opens_at,
-            pow_bits: self.pow_bits.unwrap_or(defaults.pow_bits),
-            checkout_url: self.checkout_url,
-        }
-    }
-}
 
 #[derive(Serialize)]
 struct TicketView<'a> {
@@ -227,7 +182,7 @@ pub async fn line(
         waiting: line.waiting,
         admit_per_second: deal.waiting_room.admit_per_second,
         max_active: deal.waiting_room.max_active,
-        state: deal_state(&deal, sold_out),
+        state: deal.public_state(Utc::now(), sold_out),
         queue_order: deal.waiting_room.queue_order.clone(),
         seed_sha256: line.seed_sha256,
         seed: line.seed,
@@ -362,7 +317,7 @@ struct RevokeView {
 /// `POST /admin/deals/{id}/queue/revoke`: ends a user's session on the line; their pass
 /// stops working on every instance within `revocation_poll_ms`.
 pub async fn revoke(state: &State, request: Request<Incoming>, raw_id: &str) -> Reply {
-    super::admin::require_admin(state, &request)?;
+    require_admin(state, &request)?;
     let deal = deal_with_room(state, raw_id).await?;
     let (_, bytes) = body::split(request, &state.settings.server).await?;
     let asked: RevokeRequest = body::json(&bytes)?;

@@ -8,8 +8,8 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::State;
-use super::admin::require_admin;
 use super::body::{self, Caching};
+use super::guard::require_admin;
 use super::problem::Problem;
 use crate::payments::review::{self, ReviewItem, ReviewOutcome};
 

@@ -396,3 +396,23 @@ pub async fn mark_create_uncertain(
         .await?;
     conn.commit().await
 }
+
+/// Whether the order of `attempt` has another attempt still waiting for the payer.
+pub async fn other_pending(tx: &mut PgConnection, attempt: &Attempt) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM payment_attempts WHERE order_id = $1 AND id <> $2 AND status = 'PENDING')",
+    )
+    .bind(attempt.order_id)
+    .bind(attempt.id)
+    .fetch_one(tx)
+    .await?)
+}
+
+/// Marks the attempt as the one that paid its order (unique per order).
+pub async fn accept(tx: &mut PgConnection, attempt_id: Uuid) -> Result<(), StoreError> {
+    sqlx::query("UPDATE payment_attempts SET accepted = true WHERE id = $1")
+        .bind(attempt_id)
+        .execute(tx)
+        .await?;
+    Ok(())
+}

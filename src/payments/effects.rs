@@ -11,10 +11,11 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::Payments;
+use super::applied::Applied;
 use super::attempts::{self, CaptureClaim};
 use super::outbox::{self, Entry, Kind};
 use super::refunds;
-use super::settle::{self, Applied};
+use super::settle;
 use super::workers::{OutboxError, Released, released, text};
 use crate::store::StoreError;
 use crate::telemetry;

@@ -10,11 +10,11 @@
 use serde_json::json;
 use sqlx::PgConnection;
 
+use super::applied::{Applied, release_if_last};
 use super::attempts::{self, Attempt, AttemptStatus};
 use super::outbox::{self, Kind};
 use super::provider::{ProviderPayment, ProviderStatus};
 use super::refunds;
-use super::settle::{Applied, release_if_last};
 use crate::store::StoreError;
 use crate::telemetry;
 

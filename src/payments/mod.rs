@@ -16,6 +16,7 @@
 //! - [`workers`]: overdue-payment checks before expiry, reconciler.
 //! - [`review`]: the queue of late payments held for an operator (`manual_review`).
 
+pub mod applied;
 pub mod attempts;
 pub mod breaker;
 pub mod checkout;

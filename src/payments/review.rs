@@ -134,7 +134,7 @@ async fn fulfil_in(
     if !settlement::reserve_again_and_pay(tx, order).await? {
         return Ok(ReviewOutcome::NoStock);
     }
-    settle::accept(tx, attempt).await?;
+    super::attempts::accept(tx, attempt.id).await?;
     settle::order_paid(tx, attempt).await?;
     Ok(ReviewOutcome::Fulfilled)
 }

@@ -8,6 +8,7 @@
 use serde_json::json;
 use sqlx::{PgConnection, PgPool};
 
+use super::applied::{Applied, lock_order, release_if_last};
 use super::attempts::{self, Attempt, AttemptStatus};
 use super::mismatch;
 use super::outbox::{self, Kind};
@@ -15,81 +16,8 @@ use super::provider::{ProviderPayment, ProviderStatus};
 use super::refunds;
 use crate::domain::{CaptureMethod, LatePaymentPolicy, OrderEvent, OrderStatus};
 use crate::orders::settlement::{self, LockedOrder};
-use crate::orders::sweeper;
 use crate::store::StoreError;
 use crate::telemetry;
-
-/// What applying a provider report did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Applied {
-    /// The order is now PAID and its units sold.
-    Paid,
-    /// The report was already applied.
-    Duplicate,
-    /// Authorised (manual capture); the capture is queued.
-    Authorized,
-    /// The attempt failed and the order gave its units back (`deal_id` may leave sold-out).
-    Released { deal_id: String },
-    /// The attempt closed after the order's reservation ended: the order expired and gave
-    /// its units back, exactly as the sweeper would have done.
-    Expired { deal_id: String },
-    /// The attempt failed; the order waits for another attempt or its expiry.
-    Failed,
-    /// Money for an order that had expired: units taken again, order PAID.
-    LateReserved,
-    /// Money for an order that had expired: refund queued, order REFUND_PENDING.
-    LateRefunded,
-    /// Money for an order that had expired, on a `manual_review` deal: order MANUAL_REVIEW.
-    LateHeld,
-    /// Authorisation for an order that no longer holds stock: void queued.
-    LateVoided,
-    /// The order was already paid by another attempt: this money is refunded.
-    ExtraRefunded,
-    /// Still waiting for the payer.
-    Pending,
-    /// A refund was confirmed.
-    Refunded,
-    /// Amount or currency differ from the price snapshot: nothing applied.
-    Mismatch,
-    /// The provider itself reports an amount or currency other than the order's: the money
-    /// is voided or refunded, never captured, and the attempt closed (releasing the order's
-    /// units when it was its last open attempt).
-    MismatchRejected { released: Option<String> },
-    /// No attempt of ours has this payment.
-    UnknownPayment,
-}
-
-impl Applied {
-    pub fn label(&self) -> &'static str {
-        match self {
-            Applied::Paid => "paid",
-            Applied::Duplicate => "duplicate",
-            Applied::Authorized => "authorized",
-            Applied::Released { .. } => "released",
-            Applied::Expired { .. } => "expired",
-            Applied::Failed => "failed",
-            Applied::LateReserved => "late_reserved",
-            Applied::LateRefunded => "late_refunded",
-            Applied::LateHeld => "late_held",
-            Applied::LateVoided => "late_voided",
-            Applied::ExtraRefunded => "extra_refunded",
-            Applied::Pending => "pending",
-            Applied::Refunded => "refunded",
-            Applied::Mismatch => "mismatch",
-            Applied::MismatchRejected { .. } => "mismatch_rejected",
-            Applied::UnknownPayment => "unknown_payment",
-        }
-    }
-
-    /// The deal that got units back, whose sold-out flag must clear.
-    pub fn released_deal(&self) -> Option<&str> {
-        match self {
-            Applied::Released { deal_id } | Applied::Expired { deal_id } => Some(deal_id),
-            Applied::MismatchRejected { released } => released.as_deref(),
-            _ => None,
-        }
-    }
-}
 
 /// Applies the provider's view of `payment`, as read from the provider's API, in one
 /// transaction. When the provider's amount or currency differs from the order's, the
@@ -193,19 +121,6 @@ fn late_resolution(applied: &Applied) -> Option<&'static str> {
     }
 }
 
-pub(super) async fn lock_order(
-    tx: &mut PgConnection,
-    attempt: &Attempt,
-) -> Result<LockedOrder, StoreError> {
-    // Attempts are only ever created from their order's row, and orders with attempts are
-    // never deleted. Should one be missing all the same, the settlement is refused and
-    // rolled back (the provider retries), never applied to nothing.
-    settlement::lock(tx, attempt.order_id).await?.ok_or_else(|| {
-        tracing::error!(attempt = %attempt.id, order = %attempt.order_id, "payment attempt without its order");
-        StoreError::Unexpected(sqlx::Error::RowNotFound)
-    })
-}
-
 async fn succeeded(tx: &mut PgConnection, attempt: &Attempt) -> Result<Applied, StoreError> {
     if attempt.status == AttemptStatus::Succeeded {
         return Ok(Applied::Duplicate);
@@ -217,7 +132,7 @@ async fn succeeded(tx: &mut PgConnection, attempt: &Attempt) -> Result<Applied, 
     let order = lock_order(tx, attempt).await?;
     match order.status() {
         OrderStatus::PendingPayment => {
-            accept(tx, attempt).await?;
+            attempts::accept(tx, attempt.id).await?;
             assert!(
                 settlement::pay(tx, &order).await?,
                 "the order row is locked"
@@ -258,7 +173,7 @@ async fn late(
         && order.late_payment_policy == LatePaymentPolicy::ReserveOrRefund
         && settlement::reserve_again_and_pay(tx, order).await?
     {
-        accept(tx, attempt).await?;
+        attempts::accept(tx, attempt.id).await?;
         order_paid(tx, attempt).await?;
         return Ok(Applied::LateReserved);
     }
@@ -304,48 +219,6 @@ async fn failed(
     let from = AttemptStatus::Pending;
     assert!(attempts::transition(tx, attempt.id, from, to).await?);
     release_if_last(tx, attempt).await
-}
-
-/// `attempt` just closed without money: when it was its pending order's last open attempt,
-/// the order gives its units back, as EXPIRED once its reservation has ended (whoever gets
-/// here first, the sweeper's provider check or the provider's own webhook), else CANCELLED.
-pub(super) async fn release_if_last(
-    tx: &mut PgConnection,
-    attempt: &Attempt,
-) -> Result<Applied, StoreError> {
-    let order = lock_order(tx, attempt).await?;
-    if order.status() != OrderStatus::PendingPayment || other_pending(tx, attempt).await? {
-        return Ok(Applied::Failed);
-    }
-    if let Some(deal_id) = sweeper::expire_if_due(tx, order.id).await? {
-        return Ok(Applied::Expired { deal_id });
-    }
-    assert!(
-        settlement::fail(tx, &order).await?,
-        "the order row is locked"
-    );
-    Ok(Applied::Released {
-        deal_id: order.deal_id,
-    })
-}
-
-async fn other_pending(tx: &mut PgConnection, attempt: &Attempt) -> Result<bool, StoreError> {
-    Ok(sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM payment_attempts WHERE order_id = $1 AND id <> $2 AND status = 'PENDING')",
-    )
-    .bind(attempt.order_id)
-    .bind(attempt.id)
-    .fetch_one(tx)
-    .await?)
-}
-
-/// Marks `attempt` as the one that paid its order (unique per order).
-pub(super) async fn accept(tx: &mut PgConnection, attempt: &Attempt) -> Result<(), StoreError> {
-    sqlx::query("UPDATE payment_attempts SET accepted = true WHERE id = $1")
-        .bind(attempt.id)
-        .execute(tx)
-        .await?;
-    Ok(())
 }
 
 pub(super) async fn order_paid(tx: &mut PgConnection, attempt: &Attempt) -> Result<(), StoreError> {

@@ -8,8 +8,9 @@ use chrono::Utc;
 use sqlx::{PgConnection, PgPool};
 
 use super::Payments;
+use super::applied::Applied;
 use super::provider::{EventSubject, ProviderEvent, WebhookError};
-use super::settle::{self, Applied};
+use super::settle;
 use crate::store::StoreError;
 use crate::telemetry;
 

@@ -11,10 +11,11 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::Payments;
+use super::applied::Applied;
 use super::attempts::{self, Attempt};
 use super::provider::{ProviderError, ProviderPayment, ProviderStatus};
 use super::refunds;
-use super::settle::{self, Applied};
+use super::settle;
 use crate::store::StoreError;
 use crate::telemetry;
 
