@@ -271,7 +271,7 @@ fn spawn_ops(tasks: &TaskTracker, state: &Arc<State>, shutdown: &CancellationTok
         shutdown.clone(),
     ));
     let listening = state.clone();
-    tasks.spawn(ops::changes::follow(
+    tasks.spawn(crate::deals::changes::follow(
         {
             let direct = settings.database.direct_url.clone();
             let primary = state.pools.primary.clone();
@@ -285,8 +285,8 @@ fn spawn_ops(tasks: &TaskTracker, state: &Arc<State>, shutdown: &CancellationTok
         },
         shutdown.clone(),
         move |change| match change {
-            ops::changes::Change::Deal(id) => listening.admission.deals().evict(id),
-            ops::changes::Change::Unknown => listening.admission.deals().clear(),
+            crate::deals::changes::Change::Deal(id) => listening.admission.deals().evict(id),
+            crate::deals::changes::Change::Unknown => listening.admission.deals().clear(),
         },
     ));
 }

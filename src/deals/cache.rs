@@ -4,7 +4,7 @@
 //! one query. An id missing from a fresh catalogue is answered "no such deal" from memory,
 //! so a scanner sending thousands of made-up ids costs one PostgreSQL transaction per
 //! `deals.cache_ttl_ms`, not one per id. A deal created anywhere is announced to every
-//! instance (see `ops::changes`), which adds its id at once; the TTL bounds the staleness
+//! instance (see `deals::changes`), which adds its id at once; the TTL bounds the staleness
 //! when an announcement is lost.
 //!
 //! When a cached deal goes stale, one request re-reads it and the others are answered from

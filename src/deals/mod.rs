@@ -5,10 +5,11 @@
 //! written, so a stale cache can delay a decision but never let a wrong one through.
 
 mod cache;
+pub mod changes;
 mod waiting_room;
 
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 pub use cache::DealCache;
 pub use waiting_room::WaitingRoomTerms;
@@ -232,9 +233,58 @@ pub async fn create(pool: &PgPool, new: &NewDeal) -> Result<Deal, DealError> {
         .fetch_one(&mut *tx)
         .await
         .map_err(StoreError::from)?;
-    crate::ops::changes::announce(&mut tx, new.id.as_str()).await?;
+    changes::announce(&mut tx, new.id.as_str()).await?;
     tx.commit().await.map_err(StoreError::from)?;
     Ok(deal)
+}
+
+/// Sets the deal's `paused` flag and announces the change, in the caller's transaction;
+/// false when there is no such deal.
+pub async fn set_paused(
+    tx: &mut PgConnection,
+    deal_id: &str,
+    paused: bool,
+) -> Result<bool, StoreError> {
+    let updated = sqlx::query("UPDATE deals SET paused = $2 WHERE id = $1")
+        .bind(deal_id)
+        .bind(paused)
+        .execute(&mut *tx)
+        .await?;
+    if updated.rows_affected() == 0 {
+        return Ok(false);
+    }
+    changes::announce(tx, deal_id).await?;
+    Ok(true)
+}
+
+/// Records the deal's new bucket count and announces it, in the transaction that moved
+/// the units.
+pub async fn set_bucket_count(
+    tx: &mut PgConnection,
+    deal_id: &str,
+    buckets: i32,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE deals SET bucket_count = $2 WHERE id = $1")
+        .bind(deal_id)
+        .bind(buckets)
+        .execute(&mut *tx)
+        .await?;
+    changes::announce(tx, deal_id).await
+}
+
+/// Adds `delta` units to the deal's stock total, in the transaction that changed its
+/// buckets.
+pub async fn add_stock_total(
+    tx: &mut PgConnection,
+    deal_id: &str,
+    delta: i64,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE deals SET stock_total = stock_total + $2 WHERE id = $1")
+        .bind(deal_id)
+        .bind(delta)
+        .execute(tx)
+        .await?;
+    Ok(())
 }
 
 #[cfg(test)]

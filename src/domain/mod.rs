@@ -9,4 +9,4 @@ mod status;
 
 pub use ids::{DealId, IdempotencyKey, InvalidInput, Quantity, UserId};
 pub use payment_terms::{CaptureMethod, LatePaymentPolicy};
-pub use status::{InvalidTransition, OrderEvent, OrderStatus};
+pub use status::{AttemptStatus, InvalidTransition, OrderEvent, OrderStatus};

@@ -183,3 +183,34 @@ mod tests {
         }
     }
 }
+
+/// Where an attempt stands; stored as its upper-case name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum AttemptStatus {
+    /// Open at the provider (or not yet created there): money may still come.
+    Pending,
+    Succeeded,
+    Failed,
+    Expired,
+}
+
+impl AttemptStatus {
+    pub const ALL: [Self; 4] = [Self::Pending, Self::Succeeded, Self::Failed, Self::Expired];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "PENDING",
+            Self::Succeeded => "SUCCEEDED",
+            Self::Failed => "FAILED",
+            Self::Expired => "EXPIRED",
+        }
+    }
+}
+
+impl TryFrom<String> for AttemptStatus {
+    type Error = String;
+    fn try_from(raw: String) -> Result<Self, String> {
+        Self::ALL.into_iter().find(|s| s.as_str() == raw).ok_or(raw)
+    }
+}

@@ -212,7 +212,7 @@ pub async fn adjust_stock(state: &State, request: Request<Incoming>, raw_id: &st
         )));
     }
     let id = DealId::parse(raw_id).map_err(|_| Problem::not_found("no such deal"))?;
-    inventory::adjust(&state.pools.admin, id.as_str(), change.delta).await?;
+    crate::ops::stock::adjust(&state.pools.admin, id.as_str(), change.delta).await?;
     inventory_reply(state, &id).await
 }
 

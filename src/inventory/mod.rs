@@ -34,6 +34,7 @@ pub use layout::{create_buckets, lock_for_rebalance, set_available, split_evenly
 pub use release::{HeldOrder, consume, release};
 pub use stock::{StockError, adjust};
 
+use crate::domain::OrderStatus;
 use crate::store::StoreError;
 
 /// The buckets lane `lane` of `lanes` draws from first: every `lanes`-th bucket, so the
@@ -222,12 +223,14 @@ pub async fn snapshot(pool: &PgPool, deal_id: &str) -> Result<Option<Snapshot>, 
     .fetch_all(&mut *tx)
     .await?;
     let (lines_reserved, lines_sold): (i64, i64) = sqlx::query_as(
-        "SELECT COALESCE(sum(l.quantity) FILTER (WHERE o.status = 'PENDING_PAYMENT'), 0)::bigint,
-                COALESCE(sum(l.quantity) FILTER (WHERE o.status = 'PAID'), 0)::bigint
+        "SELECT COALESCE(sum(l.quantity) FILTER (WHERE o.status = $2), 0)::bigint,
+                COALESCE(sum(l.quantity) FILTER (WHERE o.status = $3), 0)::bigint
            FROM reservation_lines l JOIN orders o ON o.id = l.order_id
           WHERE l.deal_id = $1 AND l.released_at IS NULL",
     )
     .bind(deal_id)
+    .bind(OrderStatus::PendingPayment.as_str())
+    .bind(OrderStatus::Paid.as_str())
     .fetch_one(&mut *tx)
     .await?;
     tx.commit().await?;

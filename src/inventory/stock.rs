@@ -1,7 +1,7 @@
 //! Administrative stock changes, through the same constraints as reservations: units are
 //! added to or removed from `available` only, never from reserved or sold units.
 
-use sqlx::PgPool;
+use sqlx::PgConnection;
 
 use super::split_evenly;
 use crate::store::StoreError;
@@ -16,9 +16,9 @@ pub enum StockError {
     Store(#[from] StoreError),
 }
 
-/// Adds (`delta > 0`) or removes (`delta < 0`) available units, spread over the buckets.
-pub async fn adjust(pool: &PgPool, deal_id: &str, delta: i64) -> Result<(), StockError> {
-    let mut tx = pool.begin().await.map_err(StoreError::from)?;
+/// Adds (`delta > 0`) or removes (`delta < 0`) available units, spread over the buckets,
+/// in the caller's transaction (which also records the deal's new total).
+pub async fn adjust(tx: &mut PgConnection, deal_id: &str, delta: i64) -> Result<(), StockError> {
     let buckets: Vec<(i32, i64)> = sqlx::query_as(
         "SELECT bucket, available FROM inventory_buckets
           WHERE deal_id = $1 ORDER BY bucket FOR NO KEY UPDATE",
@@ -31,12 +31,6 @@ pub async fn adjust(pool: &PgPool, deal_id: &str, delta: i64) -> Result<(), Stoc
         return Err(StockError::NotFound);
     }
     let changes = plan(&buckets, delta)?;
-    sqlx::query("UPDATE deals SET stock_total = stock_total + $2 WHERE id = $1")
-        .bind(deal_id)
-        .bind(delta)
-        .execute(&mut *tx)
-        .await
-        .map_err(StoreError::from)?;
     let (ids, deltas): (Vec<i32>, Vec<i64>) = changes.into_iter().unzip();
     sqlx::query(
         "UPDATE inventory_buckets b
@@ -47,10 +41,9 @@ pub async fn adjust(pool: &PgPool, deal_id: &str, delta: i64) -> Result<(), Stoc
     .bind(deal_id)
     .bind(&ids)
     .bind(&deltas)
-    .execute(&mut *tx)
+    .execute(tx)
     .await
     .map_err(StoreError::from)?;
-    tx.commit().await.map_err(StoreError::from)?;
     Ok(())
 }
 

@@ -256,7 +256,7 @@ async fn run_deals(
             print(&deal_json(&deal))
         }
         DealsCommand::Stock { id, delta } => {
-            inventory::adjust(pool, &id, delta)
+            super::stock::adjust(pool, &id, delta)
                 .await
                 .map_err(|e| e.to_string())?;
             show(pool, &id).await

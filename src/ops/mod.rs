@@ -1,8 +1,7 @@
 //! Operations: the tools an operator uses during a sale.
 //!
 //! - [`pause`]: the kill switch. A paused deal takes no new orders on any instance.
-//! - [`changes`]: deal changes announced with PostgreSQL `NOTIFY`, so every instance drops
-//!   its cached copy at once instead of waiting for the cache TTL.
+//! - [`stock`]: adding or removing available units.
 //! - [`rebalance`]: changes a deal's bucket count, moving only available units.
 //! - [`audit`]: the invariant audit behind `flashgate check`, `GET /admin/audit` and the
 //!   periodic audit task.
@@ -12,7 +11,7 @@
 //! CLI works without a running gateway and the admin API shares the same code.
 
 pub mod audit;
-pub mod changes;
 pub mod cli;
 pub mod pause;
 pub mod rebalance;
+pub mod stock;

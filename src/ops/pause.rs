@@ -8,7 +8,6 @@
 
 use sqlx::PgPool;
 
-use super::changes;
 use crate::deals::{self, Deal, DealError};
 use crate::store::StoreError;
 
@@ -16,16 +15,9 @@ use crate::store::StoreError;
 /// afterwards.
 pub async fn set_paused(pool: &PgPool, deal_id: &str, paused: bool) -> Result<Deal, DealError> {
     let mut tx = pool.begin().await.map_err(StoreError::from)?;
-    let updated = sqlx::query("UPDATE deals SET paused = $2 WHERE id = $1")
-        .bind(deal_id)
-        .bind(paused)
-        .execute(&mut *tx)
-        .await
-        .map_err(StoreError::from)?;
-    if updated.rows_affected() == 0 {
+    if !deals::set_paused(&mut tx, deal_id, paused).await? {
         return Err(DealError::NotFound);
     }
-    changes::announce(&mut tx, deal_id).await?;
     tx.commit().await.map_err(StoreError::from)?;
     deals::load(pool, deal_id).await?.ok_or(DealError::NotFound)
 }

@@ -24,8 +24,7 @@
 
 use sqlx::PgPool;
 
-use super::changes;
-use crate::deals::BUCKETS_MAX;
+use crate::deals::{self, BUCKETS_MAX};
 use crate::inventory::{self, split_evenly};
 use crate::store::StoreError;
 
@@ -79,12 +78,7 @@ pub async fn rebalance(
     let rows = inventory::lock_for_rebalance(&mut tx, deal_id, buckets).await?;
     let targets = plan(&rows, buckets);
     inventory::set_available(&mut tx, deal_id, &targets).await?;
-    sqlx::query("UPDATE deals SET bucket_count = $2 WHERE id = $1")
-        .bind(deal_id)
-        .bind(buckets)
-        .execute(&mut *tx)
-        .await?;
-    changes::announce(&mut tx, deal_id).await?;
+    deals::set_bucket_count(&mut tx, deal_id, buckets).await?;
     tx.commit().await?;
     Ok(Rebalanced {
         deal_id: deal_id.to_owned(),

@@ -2,6 +2,7 @@
 //! caller saw, so a webhook, the sweeper and a cancel racing on one order produce exactly
 //! one outcome.
 
+use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -151,4 +152,24 @@ async fn take_units(tx: &mut PgConnection, order: &LockedOrder) -> Result<bool, 
         order.per_user_limit,
     )
     .await
+}
+
+/// The reservation of a pending order follows its provider's checkout session when that
+/// ends first. Returns the order's expiry afterwards, `None` when it no longer waits for
+/// payment.
+pub async fn follow_session(
+    tx: &mut PgConnection,
+    order_id: Uuid,
+    session_ends_at: Option<DateTime<Utc>>,
+) -> Result<Option<DateTime<Utc>>, StoreError> {
+    Ok(sqlx::query_scalar(
+        "UPDATE orders SET expires_at = LEAST(expires_at, COALESCE($2, expires_at)), updated_at = now()
+          WHERE id = $1 AND status = $3
+         RETURNING expires_at",
+    )
+    .bind(order_id)
+    .bind(session_ends_at)
+    .bind(OrderStatus::PendingPayment.as_str())
+    .fetch_optional(tx)
+    .await?)
 }

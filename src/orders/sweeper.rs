@@ -23,7 +23,7 @@ use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::domain::{OrderEvent, OrderStatus};
+use crate::domain::{AttemptStatus, OrderEvent, OrderStatus};
 use crate::inventory::{self, HeldOrder};
 use crate::store::StoreError;
 use crate::telemetry;
@@ -53,7 +53,7 @@ pub async fn sweep_once(
               WHERE status = 'PENDING_PAYMENT' AND expires_at <= now()
                 AND (expires_at <= now() - make_interval(secs => $3)
                      OR NOT EXISTS (SELECT 1 FROM payment_attempts a
-                                     WHERE a.order_id = orders.id AND a.status = 'PENDING'))
+                                     WHERE a.order_id = orders.id AND a.status = $4))
               ORDER BY expires_at
               LIMIT $1
                 FOR UPDATE SKIP LOCKED)
@@ -65,6 +65,7 @@ pub async fn sweep_once(
     .bind(i64::from(batch_max))
     .bind(to.as_str())
     .bind(grace.as_secs_f64())
+    .bind(AttemptStatus::Pending.as_str())
     .fetch_all(&mut *tx)
     .await?;
     assert!(expired.len() <= batch_max as usize);

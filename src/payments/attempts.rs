@@ -4,7 +4,9 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::domain::CaptureMethod;
+pub use crate::domain::AttemptStatus;
+use crate::domain::{CaptureMethod, OrderStatus};
+use crate::orders::settlement;
 use crate::store::{StoreError, Writes};
 
 /// An attempt as stored.
@@ -27,37 +29,6 @@ pub struct Attempt {
     pub created_at: DateTime<Utc>,
     /// A create call may have reached the provider without our learning the payment id.
     pub create_uncertain: bool,
-}
-
-/// Where an attempt stands; stored as its upper-case name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum AttemptStatus {
-    /// Open at the provider (or not yet created there): money may still come.
-    Pending,
-    Succeeded,
-    Failed,
-    Expired,
-}
-
-impl AttemptStatus {
-    pub const ALL: [Self; 4] = [Self::Pending, Self::Succeeded, Self::Failed, Self::Expired];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "PENDING",
-            Self::Succeeded => "SUCCEEDED",
-            Self::Failed => "FAILED",
-            Self::Expired => "EXPIRED",
-        }
-    }
-}
-
-impl TryFrom<String> for AttemptStatus {
-    type Error = String;
-    fn try_from(raw: String) -> Result<Self, String> {
-        Self::ALL.into_iter().find(|s| s.as_str() == raw).ok_or(raw)
-    }
 }
 
 const COLUMNS: &str = "id, order_id, provider, provider_payment_id, status, amount_minor, currency,
@@ -213,15 +184,7 @@ pub async fn record_created(
     .bind(provider_expires_at)
     .execute(&mut *tx)
     .await?;
-    let expires_at: Option<DateTime<Utc>> = sqlx::query_scalar(
-        "UPDATE orders SET expires_at = LEAST(expires_at, COALESCE($2, expires_at)), updated_at = now()
-          WHERE id = $1 AND status = 'PENDING_PAYMENT'
-         RETURNING expires_at",
-    )
-    .bind(order_id)
-    .bind(provider_expires_at)
-    .fetch_optional(&mut *tx)
-    .await?;
+    let expires_at = settlement::follow_session(&mut tx, order_id, provider_expires_at).await?;
     tx.commit().await?;
     Ok(expires_at)
 }
@@ -338,7 +301,7 @@ pub async fn claim_capture(
              UPDATE payment_attempts a SET capture_claimed_at = now(), updated_at = now()
                FROM orders o
               WHERE a.id = $1 AND o.id = a.order_id AND a.status = 'PENDING'
-                AND o.status = 'PENDING_PAYMENT'
+                AND o.status = $3
                 AND o.expires_at > now() - make_interval(secs => $2)
              RETURNING a.id)
          SELECT a.status, EXISTS (SELECT 1 FROM claim)
@@ -346,6 +309,7 @@ pub async fn claim_capture(
     )
     .bind(attempt_id)
     .bind(f64::from(grace_seconds))
+    .bind(OrderStatus::PendingPayment.as_str())
     .fetch_optional(&mut *conn)
     .await?;
     conn.commit().await?;
@@ -415,4 +379,36 @@ pub async fn accept(tx: &mut PgConnection, attempt_id: Uuid) -> Result<(), Store
         .execute(tx)
         .await?;
     Ok(())
+}
+
+/// The attempts of an order still open at the provider: id and provider payment id.
+pub async fn open_at_provider(
+    conn: &mut PgConnection,
+    order_id: Uuid,
+) -> Result<Vec<(Uuid, String)>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT id, provider_payment_id FROM payment_attempts
+          WHERE order_id = $1 AND status = 'PENDING' AND provider_payment_id IS NOT NULL",
+    )
+    .bind(order_id)
+    .fetch_all(conn)
+    .await?)
+}
+
+/// Closes an attempt no create call ever reached the provider with, as EXPIRED; `None`
+/// when it is not such an attempt (any more).
+pub async fn expire_never_created(
+    tx: &mut PgConnection,
+    attempt_id: Uuid,
+) -> Result<Option<Attempt>, StoreError> {
+    let sql = format!(
+        "UPDATE payment_attempts SET status = 'EXPIRED', updated_at = now()
+          WHERE id = $1 AND status = 'PENDING' AND provider_payment_id IS NULL
+            AND NOT create_uncertain
+         RETURNING {COLUMNS}"
+    );
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(attempt_id)
+        .fetch_optional(tx)
+        .await?)
 }

@@ -10,11 +10,13 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::Payments;
 use super::attempts::{self, Attempt, AttemptStatus, Keyed};
+use super::outbox::{self, Kind};
 use super::provider::{CreatePayment, ProviderError, ProviderPayment};
 use crate::domain::CaptureMethod;
 use crate::store::StoreError;
@@ -154,17 +156,19 @@ impl Payments {
         order_id: Uuid,
     ) -> Result<(), StoreError> {
         let mut conn = self.writes.acquire(pool).await?;
-        sqlx::query(
-            "INSERT INTO outbox (kind, dedupe_key, payload)
-             SELECT 'void', 'void:' || a.id,
-                    jsonb_build_object('attempt_id', a.id, 'provider_payment_id', a.provider_payment_id)
-               FROM payment_attempts a
-              WHERE a.order_id = $1 AND a.status = 'PENDING' AND a.provider_payment_id IS NOT NULL
-             ON CONFLICT (dedupe_key) DO NOTHING",
-        )
-        .bind(order_id)
-        .execute(&mut *conn)
-        .await?;
+        for (attempt_id, provider_payment_id) in
+            attempts::open_at_provider(&mut *conn, order_id).await?
+        {
+            let payload =
+                json!({ "attempt_id": attempt_id, "provider_payment_id": provider_payment_id });
+            outbox::enqueue(
+                &mut *conn,
+                Kind::Void,
+                &format!("void:{attempt_id}"),
+                payload,
+            )
+            .await?;
+        }
         conn.commit().await
     }
 

@@ -6,6 +6,8 @@ use uuid::Uuid;
 
 use super::attempts::Attempt;
 use super::outbox::{self, Kind};
+use crate::domain::OrderEvent;
+use crate::orders::settlement;
 use crate::store::{StoreError, Writes};
 
 /// Records a full refund of `attempt` and queues it for the provider; a second request for
@@ -93,18 +95,18 @@ pub async fn complete_for_payment(
 /// REFUND_PENDING becomes REFUNDED once no refund of the order is pending.
 async fn finish_order(tx: &mut PgConnection, order_id: Uuid) -> Result<(), StoreError> {
     // Locking the order first makes two refunds finishing together see each other.
-    sqlx::query("SELECT 1 FROM orders WHERE id = $1 FOR NO KEY UPDATE")
-        .bind(order_id)
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query(
-        "UPDATE orders SET status = 'REFUNDED', updated_at = now()
-          WHERE id = $1 AND status = 'REFUND_PENDING'
-            AND NOT EXISTS (SELECT 1 FROM refunds WHERE order_id = $1 AND status = 'PENDING')",
+    let Some(order) = settlement::lock(tx, order_id).await? else {
+        return Ok(());
+    };
+    let pending: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM refunds WHERE order_id = $1 AND status = 'PENDING')",
     )
     .bind(order_id)
-    .execute(tx)
+    .fetch_one(&mut *tx)
     .await?;
+    if !pending {
+        settlement::apply(tx, &order, OrderEvent::RefundCompleted).await?;
+    }
     Ok(())
 }
 
@@ -181,4 +183,14 @@ pub async fn pending(pool: &PgPool) -> Result<i64, StoreError> {
             .fetch_one(pool)
             .await?,
     )
+}
+
+/// Refunds still pending ten minutes after they were requested: id and order id.
+pub async fn stuck(pool: &PgPool) -> Result<Vec<(Uuid, Uuid)>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT id, order_id FROM refunds
+          WHERE status = 'PENDING' AND created_at < now() - interval '10 minutes'",
+    )
+    .fetch_all(pool)
+    .await?)
 }

@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::attempts::Attempt;
 use super::refunds;
 use super::settle;
-use crate::domain::{OrderEvent, OrderStatus};
+use crate::domain::{AttemptStatus, OrderEvent, OrderStatus};
 use crate::orders::settlement::{self, LockedOrder};
 use crate::store::StoreError;
 
@@ -49,8 +49,8 @@ const ITEM_SELECT: &str =
     "SELECT o.id AS order_id, o.deal_id, o.user_id, o.quantity, o.amount_minor,
         o.currency, o.review_since, a.id AS attempt_id, a.provider_payment_id
    FROM orders o
-   JOIN payment_attempts a ON a.order_id = o.id AND a.status = 'SUCCEEDED' AND NOT a.accepted
-  WHERE o.status = 'MANUAL_REVIEW'
+   JOIN payment_attempts a ON a.order_id = o.id AND a.status = $2 AND NOT a.accepted
+  WHERE o.status = $3
     AND NOT EXISTS (SELECT 1 FROM refunds r WHERE r.attempt_id = a.id)";
 
 /// The queue, oldest first (at most `limit`).
@@ -58,6 +58,8 @@ pub async fn list(pool: &PgPool, limit: u32) -> Result<Vec<ReviewItem>, StoreErr
     let sql = format!("{ITEM_SELECT} ORDER BY o.review_since, o.id LIMIT $1");
     Ok(sqlx::query_as::<_, ReviewItem>(sqlx::AssertSqlSafe(sql))
         .bind(i64::from(limit))
+        .bind(AttemptStatus::Succeeded.as_str())
+        .bind(OrderStatus::ManualReview.as_str())
         .fetch_all(pool)
         .await?)
 }
@@ -66,8 +68,9 @@ pub async fn list(pool: &PgPool, limit: u32) -> Result<Vec<ReviewItem>, StoreErr
 pub async fn backlog(pool: &PgPool) -> Result<(i64, f64), StoreError> {
     let (count, oldest): (i64, Option<f64>) = sqlx::query_as(
         "SELECT count(*), EXTRACT(EPOCH FROM now() - min(review_since))::float8
-           FROM orders WHERE status = 'MANUAL_REVIEW'",
+           FROM orders WHERE status = $1",
     )
+    .bind(OrderStatus::ManualReview.as_str())
     .fetch_one(pool)
     .await?;
     Ok((count, oldest.unwrap_or(0.0).max(0.0)))
@@ -98,12 +101,13 @@ async fn act(pool: &PgPool, order_id: Uuid, action: Action) -> Result<ReviewOutc
                 a.currency, a.capture_method, a.checkout_url, a.provider_expires_at, a.accepted,
                 a.checks, a.created_at, a.create_uncertain
            FROM payment_attempts a
-          WHERE a.order_id = $1 AND a.status = 'SUCCEEDED' AND NOT a.accepted
+          WHERE a.order_id = $1 AND a.status = $2 AND NOT a.accepted
             AND NOT EXISTS (SELECT 1 FROM refunds r WHERE r.attempt_id = a.id)
           ORDER BY a.created_at LIMIT 1
           FOR UPDATE OF a",
     )
     .bind(order_id)
+    .bind(AttemptStatus::Succeeded.as_str())
     .fetch_optional(&mut *tx)
     .await?;
     let Some(order) = settlement::lock(&mut tx, order_id).await? else {

@@ -47,17 +47,7 @@ pub async fn close_never_created(
     attempt_id: uuid::Uuid,
 ) -> Result<Applied, StoreError> {
     let mut tx = pool.begin().await?;
-    let closed: Option<Attempt> = sqlx::query_as(
-        "UPDATE payment_attempts SET status = 'EXPIRED', updated_at = now()
-          WHERE id = $1 AND status = 'PENDING' AND provider_payment_id IS NULL
-            AND NOT create_uncertain
-         RETURNING id, order_id, provider, provider_payment_id, status, amount_minor, currency,
-                   capture_method, checkout_url, provider_expires_at, accepted, checks,
-                   created_at, create_uncertain",
-    )
-    .bind(attempt_id)
-    .fetch_optional(&mut *tx)
-    .await?;
+    let closed = attempts::expire_never_created(&mut tx, attempt_id).await?;
     let applied = match closed {
         Some(attempt) => release_if_last(&mut tx, &attempt).await?,
         None => Applied::Duplicate,

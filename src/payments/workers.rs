@@ -16,6 +16,7 @@ use super::attempts::{self, Attempt};
 use super::provider::{ProviderError, ProviderPayment, ProviderStatus};
 use super::refunds;
 use super::settle;
+use crate::domain::{AttemptStatus, OrderStatus};
 use crate::store::StoreError;
 use crate::telemetry;
 
@@ -276,12 +277,14 @@ const ATTEMPT_COLUMNS: &str =
 async fn overdue_attempts(pool: &PgPool, batch_max: u32) -> Result<Vec<Attempt>, StoreError> {
     let sql = format!(
         "SELECT {ATTEMPT_COLUMNS} FROM payment_attempts a JOIN orders o ON o.id = a.order_id
-          WHERE a.status = 'PENDING' AND a.next_check_at <= now()
-            AND (o.expires_at <= now() OR o.status <> 'PENDING_PAYMENT')
+          WHERE a.status = $2 AND a.next_check_at <= now()
+            AND (o.expires_at <= now() OR o.status <> $3)
           ORDER BY o.expires_at LIMIT $1"
     );
     Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(i64::from(batch_max))
+        .bind(AttemptStatus::Pending.as_str())
+        .bind(OrderStatus::PendingPayment.as_str())
         .fetch_all(pool)
         .await?)
 }
@@ -293,12 +296,13 @@ async fn stale_pending(
 ) -> Result<Vec<Attempt>, StoreError> {
     let sql = format!(
         "SELECT {ATTEMPT_COLUMNS} FROM payment_attempts a
-          WHERE a.status = 'PENDING' AND a.created_at <= now() - make_interval(secs => $1)
+          WHERE a.status = $3 AND a.created_at <= now() - make_interval(secs => $1)
           ORDER BY a.created_at LIMIT $2"
     );
     Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(f64::from(after_seconds))
         .bind(i64::from(batch_max))
+        .bind(AttemptStatus::Pending.as_str())
         .fetch_all(pool)
         .await?)
 }
@@ -321,14 +325,16 @@ async fn recently_accepted(pool: &PgPool, batch_max: u32) -> Result<Vec<Attempt>
 async fn unrefunded_extras(pool: &PgPool, batch_max: u32) -> Result<Vec<Finding>, StoreError> {
     let sql = format!(
         "SELECT {ATTEMPT_COLUMNS} FROM payment_attempts a
-          WHERE a.status = 'SUCCEEDED' AND NOT a.accepted
+          WHERE a.status = $2 AND NOT a.accepted
             AND NOT EXISTS (SELECT 1 FROM refunds r WHERE r.attempt_id = a.id)
             AND NOT EXISTS (SELECT 1 FROM orders o
-                             WHERE o.id = a.order_id AND o.status = 'MANUAL_REVIEW')
+                             WHERE o.id = a.order_id AND o.status = $3)
           LIMIT $1"
     );
     let extras: Vec<Attempt> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(i64::from(batch_max))
+        .bind(AttemptStatus::Succeeded.as_str())
+        .bind(OrderStatus::ManualReview.as_str())
         .fetch_all(pool)
         .await?;
     let mut findings = Vec::new();
@@ -347,11 +353,7 @@ async fn unrefunded_extras(pool: &PgPool, batch_max: u32) -> Result<Vec<Finding>
 
 /// Refunds still pending ten minutes after they were requested.
 async fn stuck_refunds(pool: &PgPool) -> Result<Vec<Finding>, StoreError> {
-    let stuck: Vec<(Uuid, Uuid)> = sqlx::query_as(
-        "SELECT id, order_id FROM refunds WHERE status = 'PENDING' AND created_at < now() - interval '10 minutes'",
-    )
-    .fetch_all(pool)
-    .await?;
+    let stuck = refunds::stuck(pool).await?;
     Ok(stuck
         .into_iter()
         .map(|(id, order_id)| Finding::new("refund_stuck", id, json!({ "order_id": order_id })))
