@@ -157,12 +157,12 @@ impl Payments {
     ) -> Result<(), StoreError> {
         let mut conn = self.writes.acquire(pool).await?;
         for (attempt_id, provider_payment_id) in
-            attempts::open_at_provider(&mut *conn, order_id).await?
+            attempts::open_at_provider(&mut conn, order_id).await?
         {
             let payload =
                 json!({ "attempt_id": attempt_id, "provider_payment_id": provider_payment_id });
             outbox::enqueue(
-                &mut *conn,
+                &mut conn,
                 Kind::Void,
                 &format!("void:{attempt_id}"),
                 payload,
