@@ -376,18 +376,22 @@ impl WaitingRoom {
     /// Ends `user`'s session on the deal's line (an operator's call, or the user's order was
     /// paid or cancelled): the pass stops working on every instance within
     /// `revocation_poll_ms`, here at once, and a waiting ticket leaves the line. Returns the
-    /// revoked ticket, `None` when the user never queued.
+    /// revoked ticket, `None` when the user never queued. Ending a session again is harmless:
+    /// it announces the pass's own expiry again, never an earlier one.
     pub async fn revoke(&self, deal_id: &str, user: &str) -> Result<Option<String>, QueueError> {
-        let revoked: Option<(String, i64)> =
+        let revoked: Option<(String, i64, i64)> =
             self.eval(&self.scripts.revoke, deal_id, &[user]).await?;
-        let Some((ticket, until_ms)) = revoked else {
+        let Some((ticket, until_ms, first)) = revoked else {
             return Ok(None);
         };
         self.revoked.insert(&ticket, until_ms);
         // Not in the script: the stream is shared by all lines, so on a Redis Cluster it
-        // lives in another slot. A failure here is returned; revoking again is harmless.
+        // lives in another slot. A failure here is returned; revoking again announces the
+        // same entry, so a retry completes what failed.
         revocation::announce(self, deal_id, &ticket, until_ms).await?;
-        metrics::counter!(telemetry::WAITING_ROOM_REVOKED).increment(1);
+        if first == 1 {
+            metrics::counter!(telemetry::WAITING_ROOM_REVOKED).increment(1);
+        }
         Ok(Some(ticket))
     }
 

@@ -9,7 +9,8 @@
 //!   random order `seed`, `seed_sha256`, `prequeue_size`, `shuffled`;
 //! 2 `users` hash user → ticket; 3 `t_user` ticket → user; 4 `t_pos` ticket → position;
 //! 5 `t_issue` ticket → issue number; 6 `t_seen` ticket → last poll (ms);
-//! 7 `t_adm` ticket → pass expiry (ms), once admitted; 8 `t_skip` ticket → skipped at (ms);
+//! 7 `t_adm` ticket → pass expiry (ms), once admitted; 8 `t_skip` ticket → when it was
+//! skipped, drained or its session ended (ms): it reads `expired` whatever `t_adm` says;
 //! 9 `line` sorted set of waiting tickets by position; 10 `active` sorted set of passes by
 //! expiry (ms); 11 `issued` list of tickets in issue order; 12 `used` sorted set of passes
 //! that placed an order, by the time they did (ms).
@@ -38,11 +39,11 @@ local function status(t, now)
   local through = tonumber(redis.call('HGET', KEYS[1], 'admitted_through') or '0')
   local state, exp = 'waiting', 0
   local adm = redis.call('HGET', KEYS[7], t)
-  if adm then
+  if redis.call('HEXISTS', KEYS[8], t) == 1 then
+    state = 'expired'
+  elseif adm then
     exp = tonumber(adm)
     if exp > now then state = 'admitted' else state = 'expired' end
-  elseif redis.call('HEXISTS', KEYS[8], t) == 1 then
-    state = 'expired'
   elseif redis.call('HGET', KEYS[1], 'state') == 'sold_out' then
     state = 'sold_out'
   end
@@ -147,19 +148,23 @@ return freed
 "#;
 
 /// ARGV: user. Ends the user's session on the line: a pass stops working (its slot frees), a
-/// waiting ticket leaves the line; both read `expired`. Returns {ticket, until ms} for the
-/// caller to append to the revocation stream every instance follows, or false when the
-/// user has none.
+/// waiting ticket leaves the line; both read `expired` (marked in `t_skip`, which `status`
+/// reads before `t_adm`). The pass's expiry in `t_adm` is left as signed, so the expiry
+/// returned for a pass is the same however often its session is ended: a repeat (an
+/// operator's retry, a cancel after a revocation) announces the same entry again and
+/// cannot shorten how long instances keep the pass refused. Returns {ticket, until ms,
+/// 1 when this call ended the session (0 for a repeat)} for the caller to append to the
+/// revocation stream every instance follows, or false when the user has none.
 const REVOKE: &str = r#"
 local t = redis.call('HGET', KEYS[2], ARGV[1])
 if not t then return false end
 local now = now_ms()
 local until_ms = tonumber(redis.call('HGET', KEYS[7], t) or '0')
-if until_ms > now then redis.call('HSET', KEYS[7], t, now) end
-if redis.call('ZREM', KEYS[9], t) == 1 then redis.call('HSET', KEYS[8], t, now) end
+local first = redis.call('HSETNX', KEYS[8], t, now)
+redis.call('ZREM', KEYS[9], t)
 redis.call('ZREM', KEYS[10], t)
-redis.call('HINCRBY', KEYS[1], 'revoked_total', 1)
-return {t, tostring(math.max(until_ms, now))}
+if first == 1 then redis.call('HINCRBY', KEYS[1], 'revoked_total', 1) end
+return {t, tostring(math.max(until_ms, now)), first}
 "#;
 
 /// ARGV: lease epoch, flagged sold out (0/1, from the shared sold-out set), admit_per_second, max_active, units available in the last
