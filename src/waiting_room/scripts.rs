@@ -68,16 +68,21 @@ local function holds_lease(epoch)
 end
 "#;
 
-/// ARGV: user, a fresh ticket id, seed, seed hash (both empty for fifo), keys ttl ms.
-/// Returns the status of the user's one ticket, issuing it on first call; nil when the user
-/// has none and the line was closed (`DRAIN`). Every join pushes the expiry of the line's
-/// keys out, so a finished line leaves Redis on its own. The caller bumps the lines
-/// version when the ticket is the line's first.
+/// ARGV: user, a fresh ticket id, seed, seed hash (both empty for fifo), keys ttl ms, may
+/// issue (0/1). Returns the status of the user's one ticket, issuing it on first call when
+/// allowed (0 when not: the caller checks a proof of work first); nil when the user has
+/// none and the line was closed (`DRAIN`). Every join pushes the expiry of the line's keys
+/// out, so a finished line leaves Redis on its own. The caller bumps the lines version when
+/// the ticket is the line's first.
 const JOIN: &str = r#"
+local t = redis.call('HGET', KEYS[2], ARGV[1])
+if not t and ARGV[6] ~= '1' then
+  if redis.call('HEXISTS', KEYS[1], 'closed_at') == 1 then return false end
+  return 0
+end
 local now = now_ms()
 for i = 1, 10 do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
 redis.call('PEXPIRE', KEYS[11], ARGV[5])
-local t = redis.call('HGET', KEYS[2], ARGV[1])
 if not t then
   if redis.call('HEXISTS', KEYS[1], 'closed_at') == 1 then return false end
   t = ARGV[2]
