@@ -169,6 +169,8 @@ pub struct WaitingRoom {
     settings: Arc<WaitingRoomSettings>,
     revoked: Revoked,
     challenges: Challenges,
+    /// Wakes this instance's sleeping advancer when a join here puts someone in a line.
+    woken: Arc<tokio::sync::Notify>,
 }
 
 impl WaitingRoom {
@@ -180,6 +182,7 @@ impl WaitingRoom {
             settings: Arc::new(settings.clone()),
             revoked: Revoked::default(),
             challenges: Challenges::new(&settings.pass_secret, settings.pow_challenge_ttl_seconds),
+            woken: Arc::default(),
         }
     }
 
@@ -257,12 +260,12 @@ impl WaitingRoom {
             return Ok(None);
         }
         let status = parse_status(reply)?.ok_or(QueueError::Closed)?;
-        if status.position == 1 {
-            // A new line, or its first buyer again: the advancer reads the lines at once.
-            let bump = redis::cmd("INCR")
-                .arg(advancer::lines_version_key(&self.redis))
-                .clone();
-            self.redis.run::<i64>(&bump).await?;
+        let in_line = matches!(status.state, TicketState::Waiting | TicketState::SoldOut);
+        // A new line (or its first buyer again) is read at once; a line someone waits in
+        // is stepped again if the advancer left it idle or sleeps. A failure is returned:
+        // joining again wakes it.
+        if in_line || status.position == 1 {
+            advancer::wake(self, &deal.id, status.position == 1).await?;
         }
         Ok(Some(status))
     }

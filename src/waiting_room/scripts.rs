@@ -15,10 +15,12 @@
 //! expiry (ms); 11 `issued` list of tickets in issue order; 12 `used` sorted set of passes
 //! that placed an order, by the time they did (ms).
 //!
-//! The lease scripts (`RENEW`, `RESIGN`) take the advancer's keys, of one slot of their own:
-//! 1 the lease; 2 the lines version, bumped when a new line takes its first ticket; 3 the
-//! lease epoch, bumped whenever the lease changes hands. A line script run by the advancer
-//! is fenced by that epoch rather than by reading the lease: `meta` remembers the highest
+//! The lease scripts (`RENEW`, `RESIGN`, `SLEEP`, `WAKE`) take the advancer's keys, of one
+//! slot of their own: 1 the lease; 2 the lines version, bumped when a new line takes its
+//! first ticket; 3 the lease epoch, bumped whenever the lease changes hands; 4 `woken`, the
+//! set of lines someone joined since the advancer last looked; 5 `asleep`, set while the
+//! advancer sleeps (no line had anything to do). A line script run by the advancer is
+//! fenced by that epoch rather than by reading the lease: `meta` remembers the highest
 //! epoch that touched the line, and an older one is refused.
 //!
 //! `meta` also keeps `units_left`: the units of the last stock snapshot not yet promised to
@@ -324,23 +326,51 @@ redis.call('HSET', KEYS[1], 'shuffled', '1')
 return 0
 "#;
 
-/// ARGV: lease token, ttl ms. Renews the lease if ours, takes it if free (a new epoch: past
-/// the last one and at least Redis's clock in ms, so it still grows if the epoch key was
-/// lost while lines kept the one they saw).
-/// Returns {1 when held, the lines version, Redis's clock in ms, the lease epoch}: a new
-/// version means a new line to read.
+/// ARGV: lease token, ttl ms. Renews the lease if ours, takes it if free and the advancer
+/// is not asleep (a new epoch: past the last one and at least Redis's clock in ms, so it
+/// still grows if the epoch key was lost while lines kept the one they saw). The holder
+/// takes the woken lines with it.
+/// Returns {1 when held, the lines version, Redis's clock in ms, the lease epoch, 1 when
+/// asleep, woken deal ids}: a new version means a new line to read.
 const RENEW: &str = r#"
-local held = 0
+local held, asleep, woken = 0, 0, {}
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   held = 1
+elseif redis.call('EXISTS', KEYS[5]) == 1 then
+  asleep = 1
 elseif redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local last = tonumber(redis.call('GET', KEYS[3]) or '0')
   redis.call('SET', KEYS[3], string.format('%d', math.max(last + 1, now_ms())))
   held = 1
 end
+if held == 1 then
+  woken = redis.call('SMEMBERS', KEYS[4])
+  if #woken > 0 then redis.call('DEL', KEYS[4]) end
+end
 return {held, tonumber(redis.call('GET', KEYS[2]) or '0'), now_ms(),
-  tonumber(redis.call('GET', KEYS[3]) or '0')}
+  tonumber(redis.call('GET', KEYS[3]) or '0'), asleep, woken}
+"#;
+
+/// ARGV: lease token. The holder found nothing to do on any line: unless a line was woken
+/// since its last renewal, it gives the lease up and marks the advancer asleep, so no
+/// instance takes the lease until a join wakes it. Returns 1 when asleep.
+const SLEEP: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.call('SCARD', KEYS[4]) > 0 then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('SET', KEYS[5], '1')
+return 1
+"#;
+
+/// ARGV: deal id, 1 when its line just took its first ticket. Someone is waiting in the
+/// deal's line: marks it woken (the holder steps it again) and wakes the advancer; a new
+/// line bumps the lines version too, so the holder reads it at once.
+const WAKE: &str = r#"
+redis.call('SADD', KEYS[4], ARGV[1])
+redis.call('DEL', KEYS[5])
+if ARGV[2] == '1' then redis.call('INCR', KEYS[2]) end
+return 0
 "#;
 
 /// ARGV: lease token. Gives the lease up on shutdown, if still ours.
@@ -363,6 +393,8 @@ pub struct Scripts {
     pub shuffled: Script,
     pub renew: Script,
     pub resign: Script,
+    pub sleep: Script,
+    pub wake: Script,
     pub drain: Script,
     pub revoke: Script,
     pub active: Script,
@@ -384,6 +416,8 @@ impl Scripts {
             shuffled: with(SHUFFLED),
             renew: with(RENEW),
             resign: with(RESIGN),
+            sleep: with(SLEEP),
+            wake: with(WAKE),
             drain: with(DRAIN),
             revoke: with(REVOKE),
             active: with(ACTIVE),
