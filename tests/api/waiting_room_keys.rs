@@ -94,6 +94,23 @@ async fn joining_a_deal_with_a_challenge_takes_a_fresh_solution_of_the_user_for_
     let expired = join_with(&app, "carol", &deal, Some(&old)).await;
     expired.expect_problem(403, "challenge-required");
     assert!(expired.text.contains("expired"), "{}", expired.text);
+    // Issued by instances with other TTLs: the expiry they published is the one that
+    // counts, not this gateway's own TTL (120 s).
+    let now = Utc::now().timestamp_millis();
+    let short = Challenges::new(secret, 10).issue(&deal, "carol", 8, now - 20_000);
+    let short = format!("{}:{}", short.challenge, solve(&short.challenge, 8));
+    let past_its_expiry = join_with(&app, "carol", &deal, Some(&short)).await;
+    past_its_expiry.expect_problem(403, "challenge-required");
+    assert!(
+        past_its_expiry.text.contains("expired"),
+        "{}",
+        past_its_expiry.text
+    );
+    let long = Challenges::new(secret, 600).issue(&deal, "erin", 8, now - 300_000);
+    let long = format!("{}:{}", long.challenge, solve(&long.challenge, 8));
+    join_with(&app, "erin", &deal, Some(&long))
+        .await
+        .expect(201);
     let easy = minted.issue(&deal, "carol", 2, Utc::now().timestamp_millis());
     let easy = format!("{}:{}", easy.challenge, solve(&easy.challenge, 2));
     let weak = fetch_challenge(&app, "carol", &deal).await;
