@@ -326,6 +326,9 @@ pub struct WaitingRoomSettings {
     pub advance_interval_ms: u64,
     /// The advancing instance's Redis lease; if it dies, another takes over within this.
     pub lease_ttl_ms: u64,
+    /// While no line has anyone waiting or a pass outstanding, the advancer sleeps; each
+    /// instance checks this often whether a join elsewhere woke it (one Redis command).
+    pub idle_check_ms: u64,
     /// A waiting ticket not polled for this long is skipped when its turn comes.
     pub abandon_after_seconds: u64,
     /// Outstanding passes are capped at this multiple of the units available or reserved.
@@ -354,12 +357,14 @@ pub struct WaitingRoomSettings {
     pub pass_format: String,
     /// Ed25519 signing keys as base64url 32-byte seeds (FLASHGATE__WAITING_ROOM__PASS_SIGNING_KEYS):
     /// the first signs, all are published and verify, so a key is rotated in by listing it
-    /// second, then first, then dropping the old one after `pass_ttl_seconds`. Empty: one key
-    /// derived from `pass_secret`.
+    /// second, then first once cached key sets hold it (`keys_max_age_seconds`), then
+    /// dropping the old one after `pass_ttl_seconds`. Empty: one key derived from
+    /// `pass_secret`.
     pub pass_signing_keys: Vec<String>,
     /// How long a CDN may cache the published key set.
     pub keys_max_age_seconds: u64,
-    /// A proof-of-work challenge must be solved and used within this.
+    /// A proof-of-work challenge this instance issues must be solved and used within this;
+    /// the expiry is signed in, so every instance enforces the issuer's.
     pub pow_challenge_ttl_seconds: u64,
     /// The hardest challenge ever asked, however large the crowd.
     pub pow_bits_max: u32,
@@ -378,6 +383,7 @@ impl std::fmt::Debug for WaitingRoomSettings {
             .field("pass_secret", &"<redacted>")
             .field("advance_interval_ms", &self.advance_interval_ms)
             .field("lease_ttl_ms", &self.lease_ttl_ms)
+            .field("idle_check_ms", &self.idle_check_ms)
             .finish_non_exhaustive()
     }
 }
@@ -474,6 +480,10 @@ impl Settings {
         check(
             w.stock_age_max_ms >= 2 * w.stock_refresh_ms && w.stock_age_max_ms <= 600_000,
             "waiting_room.stock_age_max_ms must be 2 × stock_refresh_ms..=600000",
+        )?;
+        check(
+            (10..=60_000).contains(&w.idle_check_ms),
+            "waiting_room.idle_check_ms must be 10..=60000",
         )?;
         check(
             (1..=1000).contains(&w.revocation_poll_ms),

@@ -407,7 +407,7 @@ fn describe_waiting_room() {
     );
     describe_counter!(
         WAITING_ROOM_REVOKED,
-        "Waiting-room sessions ended by an operator or by a paid or cancelled order."
+        "Waiting-room sessions ended by an operator or by a paid or cancelled order (ending one again is not counted)."
     );
     describe_counter!(
         WAITING_ROOM_CHALLENGES,

@@ -131,8 +131,7 @@ pub async fn join(
     }
     let room = state.admission.waiting_room();
     let solution = request.headers().get(POW_HEADER).map(|v| v.as_bytes());
-    room.check_solution(&deal, user.as_str(), solution).await?;
-    let status = room.join(&deal, user.as_str()).await?;
+    let status = room.join(&deal, user.as_str(), solution).await?;
     Ok(ticket_reply(
         state,
         &deal,

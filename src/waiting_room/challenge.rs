@@ -5,9 +5,11 @@
 //! A deal with `pow_bits > 0` asks each join for a solution:
 //!
 //! 1. `GET /v1/deals/{id}/queue/challenge` hands out `base64url(json) "." base64url(mac)`,
-//!    where the JSON binds the deal, the user, the issue time (ms), the difficulty in bits and
-//!    16 random bytes, and `mac` is HMAC-SHA256 under a key derived from `pass_secret`. No
-//!    state is kept: any instance sharing the secret verifies it.
+//!    where the JSON binds the deal, the user, the issue time and the expiry (ms), the
+//!    difficulty in bits and 16 random bytes, and `mac` is HMAC-SHA256 under a key derived
+//!    from `pass_secret`. No state is kept: any instance sharing the secret verifies it, and
+//!    every instance enforces the expiry signed in (the `expires_at` the client was told),
+//!    whatever its own `pow_challenge_ttl_seconds` says.
 //! 2. The client finds a `nonce` (decimal) such that SHA-256(`challenge ":" nonce`) starts
 //!    with at least `bits` zero bits: 2^bits hashes on average.
 //! 3. `POST /v1/deals/{id}/queue` carries `Flashgate-Pow: challenge ":" nonce`. Checking it
@@ -15,6 +17,9 @@
 //!    in Redis with `SET NX PX` for the challenge's lifetime: a second use is refused. That
 //!    seen-set is the only shared state, it is short-lived (entries expire with the
 //!    challenge), and joining needs Redis anyway.
+//!
+//! The cost is per place, not per request: a user who already holds a ticket for the deal
+//! joins again (the same ticket) without a solution.
 //!
 //! The difficulty is the deal's `pow_bits`, plus one bit per doubling of the people waiting
 //! from `pow_crowd_step` on, at most `pow_bits_max`; a challenge carries the difficulty it
@@ -42,6 +47,8 @@ struct Claims {
     u: String,
     /// Issued at, unix ms.
     t: i64,
+    /// Expires at, unix ms: set by the issuer from its TTL, enforced as signed.
+    x: i64,
     /// Leading zero bits asked.
     b: u32,
     /// Random id, the key of the seen-set.
@@ -125,10 +132,12 @@ impl Challenges {
 
     /// A fresh challenge for `user` on `deal` at `bits`.
     pub fn issue(&self, deal: &str, user: &str, bits: u32, now_ms: i64) -> Challenge {
+        let expires_at_ms = now_ms.saturating_add(self.ttl_ms);
         let claims = Claims {
             d: deal.to_owned(),
             u: user.to_owned(),
             t: now_ms,
+            x: expires_at_ms,
             b: bits,
             r: hex::encode(rand::random::<[u8; 16]>()),
         };
@@ -141,7 +150,7 @@ impl Challenges {
         Challenge {
             challenge,
             difficulty_bits: bits,
-            expires_at_ms: now_ms + self.ttl_ms,
+            expires_at_ms,
         }
     }
 
@@ -181,7 +190,9 @@ impl Challenges {
         if claims.u != user {
             return Err(ChallengeError::OtherUser);
         }
-        if now_ms - claims.t > self.ttl_ms || claims.t - now_ms > SKEW_MS {
+        // The expiry the issuer signed and published, not this instance's TTL: instances
+        // configured differently still agree on when a challenge stops working.
+        if now_ms > claims.x || claims.t - now_ms > SKEW_MS {
             return Err(ChallengeError::Expired);
         }
         if claims.b < floor_bits || !nonce.bytes().all(|b| b.is_ascii_digit()) || nonce.is_empty() {
@@ -192,7 +203,7 @@ impl Challenges {
         }
         Ok(Solved {
             id: claims.r,
-            ttl_ms: self.ttl_ms + SKEW_MS,
+            ttl_ms: claims.x - now_ms + SKEW_MS,
         })
     }
 }
@@ -287,6 +298,29 @@ mod tests {
             check(&weak, "d1", "alice", 8, NOW),
             Err(ChallengeError::TooEasy)
         );
+    }
+
+    #[test]
+    fn every_instance_enforces_the_expiry_the_challenge_published_whatever_its_own_ttl() {
+        let secret = "a-pass-secret-of-some-length";
+        let issuer = Challenges::new(secret, 60);
+        let issued = issuer.issue("d1", "alice", 4, NOW);
+        assert_eq!(issued.expires_at_ms, NOW + 60_000);
+        let solution = format!("{}:{}", issued.challenge, solve(&issued.challenge, 4));
+        for ttl_seconds in [1, 60, 3600] {
+            let verifier = Challenges::new(secret, ttl_seconds);
+            let at = |now: i64| verifier.check(Some(solution.as_bytes()), "d1", "alice", 4, now);
+            let solved = at(issued.expires_at_ms).expect("good until its published expiry");
+            assert_eq!(
+                solved.ttl_ms, SKEW_MS,
+                "remembered until it expires (and skew)"
+            );
+            assert_eq!(
+                at(issued.expires_at_ms + 1),
+                Err(ChallengeError::Expired),
+                "a verifier with a {ttl_seconds} s TTL accepted it past its expiry"
+            );
+        }
     }
 
     #[test]

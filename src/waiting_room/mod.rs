@@ -169,6 +169,8 @@ pub struct WaitingRoom {
     settings: Arc<WaitingRoomSettings>,
     revoked: Revoked,
     challenges: Challenges,
+    /// Wakes this instance's sleeping advancer when a join here puts someone in a line.
+    woken: Arc<tokio::sync::Notify>,
 }
 
 impl WaitingRoom {
@@ -180,6 +182,7 @@ impl WaitingRoom {
             settings: Arc::new(settings.clone()),
             revoked: Revoked::default(),
             challenges: Challenges::new(&settings.pass_secret, settings.pow_challenge_ttl_seconds),
+            woken: Arc::default(),
         }
     }
 
@@ -212,8 +215,34 @@ impl WaitingRoom {
         self.redis.eval(script, keys, &args).await
     }
 
-    /// The user's ticket for the deal, issued on the first call; the same afterwards.
-    pub async fn join(&self, deal: &Deal, user: &str) -> Result<TicketStatus, QueueError> {
+    /// The user's ticket for the deal, issued on the first call; the same afterwards. When
+    /// the deal asks for a proof of work, only issuing a ticket takes `solution`: a user who
+    /// holds one already gets it back without (a proof of work buys a place, and joining
+    /// again takes none).
+    pub async fn join(
+        &self,
+        deal: &Deal,
+        user: &str,
+        solution: Option<&[u8]>,
+    ) -> Result<TicketStatus, QueueError> {
+        if let Some(floor) = pow_floor(deal) {
+            if let Some(held) = self.take_ticket(deal, user, false).await? {
+                return Ok(held);
+            }
+            self.check_solution(deal, user, floor, solution).await?;
+        }
+        let issued = self.take_ticket(deal, user, true).await?;
+        issued.ok_or_else(|| QueueError::Unexpected("join issued no ticket".into()))
+    }
+
+    /// The user's ticket, issued if `may_issue`; `None` when the user holds none and may not
+    /// take one.
+    async fn take_ticket(
+        &self,
+        deal: &Deal,
+        user: &str,
+        may_issue: bool,
+    ) -> Result<Option<TicketStatus>, QueueError> {
         // 128 random bits: a ticket cannot be guessed, and only its holder can poll it.
         let ticket = hex::encode(rand::random::<[u8; 16]>());
         let (seed, hash) = if deal.waiting_room.is_random() {
@@ -224,17 +253,21 @@ impl WaitingRoom {
             (String::new(), String::new())
         };
         let keys_ttl = (self.settings.keys_ttl_seconds * 1000).to_string();
-        let args = [user, &ticket, &seed, &hash, &keys_ttl];
+        let issue = if may_issue { "1" } else { "0" };
+        let args = [user, &ticket, &seed, &hash, &keys_ttl, issue];
         let reply: Value = self.eval(&self.scripts.join, &deal.id, &args).await?;
-        let status = parse_status(reply)?.ok_or(QueueError::Closed)?;
-        if status.position == 1 {
-            // A new line, or its first buyer again: the advancer reads the lines at once.
-            let bump = redis::cmd("INCR")
-                .arg(advancer::lines_version_key(&self.redis))
-                .clone();
-            self.redis.run::<i64>(&bump).await?;
+        if reply == Value::Int(0) {
+            return Ok(None);
         }
-        Ok(status)
+        let status = parse_status(reply)?.ok_or(QueueError::Closed)?;
+        let in_line = matches!(status.state, TicketState::Waiting | TicketState::SoldOut);
+        // A new line (or its first buyer again) is read at once; a line someone waits in
+        // is stepped again if the advancer left it idle or sleeps. A failure is returned:
+        // joining again wakes it.
+        if in_line || status.position == 1 {
+            advancer::wake(self, &deal.id, status.position == 1).await?;
+        }
+        Ok(Some(status))
     }
 
     /// Closes the deal's line for good: no new tickets, no more passes, and every ticket
@@ -341,17 +374,15 @@ impl WaitingRoom {
         Ok(self.challenges.issue(&deal.id, user, bits, now_ms))
     }
 
-    /// Checks a join's proof of work when the deal asks for one, and refuses its reuse by
-    /// recording the challenge's id in Redis until the challenge expires.
-    pub async fn check_solution(
+    /// Checks a join's proof of work against the deal's `floor` bits, and refuses its reuse
+    /// by recording the challenge's id in Redis until the challenge expires.
+    async fn check_solution(
         &self,
         deal: &Deal,
         user: &str,
+        floor: u32,
         solution: Option<&[u8]>,
     ) -> Result<(), QueueError> {
-        let Ok(floor @ 1..) = u32::try_from(deal.waiting_room.pow_bits) else {
-            return Ok(());
-        };
         let now_ms = chrono::Utc::now().timestamp_millis();
         let checked = self
             .challenges
@@ -376,18 +407,22 @@ impl WaitingRoom {
     /// Ends `user`'s session on the deal's line (an operator's call, or the user's order was
     /// paid or cancelled): the pass stops working on every instance within
     /// `revocation_poll_ms`, here at once, and a waiting ticket leaves the line. Returns the
-    /// revoked ticket, `None` when the user never queued.
+    /// revoked ticket, `None` when the user never queued. Ending a session again is harmless:
+    /// it announces the pass's own expiry again, never an earlier one.
     pub async fn revoke(&self, deal_id: &str, user: &str) -> Result<Option<String>, QueueError> {
-        let revoked: Option<(String, i64)> =
+        let revoked: Option<(String, i64, i64)> =
             self.eval(&self.scripts.revoke, deal_id, &[user]).await?;
-        let Some((ticket, until_ms)) = revoked else {
+        let Some((ticket, until_ms, first)) = revoked else {
             return Ok(None);
         };
         self.revoked.insert(&ticket, until_ms);
         // Not in the script: the stream is shared by all lines, so on a Redis Cluster it
-        // lives in another slot. A failure here is returned; revoking again is harmless.
+        // lives in another slot. A failure here is returned; revoking again announces the
+        // same entry, so a retry completes what failed.
         revocation::announce(self, deal_id, &ticket, until_ms).await?;
-        metrics::counter!(telemetry::WAITING_ROOM_REVOKED).increment(1);
+        if first == 1 {
+            metrics::counter!(telemetry::WAITING_ROOM_REVOKED).increment(1);
+        }
         Ok(Some(ticket))
     }
 
@@ -419,6 +454,13 @@ impl WaitingRoom {
                     .increment(1);
             })
     }
+}
+
+/// The bits of proof of work the deal asks of a new ticket; `None` when it asks none.
+fn pow_floor(deal: &Deal) -> Option<u32> {
+    u32::try_from(deal.waiting_room.pow_bits)
+        .ok()
+        .filter(|bits| *bits > 0)
 }
 
 fn count_challenge(outcome: &'static str) {

@@ -28,8 +28,13 @@ const READ_COUNT: usize = 1000;
 pub struct Revoked(Arc<DashMap<String, i64>>);
 
 impl Revoked {
+    /// Keeps `pass_id` refused until `until_ms` at least: a later entry for the same pass
+    /// (a repeated revocation) can only extend how long it is kept, never shorten it.
     pub fn insert(&self, pass_id: &str, until_ms: i64) {
-        self.0.insert(pass_id.to_owned(), until_ms);
+        self.0
+            .entry(pass_id.to_owned())
+            .and_modify(|kept| *kept = (*kept).max(until_ms))
+            .or_insert(until_ms);
     }
 
     pub fn contains(&self, pass_id: &str) -> bool {
@@ -132,5 +137,19 @@ mod tests {
         revoked.insert("t2", 3000);
         revoked.forget_expired(2000);
         assert!(!revoked.contains("t1") && revoked.contains("t2"));
+    }
+
+    #[test]
+    fn a_repeated_revocation_never_shortens_how_long_a_pass_is_refused() {
+        let revoked = Revoked::default();
+        revoked.insert("t1", 5000);
+        revoked.insert("t1", 1500);
+        revoked.forget_expired(2000);
+        assert!(revoked.contains("t1"));
+        revoked.insert("t1", 9000);
+        revoked.forget_expired(6000);
+        assert!(revoked.contains("t1"));
+        revoked.forget_expired(9001);
+        assert!(!revoked.contains("t1"));
     }
 }

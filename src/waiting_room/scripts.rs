@@ -9,15 +9,18 @@
 //!   random order `seed`, `seed_sha256`, `prequeue_size`, `shuffled`;
 //! 2 `users` hash user → ticket; 3 `t_user` ticket → user; 4 `t_pos` ticket → position;
 //! 5 `t_issue` ticket → issue number; 6 `t_seen` ticket → last poll (ms);
-//! 7 `t_adm` ticket → pass expiry (ms), once admitted; 8 `t_skip` ticket → skipped at (ms);
+//! 7 `t_adm` ticket → pass expiry (ms), once admitted; 8 `t_skip` ticket → when it was
+//! skipped, drained or its session ended (ms): it reads `expired` whatever `t_adm` says;
 //! 9 `line` sorted set of waiting tickets by position; 10 `active` sorted set of passes by
 //! expiry (ms); 11 `issued` list of tickets in issue order; 12 `used` sorted set of passes
 //! that placed an order, by the time they did (ms).
 //!
-//! The lease scripts (`RENEW`, `RESIGN`) take the advancer's keys, of one slot of their own:
-//! 1 the lease; 2 the lines version, bumped when a new line takes its first ticket; 3 the
-//! lease epoch, bumped whenever the lease changes hands. A line script run by the advancer
-//! is fenced by that epoch rather than by reading the lease: `meta` remembers the highest
+//! The lease scripts (`RENEW`, `RESIGN`, `SLEEP`, `WAKE`) take the advancer's keys, of one
+//! slot of their own: 1 the lease; 2 the lines version, bumped when a new line takes its
+//! first ticket; 3 the lease epoch, bumped whenever the lease changes hands; 4 `woken`, the
+//! set of lines someone joined since the advancer last looked; 5 `asleep`, set while the
+//! advancer sleeps (no line had anything to do). A line script run by the advancer is
+//! fenced by that epoch rather than by reading the lease: `meta` remembers the highest
 //! epoch that touched the line, and an older one is refused.
 //!
 //! `meta` also keeps `units_left`: the units of the last stock snapshot not yet promised to
@@ -38,11 +41,11 @@ local function status(t, now)
   local through = tonumber(redis.call('HGET', KEYS[1], 'admitted_through') or '0')
   local state, exp = 'waiting', 0
   local adm = redis.call('HGET', KEYS[7], t)
-  if adm then
+  if redis.call('HEXISTS', KEYS[8], t) == 1 then
+    state = 'expired'
+  elseif adm then
     exp = tonumber(adm)
     if exp > now then state = 'admitted' else state = 'expired' end
-  elseif redis.call('HEXISTS', KEYS[8], t) == 1 then
-    state = 'expired'
   elseif redis.call('HGET', KEYS[1], 'state') == 'sold_out' then
     state = 'sold_out'
   end
@@ -67,16 +70,21 @@ local function holds_lease(epoch)
 end
 "#;
 
-/// ARGV: user, a fresh ticket id, seed, seed hash (both empty for fifo), keys ttl ms.
-/// Returns the status of the user's one ticket, issuing it on first call; nil when the user
-/// has none and the line was closed (`DRAIN`). Every join pushes the expiry of the line's
-/// keys out, so a finished line leaves Redis on its own. The caller bumps the lines
-/// version when the ticket is the line's first.
+/// ARGV: user, a fresh ticket id, seed, seed hash (both empty for fifo), keys ttl ms, may
+/// issue (0/1). Returns the status of the user's one ticket, issuing it on first call when
+/// allowed (0 when not: the caller checks a proof of work first); nil when the user has
+/// none and the line was closed (`DRAIN`). Every join pushes the expiry of the line's keys
+/// out, so a finished line leaves Redis on its own. The caller bumps the lines version when
+/// the ticket is the line's first.
 const JOIN: &str = r#"
+local t = redis.call('HGET', KEYS[2], ARGV[1])
+if not t and ARGV[6] ~= '1' then
+  if redis.call('HEXISTS', KEYS[1], 'closed_at') == 1 then return false end
+  return 0
+end
 local now = now_ms()
 for i = 1, 10 do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
 redis.call('PEXPIRE', KEYS[11], ARGV[5])
-local t = redis.call('HGET', KEYS[2], ARGV[1])
 if not t then
   if redis.call('HEXISTS', KEYS[1], 'closed_at') == 1 then return false end
   t = ARGV[2]
@@ -147,19 +155,23 @@ return freed
 "#;
 
 /// ARGV: user. Ends the user's session on the line: a pass stops working (its slot frees), a
-/// waiting ticket leaves the line; both read `expired`. Returns {ticket, until ms} for the
-/// caller to append to the revocation stream every instance follows, or false when the
-/// user has none.
+/// waiting ticket leaves the line; both read `expired` (marked in `t_skip`, which `status`
+/// reads before `t_adm`). The pass's expiry in `t_adm` is left as signed, so the expiry
+/// returned for a pass is the same however often its session is ended: a repeat (an
+/// operator's retry, a cancel after a revocation) announces the same entry again and
+/// cannot shorten how long instances keep the pass refused. Returns {ticket, until ms,
+/// 1 when this call ended the session (0 for a repeat)} for the caller to append to the
+/// revocation stream every instance follows, or false when the user has none.
 const REVOKE: &str = r#"
 local t = redis.call('HGET', KEYS[2], ARGV[1])
 if not t then return false end
 local now = now_ms()
 local until_ms = tonumber(redis.call('HGET', KEYS[7], t) or '0')
-if until_ms > now then redis.call('HSET', KEYS[7], t, now) end
-if redis.call('ZREM', KEYS[9], t) == 1 then redis.call('HSET', KEYS[8], t, now) end
+local first = redis.call('HSETNX', KEYS[8], t, now)
+redis.call('ZREM', KEYS[9], t)
 redis.call('ZREM', KEYS[10], t)
-redis.call('HINCRBY', KEYS[1], 'revoked_total', 1)
-return {t, tostring(math.max(until_ms, now))}
+if first == 1 then redis.call('HINCRBY', KEYS[1], 'revoked_total', 1) end
+return {t, tostring(math.max(until_ms, now)), first}
 "#;
 
 /// ARGV: lease epoch, flagged sold out (0/1, from the shared sold-out set), admit_per_second, max_active, units available in the last
@@ -314,23 +326,51 @@ redis.call('HSET', KEYS[1], 'shuffled', '1')
 return 0
 "#;
 
-/// ARGV: lease token, ttl ms. Renews the lease if ours, takes it if free (a new epoch: past
-/// the last one and at least Redis's clock in ms, so it still grows if the epoch key was
-/// lost while lines kept the one they saw).
-/// Returns {1 when held, the lines version, Redis's clock in ms, the lease epoch}: a new
-/// version means a new line to read.
+/// ARGV: lease token, ttl ms. Renews the lease if ours, takes it if free and the advancer
+/// is not asleep (a new epoch: past the last one and at least Redis's clock in ms, so it
+/// still grows if the epoch key was lost while lines kept the one they saw). The holder
+/// takes the woken lines with it.
+/// Returns {1 when held, the lines version, Redis's clock in ms, the lease epoch, 1 when
+/// asleep, woken deal ids}: a new version means a new line to read.
 const RENEW: &str = r#"
-local held = 0
+local held, asleep, woken = 0, 0, {}
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   held = 1
+elseif redis.call('EXISTS', KEYS[5]) == 1 then
+  asleep = 1
 elseif redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local last = tonumber(redis.call('GET', KEYS[3]) or '0')
   redis.call('SET', KEYS[3], string.format('%d', math.max(last + 1, now_ms())))
   held = 1
 end
+if held == 1 then
+  woken = redis.call('SMEMBERS', KEYS[4])
+  if #woken > 0 then redis.call('DEL', KEYS[4]) end
+end
 return {held, tonumber(redis.call('GET', KEYS[2]) or '0'), now_ms(),
-  tonumber(redis.call('GET', KEYS[3]) or '0')}
+  tonumber(redis.call('GET', KEYS[3]) or '0'), asleep, woken}
+"#;
+
+/// ARGV: lease token. The holder found nothing to do on any line: unless a line was woken
+/// since its last renewal, it gives the lease up and marks the advancer asleep, so no
+/// instance takes the lease until a join wakes it. Returns 1 when asleep.
+const SLEEP: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.call('SCARD', KEYS[4]) > 0 then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('SET', KEYS[5], '1')
+return 1
+"#;
+
+/// ARGV: deal id, 1 when its line just took its first ticket. Someone is waiting in the
+/// deal's line: marks it woken (the holder steps it again) and wakes the advancer; a new
+/// line bumps the lines version too, so the holder reads it at once.
+const WAKE: &str = r#"
+redis.call('SADD', KEYS[4], ARGV[1])
+redis.call('DEL', KEYS[5])
+if ARGV[2] == '1' then redis.call('INCR', KEYS[2]) end
+return 0
 "#;
 
 /// ARGV: lease token. Gives the lease up on shutdown, if still ours.
@@ -353,6 +393,8 @@ pub struct Scripts {
     pub shuffled: Script,
     pub renew: Script,
     pub resign: Script,
+    pub sleep: Script,
+    pub wake: Script,
     pub drain: Script,
     pub revoke: Script,
     pub active: Script,
@@ -374,6 +416,8 @@ impl Scripts {
             shuffled: with(SHUFFLED),
             renew: with(RENEW),
             resign: with(RESIGN),
+            sleep: with(SLEEP),
+            wake: with(WAKE),
             drain: with(DRAIN),
             revoke: with(REVOKE),
             active: with(ACTIVE),

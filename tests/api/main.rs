@@ -62,6 +62,7 @@ mod startup_errors;
 mod sweeper_crash;
 mod waiting_room;
 mod waiting_room_edge;
+mod waiting_room_idle;
 mod waiting_room_keys;
 mod waiting_room_multi;
 mod waiting_room_page;

@@ -79,12 +79,12 @@ async fn joining_a_deal_with_a_challenge_takes_a_fresh_solution_of_the_user_for_
     join_with(&app, "alice", &other, Some(&solution))
         .await
         .expect_problem(403, "challenge-required");
-    join_with(&app, "alice", &deal, Some(&solution))
+    let first = join_with(&app, "alice", &deal, Some(&solution))
         .await
         .expect(201);
-    let replayed = join_with(&app, "alice", &deal, Some(&solution)).await;
-    replayed.expect_problem(403, "challenge-required");
-    assert!(replayed.text.contains("already used"), "{}", replayed.text);
+    // A second use buys no second place: alice gets her one ticket back.
+    let again = join_with(&app, "alice", &deal, Some(&solution)).await;
+    assert_eq!(again.expect(201)["ticket"], first["ticket"]);
 
     // Expired, and too easy (issued below the deal's floor, or a nonce that misses it).
     let secret = &app.settings.waiting_room.pass_secret;
@@ -94,6 +94,23 @@ async fn joining_a_deal_with_a_challenge_takes_a_fresh_solution_of_the_user_for_
     let expired = join_with(&app, "carol", &deal, Some(&old)).await;
     expired.expect_problem(403, "challenge-required");
     assert!(expired.text.contains("expired"), "{}", expired.text);
+    // Issued by instances with other TTLs: the expiry they published is the one that
+    // counts, not this gateway's own TTL (120 s).
+    let now = Utc::now().timestamp_millis();
+    let short = Challenges::new(secret, 10).issue(&deal, "carol", 8, now - 20_000);
+    let short = format!("{}:{}", short.challenge, solve(&short.challenge, 8));
+    let past_its_expiry = join_with(&app, "carol", &deal, Some(&short)).await;
+    past_its_expiry.expect_problem(403, "challenge-required");
+    assert!(
+        past_its_expiry.text.contains("expired"),
+        "{}",
+        past_its_expiry.text
+    );
+    let long = Challenges::new(secret, 600).issue(&deal, "erin", 8, now - 300_000);
+    let long = format!("{}:{}", long.challenge, solve(&long.challenge, 8));
+    join_with(&app, "erin", &deal, Some(&long))
+        .await
+        .expect(201);
     let easy = minted.issue(&deal, "carol", 2, Utc::now().timestamp_millis());
     let easy = format!("{}:{}", easy.challenge, solve(&easy.challenge, 2));
     let weak = fetch_challenge(&app, "carol", &deal).await;
@@ -128,6 +145,38 @@ async fn joining_a_deal_with_a_challenge_takes_a_fresh_solution_of_the_user_for_
     );
     let metrics = app.metrics().await;
     assert!(metrics.contains("flashgate_waiting_room_challenges_total"));
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn joining_again_keeps_the_ticket_without_a_new_proof_of_work() {
+    // Arrange: a deal asking 8 bits; alice pays for her place once.
+    let app = spawn_app_with(fast_room).await;
+    let room = json!({"admit_per_second": 1, "max_active": 1, "pass_ttl_seconds": 60,
+                      "pow_bits": 8});
+    let deal = app
+        .given_deal(&room_deal("wrrejoin", 10, room, json!({})))
+        .await;
+    let issued = fetch_challenge(&app, "alice", &deal).await;
+    let challenge = issued["challenge"].as_str().unwrap();
+    let solution = format!("{challenge}:{}", solve(challenge, 8));
+    let first = join_with(&app, "alice", &deal, Some(&solution))
+        .await
+        .expect(201);
+
+    // Act: she leaves the page and comes back, with no solution or a stale one.
+    let bare = join_with(&app, "alice", &deal, None).await;
+    let stale = join_with(&app, "alice", &deal, Some("stale:0")).await;
+
+    // Assert: the same ticket and place both times; a user without a ticket still pays.
+    for again in [bare, stale] {
+        let again = again.expect(201);
+        assert_eq!(again["ticket"], first["ticket"]);
+        assert_eq!(again["position"], first["position"]);
+    }
+    join_with(&app, "bob", &deal, None)
+        .await
+        .expect_problem(403, "challenge-required");
     app.cleanup().await;
 }
 

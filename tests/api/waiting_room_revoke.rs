@@ -1,10 +1,13 @@
 //! Ending a session on the line across `flashgate serve` processes: an operator's revocation
-//! and a cancelled order stop the buyer's pass on every instance within a second.
+//! and a cancelled order stop the buyer's pass on every instance within a second, and ending
+//! it again (an operator's retry, a cancel after a revocation) never brings the pass back.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+
+use flashgate::config::Settings;
 
 use crate::helpers::{Api, unique_suffix};
 use crate::waiting_room::room_deal;
@@ -56,36 +59,11 @@ async fn a_revoked_or_cancelled_session_ends_on_every_instance_within_a_second()
     let deal = a
         .given_deal(&room_deal("wrrevoke", 10, room, json!({})))
         .await;
-    let mut passes = HashMap::new();
-    for user in ["alice", "bob", "carol"] {
-        let ticket = join(a, user, &deal).await.expect(201)["ticket"]
-            .as_str()
-            .unwrap()
-            .to_owned();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let pass = loop {
-            let body = poll(b, user, &deal, &ticket).await.expect(200);
-            if let Some(pass) = body["pass"].as_str() {
-                break pass.to_owned();
-            }
-            assert!(Instant::now() < deadline, "{user} never admitted");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        for api in [a, b] {
-            assert_eq!(probe_pass(api, user, &deal, &pass).await, 409);
-        }
-        passes.insert(user, pass);
-    }
+    let passes = admitted_passes(&cluster.apis, &deal, &["alice", "bob", "carol"]).await;
 
     // Act 1: an operator revokes alice on gateway A.
-    let revoke = a
-        .client
-        .post(a.url(&format!("/admin/deals/{deal}/queue/revoke")))
-        .bearer_auth(&a.admin_token)
-        .json(&json!({"user_id": "alice"}));
     let revoked_at = Instant::now();
-    let body = crate::helpers::send(revoke).await.expect(200);
-    assert_eq!(body["revoked"], true);
+    assert_eq!(revoke(a, &deal, "alice").await["revoked"], true);
     let alice = &passes["alice"];
     let operator = refused_everywhere(&cluster.apis, "alice", &deal, alice, revoked_at).await;
 
@@ -106,14 +84,96 @@ async fn a_revoked_or_cancelled_session_ends_on_every_instance_within_a_second()
     for api in [a, b] {
         assert_eq!(probe_pass(api, "carol", &deal, &passes["carol"]).await, 409);
     }
-    let unknown = a
+    assert_eq!(revoke(a, &deal, "nobody").await["revoked"], false);
+    cluster.cleanup().await;
+}
+
+/// Admits each of `users` (joining on the first gateway, polling on the last) and checks
+/// their passes work on every gateway.
+async fn admitted_passes(apis: &[Api], deal: &str, users: &[&str]) -> HashMap<String, String> {
+    let (first, last) = (&apis[0], &apis[apis.len() - 1]);
+    let mut passes = HashMap::new();
+    for &user in users {
+        let ticket = join(first, user, deal).await.expect(201)["ticket"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let pass = loop {
+            let body = poll(last, user, deal, &ticket).await.expect(200);
+            if let Some(pass) = body["pass"].as_str() {
+                break pass.to_owned();
+            }
+            assert!(Instant::now() < deadline, "{user} never admitted");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        for api in apis {
+            assert_eq!(probe_pass(api, user, deal, &pass).await, 409);
+        }
+        passes.insert(user.to_owned(), pass);
+    }
+    passes
+}
+
+/// An operator's `POST /admin/deals/{deal}/queue/revoke` of `user` on `api`.
+async fn revoke(api: &Api, deal: &str, user: &str) -> serde_json::Value {
+    let request = api
         .client
-        .post(a.url(&format!("/admin/deals/{deal}/queue/revoke")))
-        .bearer_auth(&a.admin_token)
-        .json(&json!({"user_id": "nobody"}));
-    assert_eq!(
-        crate::helpers::send(unknown).await.expect(200)["revoked"],
-        false
-    );
+        .post(api.url(&format!("/admin/deals/{deal}/queue/revoke")))
+        .bearer_auth(&api.admin_token)
+        .json(&json!({ "user_id": user }));
+    crate::helpers::send(request).await.expect(200)
+}
+
+/// Checks `pass` stays refused on every gateway while each follows the revocation stream
+/// `polls` more times (`revocation_poll_ms` apart): an instance that forgot the revocation
+/// at one of those reads would let the pass through.
+async fn stays_refused(apis: &[Api], user: &str, deal: &str, pass: &str, polls: u32) {
+    let poll_every = Duration::from_millis(Settings::defaults().waiting_room.revocation_poll_ms);
+    let until = Instant::now() + poll_every * polls;
+    while Instant::now() < until {
+        for (i, api) in apis.iter().enumerate() {
+            let status = probe_pass(api, user, deal, pass).await;
+            assert_eq!(
+                status, 403,
+                "{user}'s ended pass works again on gateway {i}"
+            );
+        }
+        tokio::time::sleep(poll_every / 4).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ending_a_session_again_never_brings_its_pass_back() {
+    // Arrange: two gateways; alice and bob admitted, both passes good on both gateways.
+    let cluster = Cluster::start(2).await;
+    let (a, b) = (&cluster.apis[0], &cluster.apis[1]);
+    let room = json!({"admit_per_second": 100, "max_active": 10, "pass_ttl_seconds": 120});
+    let deal = a
+        .given_deal(&room_deal("wrrevoke2", 10, room, json!({})))
+        .await;
+    let passes = admitted_passes(&cluster.apis, &deal, &["alice", "bob"]).await;
+    let (alice, bob) = (&passes["alice"], &passes["bob"]);
+
+    // Act 1: an operator revokes alice on A, then retries on B.
+    let revoked_at = Instant::now();
+    assert_eq!(revoke(a, &deal, "alice").await["revoked"], true);
+    refused_everywhere(&cluster.apis, "alice", &deal, alice, revoked_at).await;
+    assert_eq!(revoke(b, &deal, "alice").await["revoked"], true);
+
+    // Assert 1: the retry changed nothing; alice's pass stays refused everywhere.
+    stays_refused(&cluster.apis, "alice", &deal, alice, 10).await;
+
+    // Act 2: bob orders on B, an operator revokes him on A, then bob cancels his order on B
+    // (which ends his session a second time).
+    let placed = order_with_pass(b, "bob", &deal, Some(bob)).await;
+    let order = placed.expect(201)["order_id"].as_str().unwrap().to_owned();
+    let revoked_at = Instant::now();
+    assert_eq!(revoke(a, &deal, "bob").await["revoked"], true);
+    refused_everywhere(&cluster.apis, "bob", &deal, bob, revoked_at).await;
+    b.cancel_order(&b.token("bob"), &order).await.expect(200);
+
+    // Assert 2: the cancel did not restore bob's pass on either gateway.
+    stays_refused(&cluster.apis, "bob", &deal, bob, 10).await;
     cluster.cleanup().await;
 }

@@ -1,0 +1,90 @@
+//! The line gauges the advancing instance publishes.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use super::Step;
+use super::lines::Line;
+use crate::telemetry;
+
+/// Admissions counted over about a second, for the rate gauge.
+struct RateWindow {
+    started: Instant,
+    admitted: i64,
+}
+
+/// The deals whose line gauges this instance has set: zeroed when it stops advancing them
+/// (the lease moved, the line closed, shutdown), so a dashboard summing or taking the
+/// largest value over instances shows only the current holder's figures.
+#[derive(Default)]
+pub(super) struct Gauges {
+    rates: HashMap<String, RateWindow>,
+    reported: HashSet<String>,
+}
+
+impl Gauges {
+    /// Zeroes the line gauges of the reported deals `which` selects and forgets them.
+    pub fn clear(&mut self, which: impl Fn(&str) -> bool) {
+        let cleared: Vec<String> = self
+            .reported
+            .iter()
+            .filter(|deal| which(deal))
+            .cloned()
+            .collect();
+        for deal in cleared {
+            for gauge in [
+                telemetry::WAITING_ROOM_QUEUE_LENGTH,
+                telemetry::WAITING_ROOM_PASSES_ACTIVE,
+                telemetry::WAITING_ROOM_ESTIMATED_WAIT,
+                telemetry::WAITING_ROOM_ADMISSION_RATE,
+            ] {
+                metrics::gauge!(gauge, "deal" => deal.clone()).set(0.0);
+            }
+            self.rates.remove(&deal);
+            self.reported.remove(&deal);
+        }
+    }
+
+    /// Zeroes the gauges of the deals not in `open`: their lines closed.
+    pub fn keep_only(&mut self, open: &[Line]) {
+        let open: HashSet<&str> = open.iter().map(|l| l.id.as_str()).collect();
+        self.clear(|deal| !open.contains(deal));
+    }
+
+    /// Publishes one step. A sold-out line admits nobody more: the tickets still in it are
+    /// told so when they poll, so it shows no queue and no wait.
+    pub fn record(&mut self, line: &Line, step: Step, sold_out: bool) {
+        let deal = line.id.clone();
+        self.reported.insert(deal.clone());
+        let rate = f64::from(line.terms.admit_per_second);
+        let waiting = if sold_out { 0.0 } else { step.waiting as f64 };
+        metrics::gauge!(telemetry::WAITING_ROOM_QUEUE_LENGTH, "deal" => deal.clone()).set(waiting);
+        metrics::gauge!(telemetry::WAITING_ROOM_PASSES_ACTIVE, "deal" => deal.clone())
+            .set(step.active as f64);
+        metrics::gauge!(telemetry::WAITING_ROOM_ESTIMATED_WAIT, "deal" => deal.clone())
+            .set(waiting / rate);
+        metrics::counter!(telemetry::WAITING_ROOM_ADMITTED, "deal" => deal.clone())
+            .increment(step.admitted as u64);
+        metrics::counter!(telemetry::WAITING_ROOM_ABANDONED, "deal" => deal.clone())
+            .increment(step.skipped as u64);
+        if step.is_idle() {
+            // No more steps until someone joins: the rate would stay at its last value.
+            metrics::gauge!(telemetry::WAITING_ROOM_ADMISSION_RATE, "deal" => deal.clone())
+                .set(0.0);
+            self.rates.remove(&deal);
+            return;
+        }
+        let window = self.rates.entry(deal.clone()).or_insert(RateWindow {
+            started: Instant::now(),
+            admitted: 0,
+        });
+        window.admitted += step.admitted;
+        let elapsed = window.started.elapsed();
+        if elapsed >= Duration::from_secs(1) {
+            metrics::gauge!(telemetry::WAITING_ROOM_ADMISSION_RATE, "deal" => deal)
+                .set(window.admitted as f64 / elapsed.as_secs_f64());
+            window.started = Instant::now();
+            window.admitted = 0;
+        }
+    }
+}
