@@ -78,6 +78,8 @@ done
 export FLASHGATE__REDIS__COMMAND_TIMEOUT_MS=2000
 export FLASHGATE__DATABASE__ACQUIRE_TIMEOUT_MS=5000
 export RUST_LOG="${RUST_LOG:-warn}"
+# Fresh ids for the deals schemathesis creates (see the file).
+export SCHEMATHESIS_HOOKS="$PWD/scripts/schemathesis_hooks.py"
 
 # Payments at the simulator, which sends its webhooks to this gateway. No grace after a
 # reservation's expiry, so the late payments below are late at once.
