@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Checks docs/openapi.yaml against a live gateway with schemathesis: a fresh database, two
-# deals (`summer-sale`, and `summer-queue` with a waiting room: the ids the document's
-# examples use), an admin and a user token. Every check (`--checks all`), valid and invalid
-# data (`--mode all`) and every phase, the stateful one included (config/schemathesis.toml):
-# fails on any 5xx, any undocumented status code, header or content type, any body that
-# does not match the document, valid data refused or invalid data accepted, and an
-# undocumented method not answered 405 with `Allow`. Needs PostgreSQL and Redis
-# (DATABASE_URL, REDIS_URL) and a built target/debug/flashgate.
+# Checks docs/openapi.yaml against a live gateway with schemathesis: a fresh database, the
+# payment simulator (target/debug/flashgate-psp-sim) as the gateway's provider, two deals
+# (`summer-sale`, and `summer-queue` with a waiting room: the ids the document's examples
+# use), orders held for review (late money on a `manual_review` deal, so the review
+# operations have something to act on), an admin and a user token. Every check (`--checks
+# all`), valid and invalid data (`--mode all`) and every phase, the stateful one included
+# (config/schemathesis.toml): fails on any 5xx, any undocumented status code, header or
+# content type, any body that does not match the document, valid data refused or invalid
+# data accepted, an undocumented method not answered 405 with `Allow`, an operation that
+# only ever answered 404 (`missing_test_data`), and an operation that takes an identifier
+# but that the stateful phase, following the document's links, never reached with an answer
+# other than 404. Needs PostgreSQL and Redis (DATABASE_URL, REDIS_URL) and a built
+# target/debug/flashgate and target/debug/flashgate-psp-sim (`cargo build --bins`).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -30,17 +35,27 @@ free_port() {
 port=$(free_port)
 ops_port=$(free_port)
 log=$(mktemp)
+sim_log=$(mktemp)
+reports=$(mktemp -d)
 server=""
+sim=""
 
 cleanup() {
-    if [[ -n "$server" ]]; then
-        kill "$server" 2>/dev/null || true
-        wait "$server" 2>/dev/null || true
-    fi
+    for pid in "$server" "$sim"; do
+        if [[ -n "$pid" ]]; then
+            kill "$pid" 2>/dev/null || true
+            wait "$pid" 2>/dev/null || true
+        fi
+    done
     psql -q "$ADMIN_URL" -c "DROP DATABASE IF EXISTS \"$database\" WITH (FORCE)" >/dev/null 2>&1 || true
-    rm -f "$log"
+    rm -rf "$log" "$sim_log" "$reports"
 }
 trap cleanup EXIT
+
+# JSON field `$1` (a Python subscript such as `["payment"]["checkout_url"]`) of stdin.
+field() {
+    python3 -c "import json, sys; print(json.load(sys.stdin)$1)"
+}
 
 psql -q "$ADMIN_URL" -c "CREATE DATABASE \"$database\""
 
@@ -63,6 +78,23 @@ done
 export FLASHGATE__REDIS__COMMAND_TIMEOUT_MS=2000
 export FLASHGATE__DATABASE__ACQUIRE_TIMEOUT_MS=5000
 export RUST_LOG="${RUST_LOG:-warn}"
+# Fresh ids for the deals schemathesis creates (see the file).
+export SCHEMATHESIS_HOOKS="$PWD/scripts/schemathesis_hooks.py"
+
+# Payments at the simulator, which sends its webhooks to this gateway. No grace after a
+# reservation's expiry, so the late payments below are late at once.
+sim_port=$(free_port)
+export FLASHGATE__PAYMENTS__ENABLED=true
+export FLASHGATE__PAYMENTS__BASE_URL="http://127.0.0.1:$sim_port"
+export FLASHGATE__PAYMENTS__API_KEY="schemathesis-psp-api-key-$suffix-0123456789"
+export FLASHGATE__PAYMENTS__WEBHOOK_SECRET="schemathesis-psp-webhook-secret-$suffix-0123456789"
+export FLASHGATE__PAYMENTS__EXPIRY_GRACE_SECONDS=0
+export FLASHGATE__PAYMENTS__OUTBOX_INTERVAL_MS=50
+target/debug/flashgate-psp-sim --listen "127.0.0.1:$sim_port" \
+    --webhook-url "http://127.0.0.1:$port/v1/webhooks/sim" \
+    --api-key "$FLASHGATE__PAYMENTS__API_KEY" \
+    --webhook-secret "$FLASHGATE__PAYMENTS__WEBHOOK_SECRET" >"$sim_log" 2>&1 &
+sim=$!
 
 target/debug/flashgate serve >"$log" 2>&1 &
 server=$!
@@ -73,6 +105,7 @@ for _ in $(seq 1 100); do
     sleep 0.2
 done
 curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null || { cat "$log"; exit 1; }
+curl -fsS "http://127.0.0.1:$sim_port/control/webhook_url" >/dev/null || { cat "$sim_log"; exit 1; }
 
 curl -fsS -X POST "http://127.0.0.1:$ops_port/admin/deals" \
     -H "Authorization: Bearer $FLASHGATE_ADMIN_TOKEN" -H 'Content-Type: application/json' \
@@ -88,6 +121,42 @@ curl -fsS -X POST "http://127.0.0.1:$ops_port/admin/deals" \
 FLASHGATE_USER_TOKEN=$(target/debug/flashgate token --user schemathesis --ttl-seconds 3600)
 export FLASHGATE_USER_TOKEN
 
+# Orders held for review: each reserves a unit of `late-sale` for a second, expires, and
+# then the simulator takes the money anyway.
+curl -fsS -X POST "http://127.0.0.1:$ops_port/admin/deals" \
+    -H "Authorization: Bearer $FLASHGATE_ADMIN_TOKEN" -H 'Content-Type: application/json' \
+    -d '{"id": "late-sale", "name": "Late payments", "stock": 100, "buckets": 1,
+         "unit_price_minor": 1999, "currency": "EUR", "per_user_limit": 1,
+         "reservation_ttl_seconds": 1, "late_payment_policy": "manual_review"}' >/dev/null
+review_orders=()
+intents=()
+for i in $(seq 1 10); do
+    token=$(target/debug/flashgate token --user "late-payer-$i" --ttl-seconds 3600)
+    order=$(curl -fsS -X POST "http://127.0.0.1:$port/v1/deals/late-sale/orders" \
+        -H "Authorization: Bearer $token" -H "Idempotency-Key: late-$i" \
+        -H 'Content-Type: application/json' -d '{"quantity": 1}')
+    review_orders+=("$(field '["order_id"]' <<<"$order") $token")
+    intent=$(field '["payment"]["checkout_url"].rsplit("/", 1)[-1]' <<<"$order")
+    intents+=("$intent")
+done
+# Waits until the order `$1` (with the user token `$2`) reads `$3`.
+wait_status() {
+    for _ in $(seq 1 150); do
+        status=$(curl -fsS "http://127.0.0.1:$port/v1/orders/$1" -H "Authorization: Bearer $2" |
+            field '["status"]')
+        [[ "$status" == "$3" ]] && return 0
+        sleep 0.2
+    done
+    echo "schemathesis: order $1 never $3 (it is $status)" >&2
+    return 1
+}
+for i in "${!review_orders[@]}"; do
+    read -r order_id token <<<"${review_orders[$i]}"
+    wait_status "$order_id" "$token" EXPIRED
+    curl -fsS -X POST "http://127.0.0.1:$sim_port/control/payment_intents/${intents[$i]}/succeed" >/dev/null
+    wait_status "$order_id" "$token" MANUAL_REVIEW
+done
+
 # One worker: with two, hypothesis parses lambda sources in both threads at once, which
 # Python 3.11 can fail with "AST constructor recursion depth mismatch" (a runtime error of
 # the tool, not a finding).
@@ -99,13 +168,23 @@ timeout "${SCHEMATHESIS_TIMEOUT_SECONDS:-240}" \
     schemathesis --config-file config/schemathesis.toml run docs/openapi.yaml \
     --url "http://127.0.0.1:$port" --workers "${SCHEMATHESIS_WORKERS:-1}" \
     --checks all --mode all \
+    --report ndjson --report-ndjson-path "$reports/public.ndjson" \
     --exclude-path-regex "$operator_paths" "$@" || status=$?
+if [[ $status -eq 0 ]]; then
+    python3 scripts/stateful_reach.py docs/openapi.yaml "$reports/public.ndjson" \
+        exclude "$operator_paths" || status=$?
+fi
 if [[ $status -eq 0 ]]; then
     timeout "${SCHEMATHESIS_TIMEOUT_SECONDS:-240}" \
         schemathesis --config-file config/schemathesis.toml run docs/openapi.yaml \
         --url "http://127.0.0.1:$ops_port" --workers "${SCHEMATHESIS_WORKERS:-1}" \
         --checks all --mode all \
+        --report ndjson --report-ndjson-path "$reports/ops.ndjson" \
         --include-path-regex "$operator_paths" "$@" || status=$?
+fi
+if [[ $status -eq 0 ]]; then
+    python3 scripts/stateful_reach.py docs/openapi.yaml "$reports/ops.ndjson" \
+        include "$operator_paths" || status=$?
 fi
 if [[ $status -ne 0 ]]; then
     echo "schemathesis: failed ($status); gateway log:" >&2

@@ -89,7 +89,8 @@ promtool test rules config/prometheus/tests/*.yml
 # The OpenAPI document against a live gateway (only on a full run, not for a test filter).
 if [[ $# -eq 0 ]]; then
     step "schemathesis: docs/openapi.yaml against a live gateway"
-    cargo build --bin flashgate
+    # The gateway and the payment simulator it takes payments at.
+    cargo build --workspace --bins
     bash scripts/schemathesis.sh
 
     # Whole sales under seeded fault schedules (private PostgreSQL and Redis; about 30 s a

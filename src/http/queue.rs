@@ -41,6 +41,10 @@ struct TicketView<'a> {
     pass: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pass_expires_at: Option<DateTime<Utc>>,
+    /// Milliseconds the pass has left by Redis's clock, so a client counts down on its own
+    /// clock without trusting it to agree with ours.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pass_expires_in_ms: Option<i64>,
     refresh_after_seconds: u64,
     /// Units of the last stock snapshot not promised to an outstanding pass.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -248,6 +252,7 @@ fn ticket_reply(
         pass_expires_at: admitted
             .then(|| DateTime::from_timestamp(expires_s, 0))
             .flatten(),
+        pass_expires_in_ms: admitted.then(|| (expires_s * 1000 - status.now_ms).max(0)),
         refresh_after_seconds: refresh,
         units_left,
         chance_of_units: chance,

@@ -5,8 +5,12 @@
 //! and the shop's user token from the fragment, which never reaches a server), so a CDN
 //! caches it for `waiting_room.page_max_age_seconds`. It joins the line, polls at
 //! `refresh_after_seconds`, announces each change in an `aria-live` region in words (no
-//! colour carries meaning), and when admitted hands the pass to the deal's checkout URL in
-//! the fragment. Branding: `page_title` and `page_stylesheet_url`.
+//! colour carries meaning) and shows how far the buyer has come since joining in a
+//! progress bar with ARIA values and a text label. When admitted it hands the pass to the
+//! deal's checkout URL in the fragment, or, for a deal without one, shows the pass and how
+//! to order with it; it counts down to the pass's expiry (`pass_expires_in_ms`), and when
+//! the pass has expired says so and offers to join the line again. Branding: `page_title`
+//! and `page_stylesheet_url`.
 
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue};

@@ -25,6 +25,8 @@ use crate::store::StoreError;
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct PaymentView {
     pub attempt_id: Uuid,
+    /// The provider's name: the `{provider}` of the webhooks that report this attempt.
+    pub provider: String,
     /// Where to send the payer; null until the provider has answered.
     pub checkout_url: Option<String>,
     pub expires_at: Option<DateTime<Utc>>,
@@ -34,6 +36,7 @@ impl PaymentView {
     pub fn of(attempt: &Attempt) -> Self {
         Self {
             attempt_id: attempt.id,
+            provider: attempt.provider.clone(),
             checkout_url: attempt.checkout_url.clone(),
             expires_at: attempt.provider_expires_at,
         }

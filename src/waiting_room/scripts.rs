@@ -36,16 +36,26 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+-- A pass carries its expiry in whole seconds, so it stops working at the second before
+-- the ticket's expiry in ms: the ticket reads `admitted` exactly while its pass works.
+local function pass_end(exp)
+  return exp - exp % 1000
+end
+-- `t_skip` holds when a ticket was skipped, drained or its session ended (ms, positive),
+-- or minus when its pass placed an order (the pass still reads admitted until it expires).
+local function ended(t)
+  return tonumber(redis.call('HGET', KEYS[8], t) or '0') > 0
+end
 local function status(t, now)
   local pos = tonumber(redis.call('HGET', KEYS[4], t))
   local through = tonumber(redis.call('HGET', KEYS[1], 'admitted_through') or '0')
   local state, exp = 'waiting', 0
   local adm = redis.call('HGET', KEYS[7], t)
-  if redis.call('HEXISTS', KEYS[8], t) == 1 then
+  if ended(t) then
     state = 'expired'
   elseif adm then
     exp = tonumber(adm)
-    if exp > now then state = 'admitted' else state = 'expired' end
+    if pass_end(exp) > now then state = 'admitted' else state = 'expired' end
   elseif redis.call('HGET', KEYS[1], 'state') == 'sold_out' then
     state = 'sold_out'
   end
@@ -55,6 +65,12 @@ local function status(t, now)
   end
   local left = tonumber(redis.call('HGET', KEYS[1], 'units_left') or '-1')
   return {t, pos, through, ahead, state, exp, now, redis.call('ZCARD', KEYS[9]), left}
+end
+-- A pass that ran out unused: admitted, expired, and neither ordered with nor ended (both
+-- mark the ticket in `t_skip`). Its holder may take a new place at the back of the line.
+local function lapsed(t, now)
+  local exp = tonumber(redis.call('HGET', KEYS[7], t) or '0')
+  return exp > 0 and pass_end(exp) <= now and redis.call('HEXISTS', KEYS[8], t) == 0
 end
 local function ensure_seed(seed, hash)
   if seed ~= '' and redis.call('HEXISTS', KEYS[1], 'seed') == 0 then
@@ -71,22 +87,25 @@ end
 "#;
 
 /// ARGV: user, a fresh ticket id, seed, seed hash (both empty for fifo), keys ttl ms, may
-/// issue (0/1). Returns the status of the user's one ticket, issuing it on first call when
-/// allowed (0 when not: the caller checks a proof of work first); nil when the user has
-/// none and the line was closed (`DRAIN`). Every join pushes the expiry of the line's keys
-/// out, so a finished line leaves Redis on its own. The caller bumps the lines version when
-/// the ticket is the line's first.
+/// issue (0/1). Returns the status of the user's ticket, issuing it on first call and
+/// again, at the back of the line, once its pass ran out unused (`lapsed`) while the line
+/// is open, when allowed (0 when not: the caller checks a proof of work first); nil when
+/// the user has none and the line was closed (`DRAIN`). Every join pushes the expiry of the
+/// line's keys out, so a finished line leaves Redis on its own. The caller bumps the lines
+/// version when the ticket is the line's first.
 const JOIN: &str = r#"
 local t = redis.call('HGET', KEYS[2], ARGV[1])
+local closed = redis.call('HEXISTS', KEYS[1], 'closed_at') == 1
+local now = now_ms()
+if t and not closed and lapsed(t, now) then t = nil end
 if not t and ARGV[6] ~= '1' then
-  if redis.call('HEXISTS', KEYS[1], 'closed_at') == 1 then return false end
+  if closed then return false end
   return 0
 end
-local now = now_ms()
 for i = 1, 10 do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
 redis.call('PEXPIRE', KEYS[11], ARGV[5])
 if not t then
-  if redis.call('HEXISTS', KEYS[1], 'closed_at') == 1 then return false end
+  if closed then return false end
   t = ARGV[2]
   local n = redis.call('HINCRBY', KEYS[1], 'seq', 1)
   redis.call('HSET', KEYS[2], ARGV[1], t)
@@ -121,13 +140,18 @@ return {m[1] or '0', tostring(redis.call('ZCARD', KEYS[9])), m[2] or '', m[3] or
   m[7] or '0'}
 "#;
 
-/// ARGV: pass id, keys ttl ms. Frees the pass's active slot (it placed an order) and records
-/// when in `used`, also for a pass that had just expired from `active`, so the advancer
-/// counts its unit as taken until a stock snapshot younger than that shows it.
+/// ARGV: pass id (its ticket), keys ttl ms. Frees the pass's active slot (it placed an
+/// order) and records when in `used`, also for a pass that had just expired from `active`,
+/// so the advancer counts its unit as taken until a stock snapshot younger than that shows
+/// it. Marks the ticket in `t_skip` as used (a negative time, unless its session already
+/// ended): a pass that ordered has not lapsed, so its holder does not get a new place, and
+/// it still reads admitted until it expires.
 const RELEASE: &str = r#"
+local now = now_ms()
 local freed = redis.call('ZREM', KEYS[10], ARGV[1])
-redis.call('ZADD', KEYS[12], now_ms(), ARGV[1])
-redis.call('PEXPIRE', KEYS[12], ARGV[2])
+redis.call('ZADD', KEYS[12], now, ARGV[1])
+if redis.call('HEXISTS', KEYS[8], ARGV[1]) == 0 then redis.call('HSET', KEYS[8], ARGV[1], -now) end
+for _, i in ipairs({8, 12}) do redis.call('PEXPIRE', KEYS[i], ARGV[2]) end
 return freed
 "#;
 
@@ -156,19 +180,27 @@ return freed
 
 /// ARGV: user. Ends the user's session on the line: a pass stops working (its slot frees), a
 /// waiting ticket leaves the line; both read `expired` (marked in `t_skip`, which `status`
-/// reads before `t_adm`). The pass's expiry in `t_adm` is left as signed, so the expiry
-/// returned for a pass is the same however often its session is ended: a repeat (an
-/// operator's retry, a cancel after a revocation) announces the same entry again and
-/// cannot shorten how long instances keep the pass refused. Returns {ticket, until ms,
-/// 1 when this call ended the session (0 for a repeat)} for the caller to append to the
+/// reads before `t_adm`; an ended pass does not count as lapsed, so no new place). The
+/// pass's expiry in `t_adm` is left as signed, so the expiry returned for a pass is the
+/// same however often its session is ended: a repeat (an operator's retry, a cancel after a
+/// revocation) announces the same entry again and cannot shorten how long instances keep
+/// the pass refused. `t_skip` takes the line keys' expiry when it is new. Returns {ticket,
+/// until ms, 1 when this call ended the session (0 for a repeat)} for the caller to append
+/// to the
 /// revocation stream every instance follows, or false when the user has none.
 const REVOKE: &str = r#"
 local t = redis.call('HGET', KEYS[2], ARGV[1])
 if not t then return false end
 local now = now_ms()
 local until_ms = tonumber(redis.call('HGET', KEYS[7], t) or '0')
-local first = redis.call('HSETNX', KEYS[8], t, now)
+local first = 0
+if not ended(t) then
+  redis.call('HSET', KEYS[8], t, now)
+  first = 1
+end
 redis.call('ZREM', KEYS[9], t)
+local ttl = redis.call('PTTL', KEYS[2])
+if ttl > 0 and redis.call('PTTL', KEYS[8]) < 0 then redis.call('PEXPIRE', KEYS[8], ttl) end
 redis.call('ZREM', KEYS[10], t)
 if first == 1 then redis.call('HINCRBY', KEYS[1], 'revoked_total', 1) end
 return {t, tostring(math.max(until_ms, now)), first}

@@ -28,6 +28,7 @@ mod metrics_lifecycle;
 mod model;
 mod multi_process;
 mod negative_cache;
+mod openapi_links;
 mod ops_audit;
 mod ops_cli;
 mod ops_dashboard;

@@ -12,7 +12,7 @@ use crate::helpers::{
 use crate::ops_cli::flashgate_cli;
 
 /// Places one unit for `user`, lets it expire, then has the provider take the money late.
-async fn held_for_review(app: &PayApp, user: &str, deal: &str) -> String {
+pub async fn held_for_review(app: &PayApp, user: &str, deal: &str) -> String {
     let token = app.token(user);
     let order = app.place_order(&token, deal, user, 1).await.expect(201);
     let order_id = order["order_id"].as_str().unwrap().to_owned();

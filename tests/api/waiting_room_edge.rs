@@ -437,3 +437,73 @@ async fn a_pass_whose_release_was_lost_frees_its_slot_at_the_next_stock_snapshot
     app.assert_invariants(&deal).await;
     app.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pass_that_ran_out_unused_rejoins_at_the_back_one_used_or_revoked_does_not() {
+    // Arrange: three-second passes; alice lets hers run out, bob orders with his, carol's
+    // session is revoked by an operator.
+    let app = spawn_app_with(fast_room).await;
+    let room = json!({"admit_per_second": 100, "max_active": 10, "pass_ttl_seconds": 3});
+    let deal = app
+        .given_deal(&room_deal("wrrejoin", 10, room, json!({})))
+        .await;
+    let mut first = Vec::new();
+    for user in ["alice", "bob", "carol"] {
+        let ticket = ticket_of(&join(&app, user, &deal).await.expect(201));
+        let body = poll_until(&app, user, &deal, &ticket, &["admitted"], EVENTUALLY).await;
+        let left = body["pass_expires_in_ms"]
+            .as_i64()
+            .expect("the pass's lifetime");
+        assert!((1..=3000).contains(&left), "{body}");
+        first.push((user, ticket, body["pass"].as_str().unwrap().to_owned()));
+    }
+    crate::waiting_room::order_with_pass(&app, "bob", &deal, Some(&first[1].2))
+        .await
+        .expect(201);
+    let revoke = app
+        .client
+        .post(app.url(&format!("/admin/deals/{deal}/queue/revoke")))
+        .bearer_auth(&app.admin_token)
+        .json(&json!({"user_id": "carol"}));
+    crate::helpers::send(revoke).await.expect(200);
+
+    // Act: every ticket runs out; then all three join again.
+    for (user, ticket, _) in &first {
+        let body = poll_until(&app, user, &deal, ticket, &["expired"], EVENTUALLY).await;
+        assert!(body.get("pass_expires_in_ms").is_none(), "{body}");
+    }
+    let mut again = Vec::new();
+    for (user, _, _) in &first {
+        again.push(join(&app, user, &deal).await.expect(201));
+    }
+
+    // Assert: the pass is refused once its ticket reads expired; alice alone gets a new
+    // place, behind everyone issued before; bob and carol get their expired tickets back.
+    crate::waiting_room::order_with_pass(&app, "alice", &deal, Some(&first[0].2))
+        .await
+        .expect_problem(403, "waiting-room-required");
+    assert_ne!(ticket_of(&again[0]), first[0].1, "{}", again[0]);
+    assert_eq!(again[0]["position"], 4, "{}", again[0]);
+    assert!(
+        ["waiting", "admitted"].contains(&again[0]["state"].as_str().unwrap()),
+        "{}",
+        again[0]
+    );
+    for (reply, (user, ticket, _)) in again.iter().zip(&first).skip(1) {
+        assert_eq!(reply["ticket"], json!(ticket), "{user}: {reply}");
+        assert_eq!(reply["state"], "expired", "{user}: {reply}");
+    }
+    let alice = poll_until(
+        &app,
+        "alice",
+        &deal,
+        &ticket_of(&again[0]),
+        &["admitted"],
+        EVENTUALLY,
+    )
+    .await;
+    crate::waiting_room::order_with_pass(&app, "alice", &deal, alice["pass"].as_str())
+        .await
+        .expect(201);
+    app.cleanup().await;
+}

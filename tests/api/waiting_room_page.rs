@@ -1,7 +1,10 @@
 //! The waiting page in a real headless browser (Debian's chromium, driven over chromedriver's
-//! WebDriver HTTP API) through a crowd's sale: the page shows the buyer's place, then the
-//! admission, and hands the pass to the deal's checkout URL. A screenshot of each state is
-//! kept in `target/artefacts/`. Needs `scripts/browser.sh` (run by `scripts/test.sh`).
+//! WebDriver HTTP API): through a crowd's sale the page shows the buyer's place and a
+//! progress bar that screen readers read as it grows, then the admission, and hands the
+//! pass to the deal's checkout URL; for a deal without a checkout URL it shows the pass and
+//! the order API, counts down to the pass's expiry, says when it has expired and joins the
+//! line again on request. A screenshot of each state is kept in `target/artefacts/`. Needs
+//! `scripts/browser.sh` (run by `scripts/test.sh`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,6 +27,18 @@ struct Browser {
     _profile: TempDir,
     client: reqwest::Client,
     session: String,
+}
+
+/// The page's progress bar as a screen reader sees it.
+#[derive(Debug)]
+struct Progress {
+    state: String,
+    shown: bool,
+    now: u64,
+    min: String,
+    max: String,
+    text: String,
+    name: String,
 }
 
 /// A fresh, empty profile directory, removed at the end.
@@ -119,17 +134,44 @@ impl Browser {
             .await;
     }
 
+    /// Runs `script` in the page and returns what it returns.
+    async fn eval(&self, script: &str) -> Value {
+        self.command(
+            reqwest::Method::POST,
+            "/execute/sync",
+            json!({"script": script, "args": []}),
+        )
+        .await
+    }
+
+    /// Clicks the element `css` selects, as a person would (WebDriver's element click).
+    async fn click(&self, css: &str) {
+        let found = self
+            .command(
+                reqwest::Method::POST,
+                "/element",
+                json!({"using": "css selector", "value": css}),
+            )
+            .await;
+        let id = found
+            .as_object()
+            .and_then(|o| o.values().next())
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("no element {css}: {found}"))
+            .to_owned();
+        self.command(
+            reqwest::Method::POST,
+            &format!("/element/{id}/click"),
+            json!({}),
+        )
+        .await;
+    }
+
     /// The page's machine-readable state, its announced text and its address.
     async fn read(&self) -> (String, String, String) {
         let script = "return [document.body.dataset.state || '', \
                       (document.getElementById('state') || {}).textContent || '', location.href]";
-        let value = self
-            .command(
-                reqwest::Method::POST,
-                "/execute/sync",
-                json!({"script": script, "args": []}),
-            )
-            .await;
+        let value = self.eval(script).await;
         let text = |i: usize| value[i].as_str().unwrap_or_default().to_owned();
         (text(0), text(1), text(2))
     }
@@ -146,6 +188,29 @@ impl Browser {
                 "never {what}: {state} {text} {href}"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The progress bar as assistive technology reads it, with the page's state.
+    async fn progress(&self) -> Progress {
+        let script = "const b = document.querySelector('[role=progressbar]'); \
+            const name = (b.getAttribute('aria-labelledby') || '').split(' ') \
+              .map((id) => (document.getElementById(id) || {}).textContent || '').join(' '); \
+            return {state: document.body.dataset.state || '', shown: b.closest('[hidden]') === null, \
+              now: b.getAttribute('aria-valuenow'), min: b.getAttribute('aria-valuemin'), \
+              max: b.getAttribute('aria-valuemax'), text: b.getAttribute('aria-valuetext') || '', name}";
+        let value = self.eval(script).await;
+        let text = |key: &str| value[key].as_str().unwrap_or_default().to_owned();
+        Progress {
+            state: text("state"),
+            shown: value["shown"] == true,
+            now: text("now")
+                .parse()
+                .unwrap_or_else(|_| panic!("aria-valuenow: {value}")),
+            min: text("min"),
+            max: text("max"),
+            text: text("text"),
+            name: text("name"),
         }
     }
 
@@ -166,6 +231,43 @@ impl Browser {
     async fn quit(self) {
         self.command(reqwest::Method::DELETE, "", Value::Null).await;
     }
+}
+
+/// Reads the progress bar until the buyer is admitted; checks it reads as a labelled
+/// percentage that only grows while waiting, grows at least once, and is full at the turn.
+async fn progress_until_admitted(browser: &Browser, timeout: Duration) -> Vec<u64> {
+    let deadline = Instant::now() + timeout;
+    let mut readings: Vec<u64> = Vec::new();
+    loop {
+        let bar = browser.progress().await;
+        assert!(bar.shown, "{bar:?}");
+        assert_eq!(
+            (bar.min.as_str(), bar.max.as_str()),
+            ("0", "100"),
+            "{bar:?}"
+        );
+        assert!(bar.name.contains("progress"), "{bar:?}");
+        assert!(bar.text.starts_with(&format!("{} %", bar.now)), "{bar:?}");
+        if bar.state == "admitted" {
+            assert_eq!(bar.now, 100, "{bar:?}");
+            break;
+        }
+        assert!(bar.now < 100, "{bar:?}");
+        if readings.last() != Some(&bar.now) {
+            assert!(
+                readings.last() < Some(&bar.now),
+                "{readings:?} then {bar:?}"
+            );
+            readings.push(bar.now);
+        }
+        assert!(Instant::now() < deadline, "never admitted: {bar:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        readings.len() >= 2,
+        "the bar moved while waiting: {readings:?}"
+    );
+    readings
 }
 
 /// A crowd member: polls and buys when admitted, until `stop`.
@@ -237,9 +339,7 @@ async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_
     let (_, waiting_text, _) = browser.read().await;
     assert!(waiting_text.contains("ahead of you"), "{waiting_text}");
     let waiting_png = browser.screenshot("wait-page-waiting.png").await;
-    browser
-        .wait_for("admitted", minute, |state, _| state == "admitted")
-        .await;
+    let readings = progress_until_admitted(&browser, minute).await;
     let admitted_png = browser.screenshot("wait-page-admitted.png").await;
     let (_, admitted_text, _) = browser.read().await;
     assert!(admitted_text.contains("your turn"), "{admitted_text}");
@@ -256,7 +356,7 @@ async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_
         .await
         .expect(201);
     eprintln!(
-        "screenshots: {} and {}",
+        "screenshots: {} and {}; progress while waiting: {readings:?} %",
         waiting_png.display(),
         admitted_png.display()
     );
@@ -269,4 +369,99 @@ async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_
         .expect("all tasks done")
         .cleanup()
         .await;
+}
+
+/// What the admitted page without a checkout URL shows: the countdown, the order
+/// instructions, the pass, and whether a checkout link or the join button is visible.
+async fn admitted_view(browser: &Browser) -> Value {
+    let script = "const shown = (id) => document.getElementById(id).closest('[hidden]') === null; \
+        const text = (id) => document.getElementById(id).textContent; \
+        return {state: document.body.dataset.state || '', countdown: text('countdown'), \
+          countdown_shown: shown('countdown'), api: text('api'), api_shown: shown('api'), \
+          pass: text('pass'), checkout_shown: shown('next'), rejoin_shown: shown('rejoin')}";
+    browser.eval(script).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_checkout_url_the_page_shows_the_order_api_counts_down_and_rejoins_after_expiry()
+{
+    // Arrange: a deal without a checkout URL whose passes last five seconds (a pass carries
+    // whole seconds, so it works for four to five).
+    let app = spawn_app_with(crate::waiting_room_edge::fast_room).await;
+    let room = json!({"admit_per_second": 100, "max_active": 10, "pass_ttl_seconds": 5});
+    let deal = app
+        .given_deal(&room_deal("wrnocheckout", 10, room, json!({})))
+        .await;
+    let browser = Browser::start().await;
+    let minute = Duration::from_secs(60);
+
+    // Act: the buyer opens the page and is admitted at once, then lets the pass run out.
+    let token = app.token("late-buyer");
+    browser
+        .open(&app.url(&format!("/wait/{deal}#token={token}")))
+        .await;
+    browser
+        .wait_for("admitted", minute, |state, _| state == "admitted")
+        .await;
+    let admitted = admitted_view(&browser).await;
+    let admitted_png = browser.screenshot("wait-page-no-checkout.png").await;
+    let mut countdowns = Vec::new();
+    let expired = loop {
+        let view = admitted_view(&browser).await;
+        if view["state"] != "admitted" {
+            break view;
+        }
+        let text = view["countdown"].as_str().unwrap_or_default().to_owned();
+        if countdowns.last() != Some(&text) {
+            countdowns.push(text);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let expired_png = browser.screenshot("wait-page-expired.png").await;
+    let (_, expired_text, _) = browser.read().await;
+
+    // Assert: while admitted the page points at the order API with the pass (no link to
+    // nowhere) and counts down; once the pass ran out it says so and offers to join again.
+    let first_pass = admitted["pass"].as_str().unwrap().to_owned();
+    assert!(first_pass.len() > 20, "{admitted}");
+    let api = admitted["api"].as_str().unwrap();
+    assert!(
+        api.contains(&format!("POST /v1/deals/{deal}/orders")),
+        "{api}"
+    );
+    assert!(api.contains("Flashgate-Pass"), "{api}");
+    assert_eq!(admitted["api_shown"], true, "{admitted}");
+    assert_eq!(admitted["checkout_shown"], false, "{admitted}");
+    assert_eq!(admitted["countdown_shown"], true, "{admitted}");
+    assert!(
+        countdowns.len() >= 2 && countdowns.iter().all(|c| c.contains("expires in")),
+        "a live countdown: {countdowns:?}"
+    );
+    assert_eq!(expired["state"], "expired", "{expired}");
+    assert!(expired_text.contains("expired"), "{expired_text}");
+    assert_eq!(expired["rejoin_shown"], true, "{expired}");
+    assert_eq!(expired["countdown_shown"], false, "{expired}");
+    assert_eq!(expired["api_shown"], false, "{expired}");
+    order_with_pass(&app, "late-buyer", &deal, Some(&first_pass))
+        .await
+        .expect_problem(403, "waiting-room-required");
+
+    // Act and assert: joining again from the page gives a new place and a new pass that buys.
+    browser.click("#again").await;
+    browser
+        .wait_for("admitted again", minute, |state, _| state == "admitted")
+        .await;
+    let again = admitted_view(&browser).await;
+    let second_pass = again["pass"].as_str().unwrap().to_owned();
+    assert_ne!(second_pass, first_pass, "{again}");
+    order_with_pass(&app, "late-buyer", &deal, Some(&second_pass))
+        .await
+        .expect(201);
+    eprintln!(
+        "screenshots: {} and {}; countdown: {countdowns:?}",
+        admitted_png.display(),
+        expired_png.display()
+    );
+    browser.quit().await;
+    app.cleanup().await;
 }
