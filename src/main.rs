@@ -8,6 +8,7 @@ use flashgate::app::Application;
 use flashgate::config::Settings;
 use flashgate::deals::{self, DealError, NewDeal};
 use flashgate::domain::DealId;
+use flashgate::ops::output;
 use flashgate::{auth, ops, shutdown, store, telemetry};
 
 /// Exit code for a configuration that cannot be used (EX_USAGE).
@@ -111,16 +112,19 @@ fn main() -> ExitCode {
         return ExitCode::from(EXIT_BAD_CONFIG);
     }
     if let Command::Token { user, ttl_seconds } = &cli.command {
-        println!(
-            "{}",
-            auth::mint_token_for(
-                &settings.auth.jwt_secret,
-                settings.auth.audience(),
-                user,
-                *ttl_seconds
-            )
+        let token = auth::mint_token_for(
+            &settings.auth.jwt_secret,
+            settings.auth.audience(),
+            user,
+            *ttl_seconds,
         );
-        return ExitCode::SUCCESS;
+        return match output::line(&token) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("flashgate: {error}");
+                ExitCode::FAILURE
+            }
+        };
     }
     telemetry::init_logging(&settings.telemetry);
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
@@ -163,13 +167,13 @@ async fn migrate(settings: &Settings) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     if applied.is_empty() {
-        println!("no migrations pending; the schema is up to date");
+        output::line("no migrations pending; the schema is up to date")?;
     }
     for migration in &applied {
-        println!(
+        output::line(&format!(
             "applied migration {} {}",
             migration.version, migration.description
-        );
+        ))?;
     }
     Ok(())
 }
@@ -197,7 +201,7 @@ async fn serve(mut settings: Settings, demo: bool) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     if demo {
         create_demo_deal(&app).await?;
-        print_demo_help(&app, &demo_token, &admin_token);
+        print_demo_help(&app, &demo_token, &admin_token)?;
     }
     tracing::info!(addr = %app.local_addr(), ops = %app.ops_addr(), "flashgate listening");
     tokio::spawn(shutdown::cancel_on_signal(app.shutdown_token()));
@@ -216,11 +220,7 @@ async fn reconcile(settings: &Settings) -> Result<(), String> {
         .reconcile(&pools.admin)
         .await
         .map_err(|e| e.to_string())?;
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&findings).unwrap_or_default()
-    );
-    Ok(())
+    output::json(&findings)
 }
 
 async fn review(settings: &Settings, command: ReviewCommand) -> Result<(), String> {
@@ -234,12 +234,7 @@ async fn review(settings: &Settings, command: ReviewCommand) -> Result<(), Strin
             let orders = review::list(pool, u32::MAX)
                 .await
                 .map_err(|e| e.to_string())?;
-            let listing = serde_json::json!({ "orders": orders });
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&listing).unwrap_or_default()
-            );
-            return Ok(());
+            return output::json(&serde_json::json!({ "orders": orders }));
         }
         ReviewCommand::Fulfil { order_id } => (order_id, review::fulfil(pool, order_id).await),
         ReviewCommand::Refund { order_id } => (order_id, review::refund(pool, order_id).await),
@@ -257,12 +252,7 @@ async fn review(settings: &Settings, command: ReviewCommand) -> Result<(), Strin
             return Err(format!("order {order_id} is {status}, not MANUAL_REVIEW"));
         }
     };
-    let settled = serde_json::json!({ "order_id": order_id, "status": status });
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&settled).unwrap_or_default()
-    );
-    Ok(())
+    output::json(&serde_json::json!({ "order_id": order_id, "status": status }))
 }
 
 async fn create_demo_deal(app: &Application) -> Result<(), String> {
@@ -286,10 +276,10 @@ async fn create_demo_deal(app: &Application) -> Result<(), String> {
     }
 }
 
-fn print_demo_help(app: &Application, token: &str, admin_token: &str) {
+fn print_demo_help(app: &Application, token: &str, admin_token: &str) -> Result<(), String> {
     let base = format!("http://{}", app.local_addr());
     let ops = format!("http://{}", app.ops_addr());
-    println!(
+    output::line(&format!(
         "\nflashgate demo sale is live at {base}\n\n\
          Deal status:\n  curl -s {base}/v1/deals/demo\n\n\
          Buy two seats as alice (token valid for an hour):\n  \
@@ -299,7 +289,7 @@ fn print_demo_help(app: &Application, token: &str, admin_token: &str) {
          Inventory (admin, on the operations listener):\n  curl -s {ops}/admin/deals/demo/inventory -H 'Authorization: Bearer {admin_token}'\n\n\
          Metrics:\n  curl -s {ops}/metrics\n\n\
          Press Ctrl-C to stop.\n"
-    );
+    ))
 }
 
 #[cfg(test)]

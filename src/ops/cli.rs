@@ -203,9 +203,7 @@ async fn admin_pool(settings: &Settings) -> Result<PgPool, String> {
 }
 
 fn print(value: &impl Serialize) -> Result<(), String> {
-    let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
-    println!("{text}");
-    Ok(())
+    super::output::json(value)
 }
 
 /// Runs one `flashgate deals …` command.

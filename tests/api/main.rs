@@ -13,6 +13,7 @@ mod batch_model;
 mod cancel_expiry;
 mod cli_deals;
 mod cli_migrate;
+mod cli_pipes;
 mod concurrency;
 mod deals;
 mod failover;
