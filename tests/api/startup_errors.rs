@@ -394,3 +394,54 @@ async fn losing_and_regaining_redis_is_logged_once_each_time() {
     drop((gateway, redis));
     database.drop_database().await;
 }
+
+#[test]
+fn a_port_in_use_names_the_listener_and_its_setting_before_anything_is_dialled() {
+    // Arrange: both ports taken, and PostgreSQL and Redis where nothing answers, so an
+    // error about them would show that they were dialled first.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let nowhere = format!("postgres://postgres@127.0.0.1:{}/test", free_port());
+    let no_redis = format!("redis://127.0.0.1:{}", free_port());
+    let cases = [
+        (
+            "FLASHGATE_LISTEN",
+            "public listener",
+            "server.listen",
+            "FLASHGATE__SERVER__LISTEN",
+        ),
+        (
+            "FLASHGATE_OPS_LISTEN",
+            "operations listener",
+            "server.ops_listen",
+            "FLASHGATE__SERVER__OPS_LISTEN",
+        ),
+    ];
+    for (variable, listener, setting, canonical) in cases {
+        // Act
+        let run = flashgate(
+            &["serve"],
+            &[
+                (variable, &format!("127.0.0.1:{port}")),
+                ("DATABASE_URL", &nowhere),
+                ("REDIS_URL", &no_redis),
+            ],
+        );
+
+        // Assert
+        run.assert_error(
+            1,
+            &[
+                &format!("cannot listen on 127.0.0.1:{port}"),
+                listener,
+                setting,
+                canonical,
+                variable,
+                "Address already in use",
+            ],
+        );
+        assert!(!run.stderr.contains("PostgreSQL"), "{}", run.stderr);
+        assert!(!run.stderr.contains("redis"), "{}", run.stderr);
+    }
+    drop(taken);
+}
