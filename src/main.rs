@@ -1,11 +1,11 @@
 //! The `flashgate` command: serve, migrate, run a demo sale, mint tokens.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use flashgate::app::Application;
-use flashgate::config::Settings;
+use flashgate::config::{self, Settings};
 use flashgate::deals::{self, DealError, NewDeal};
 use flashgate::domain::DealId;
 use flashgate::ops::output;
@@ -51,6 +51,10 @@ enum Command {
         #[command(subcommand)]
         command: ReviewCommand,
     },
+    /// Print every setting's effective value and where it came from (default, the
+    /// --config file, or the environment variable), secrets redacted; exits 64 when the
+    /// configuration cannot be used, like every other command.
+    Config,
     /// Print a user token (JWT) signed with the configured secret.
     Token {
         /// The user id (`sub`).
@@ -96,8 +100,41 @@ fn token_ttl_seconds(raw: &str) -> Result<i64, String> {
     Ok(seconds)
 }
 
+/// The command line with the environment variables in its help: every variable in
+/// `config --help`, the scheme and the aliases in the top-level help.
+fn command_line() -> clap::Command {
+    let every_variable = config::env::help_list(&config::explain::defaults());
+    Cli::command()
+        .after_help(config::env::help_summary())
+        .mut_subcommand("config", |config| config.after_help(every_variable))
+}
+
+/// `flashgate config`: one TOML line per setting, `key = value  # origin`.
+fn print_config(config_file: Option<&Path>) -> ExitCode {
+    let effective = match Settings::explain(config_file) {
+        Ok(effective) => effective,
+        Err(error) => {
+            eprintln!("flashgate: {error}");
+            return ExitCode::from(EXIT_BAD_CONFIG);
+        }
+    };
+    for setting in effective {
+        if let Err(error) = output::line(&setting.to_string()) {
+            eprintln!("flashgate: {error}");
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::from_arg_matches(&command_line().get_matches()) {
+        Ok(cli) => cli,
+        Err(error) => error.exit(),
+    };
+    if matches!(cli.command, Command::Config) {
+        return print_config(cli.config.as_deref());
+    }
     let settings = match Settings::load(cli.config.as_deref()) {
         Ok(settings) => settings,
         Err(error) => {
@@ -153,7 +190,7 @@ async fn run(command: Command, settings: Settings) -> Result<(), String> {
         Command::Serve => serve(settings, false).await,
         Command::Demo => serve(settings, true).await,
         Command::Migrate => migrate(&settings).await,
-        Command::Token { .. } => Ok(()),
+        Command::Token { .. } | Command::Config => Ok(()),
         Command::Deals { command } => ops::cli::deals(&settings, command).await,
         Command::Check => ops::cli::check(&settings).await,
         Command::Reconcile => reconcile(&settings).await,
@@ -295,7 +332,6 @@ fn print_demo_help(app: &Application, token: &str, admin_token: &str) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
 
     /// Every option and argument of every subcommand says what it is for in `--help`.
     #[test]
@@ -314,7 +350,7 @@ mod tests {
                 walk(sub, &path, missing);
             }
         }
-        let mut command = Cli::command();
+        let mut command = command_line();
         command.build();
         command.clone().debug_assert();
         let mut missing = Vec::new();

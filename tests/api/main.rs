@@ -15,6 +15,8 @@ mod cli_deals;
 mod cli_migrate;
 mod cli_pipes;
 mod concurrency;
+mod config_docs;
+mod config_env;
 mod deals;
 mod failover;
 mod faults;
