@@ -15,7 +15,7 @@ use super::State;
 use super::body::{self, Caching};
 use super::problem::Problem;
 use super::public::deal_state;
-use crate::admission::token::{bearer, constant_time_eq};
+use crate::admission::token::{TokenError, bearer_token, constant_time_eq};
 use crate::deals::{self, Deal, NewDeal, PaymentTerms};
 use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};
 use crate::inventory;
@@ -26,8 +26,10 @@ type Reply = Result<Response<Full<Bytes>>, Problem>;
 /// Only the configured admin token opens /admin; compared in constant time.
 pub(super) fn require_admin<B>(state: &State, request: &Request<B>) -> Result<(), Problem> {
     let value = request.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
-    let token =
-        bearer(value).ok_or_else(|| Problem::unauthorized("admin bearer token required"))?;
+    let token = bearer_token(value).map_err(|error| match error {
+        TokenError::WrongScheme => Problem::unauthorized(error.to_string()),
+        _ => Problem::unauthorized("admin bearer token required"),
+    })?;
     if constant_time_eq(token, state.settings.auth.admin_token.as_bytes()) {
         Ok(())
     } else {
