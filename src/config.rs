@@ -3,6 +3,8 @@
 //! `config/default.toml` is compiled in and carries every default, so there is exactly one
 //! place a default lives. A `--config` file and environment variables override it. Every
 //! limit is validated at start-up; a bad configuration stops the process before it binds.
+//! [`env`] holds the environment's names for the settings; [`explain`] tells where each
+//! effective value came from (`flashgate config`).
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -115,7 +115,9 @@ fn name_of(var: &str, defaults: &BTreeMap<String, Value>) -> Named {
     if let Some((_, key)) = ALIASES.iter().find(|(alias, _)| *alias == var) {
         return Named::Setting((*key).to_owned());
     }
-    if !var.starts_with(NAMESPACE) || OTHER_PROGRAMS.contains(&var) {
+    // Names are compared in upper case for the namespace only: `flashgate__server__listen`
+    // is ours, misspelt, and must not be ignored in silence.
+    if !var.to_ascii_uppercase().starts_with(NAMESPACE) || OTHER_PROGRAMS.contains(&var) {
         return Named::NotOurs;
     }
     let key = var
@@ -142,7 +144,11 @@ fn unknown(var: &str, defaults: &BTreeMap<String, Value>) -> String {
         .map(|key| canonical(key))
         .chain(ALIASES.iter().map(|(alias, _)| (*alias).to_owned()));
     let closest = known
-        .map(|name| (strsim::normalized_damerau_levenshtein(var, &name), name))
+        .map(|name| {
+            let similarity =
+                strsim::normalized_damerau_levenshtein(&var.to_ascii_uppercase(), &name);
+            (similarity, name)
+        })
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .filter(|(similarity, _)| *similarity >= SUGGESTION_SIMILARITY_MIN);
     let hint = match closest {
@@ -256,6 +262,11 @@ mod tests {
         );
         let section = problem(&[("FLASHGATE__SERVER", "x")]);
         assert!(section.contains("FLASHGATE__SERVER is not"), "{section}");
+        let lower = problem(&[("flashgate__server__listen", "x")]);
+        assert!(
+            lower.contains("did you mean FLASHGATE__SERVER__LISTEN?"),
+            "{lower}"
+        );
         let far = problem(&[("FLASHGATE_COLOUR", "x")]);
         assert!(far.contains("no setting has a name like it"), "{far}");
     }
