@@ -1,4 +1,5 @@
-//! The `flashgate` command: serve, migrate, run a demo sale, mint tokens.
+//! The `flashgate` command: serve, migrate, run a demo sale, operate deals, mint tokens,
+//! print the effective configuration.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

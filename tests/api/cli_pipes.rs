@@ -60,13 +60,15 @@ async fn commands_piped_into_a_reader_that_left_end_quietly() {
     assert!(created.success, "{}", created.stderr);
 
     // Act and assert: reading, writing and printing-only commands alike.
-    let commands: [&[&str]; 6] = [
+    let commands: [&[&str]; 8] = [
         &["deals", "show", "demo"],
         &["deals", "list"],
         &["deals", "pause", "demo"],
         &["migrate"],
         &["review", "list"],
         &["token", "--user", "alice"],
+        &["config"],
+        &["--help"],
     ];
     for args in commands {
         let command = cli_command(&settings, args);
