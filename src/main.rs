@@ -52,8 +52,10 @@ enum Command {
         #[command(subcommand)]
         command: ReviewCommand,
     },
-    /// Print every setting's effective value and where it came from (default, the
-    /// --config file, or the environment variable), secrets redacted; exits 64 when the
+    /// Print every setting's effective value and where it came from, secrets redacted.
+    ///
+    /// One TOML line per setting, `key = value  # origin`, the origin being `default`,
+    /// `file <the --config path>` or `environment <VARIABLE>`. Exits 64 when the
     /// configuration cannot be used, like every other command.
     Config,
     /// Print a user token (JWT) signed with the configured secret.
