@@ -29,10 +29,44 @@ pub enum AppError {
     Connect(#[from] store::ConnectError),
     #[error(transparent)]
     Migrate(#[from] store::MigrateError),
-    #[error("cannot listen on {0}: {1}")]
-    Bind(SocketAddr, std::io::Error),
+    #[error(
+        "cannot listen on {addr} for the {} (set by {}): {source}",
+        listener.name(),
+        listener.setting()
+    )]
+    Bind {
+        listener: Listener,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("payment provider client: {0}")]
     Provider(#[from] crate::payments::http_provider::ClientError),
+}
+
+/// The two listeners, for naming the one that cannot be bound.
+#[derive(Clone, Copy, Debug)]
+pub enum Listener {
+    Public,
+    Ops,
+}
+
+impl Listener {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Public => "public listener",
+            Self::Ops => "operations listener",
+        }
+    }
+
+    /// The setting with its environment variables, as the operator may have set it.
+    fn setting(self) -> &'static str {
+        match self {
+            Self::Public => "server.listen / FLASHGATE__SERVER__LISTEN or FLASHGATE_LISTEN",
+            Self::Ops => {
+                "server.ops_listen / FLASHGATE__SERVER__OPS_LISTEN or FLASHGATE_OPS_LISTEN"
+            }
+        }
+    }
 }
 
 /// A built, bound, not yet running gateway.
@@ -45,8 +79,11 @@ pub struct Application {
 }
 
 impl Application {
-    /// Connects, migrates (when configured) and binds. Redis being down is not an error.
+    /// Binds, then connects and migrates (when configured). Redis being down is not an
+    /// error. Both ports are taken first, so a port in use is said before anything is dialled.
     pub async fn build(settings: Settings) -> Result<Self, AppError> {
+        let (public, local_addr) = bind(Listener::Public, settings.server.listen).await?;
+        let (ops, ops_addr) = bind(Listener::Ops, settings.server.ops_listen).await?;
         telemetry::prometheus();
         let settings = Arc::new(settings);
         if settings.database.migrate_on_start {
@@ -63,8 +100,6 @@ impl Application {
         let redis = RedisHandle::from_settings(&settings.redis);
         redis.connect().await;
         let admission = Admission::new(&settings, redis.clone());
-        let (public, local_addr) = bind(settings.server.listen).await?;
-        let (ops, ops_addr) = bind(settings.server.ops_listen).await?;
         let payments = build_payments(&settings)?;
         let stock_events = subscribe_stock_events(&admission, &pools);
         let state = State::new(settings, pools, redis, admission, payments, stock_events);
@@ -122,14 +157,15 @@ impl Application {
     }
 }
 
-async fn bind(listen: SocketAddr) -> Result<(TcpListener, SocketAddr), AppError> {
-    let listener = TcpListener::bind(listen)
-        .await
-        .map_err(|e| AppError::Bind(listen, e))?;
-    let bound = listener
-        .local_addr()
-        .map_err(|e| AppError::Bind(listen, e))?;
-    Ok((listener, bound))
+async fn bind(listener: Listener, addr: SocketAddr) -> Result<(TcpListener, SocketAddr), AppError> {
+    let failed = |source| AppError::Bind {
+        listener,
+        addr,
+        source,
+    };
+    let bound = TcpListener::bind(addr).await.map_err(failed)?;
+    let local = bound.local_addr().map_err(failed)?;
+    Ok((bound, local))
 }
 
 /// The payment provider client, when payments are enabled.

@@ -3,20 +3,25 @@
 //! `config/default.toml` is compiled in and carries every default, so there is exactly one
 //! place a default lives. A `--config` file and environment variables override it. Every
 //! limit is validated at start-up; a bad configuration stops the process before it binds.
+//! [`env`] holds the environment's names for the settings; [`explain`] tells where each
+//! effective value came from (`flashgate config`).
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
 use figment::Figment;
-use figment::providers::{Env, Format, Toml};
+use figment::providers::{Format, Serialized, Toml};
 use ipnet::IpNet;
 use serde::Deserialize;
 
+pub mod env;
+pub mod explain;
 mod sources;
 mod urls;
 
-use sources::Sources;
+use explain::Effective;
+pub use sources::Sources;
 pub use urls::redact_url;
 
 /// The defaults, shipped inside the binary.
@@ -24,17 +29,6 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
 /// Most runtime worker threads `server.worker_threads` may ask for.
 const WORKER_THREADS_MAX: usize = 1024;
-
-/// Environment variables with fixed names, and the key each one sets.
-const NAMED_ENV: [(&str, &str); 7] = [
-    ("DATABASE_URL", "database.url"),
-    ("DATABASE_DIRECT_URL", "database.direct_url"),
-    ("REDIS_URL", "redis.url"),
-    ("FLASHGATE_LISTEN", "server.listen"),
-    ("FLASHGATE_OPS_LISTEN", "server.ops_listen"),
-    ("FLASHGATE_ADMIN_TOKEN", "auth.admin_token"),
-    ("FLASHGATE_JWT_SECRET", "auth.jwt_secret"),
-];
 
 /// A configuration that cannot be used; the message names the setting as it was given
 /// (environment variable, or key and file) and what is wrong with it.
@@ -60,6 +54,9 @@ pub struct Settings {
     pub ops: OpsSettings,
     pub payments: PaymentSettings,
     pub waiting_room: WaitingRoomSettings,
+    /// Where each value came from, so later messages name the setting as it was given.
+    #[serde(skip)]
+    pub sources: Sources,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -391,25 +388,50 @@ impl std::fmt::Debug for WaitingRoomSettings {
 impl Settings {
     /// Defaults, then `config_file` if given, then the environment; validated.
     pub fn load(config_file: Option<&Path>) -> Result<Self, ConfigError> {
-        let sources = Sources::new(config_file);
+        Self::layered(config_file).map(|(settings, _)| settings)
+    }
+
+    /// Loads as [`Settings::load`] does, and tells every setting's effective value and
+    /// where it came from (`flashgate config`), secrets redacted.
+    pub fn explain(config_file: Option<&Path>) -> Result<Vec<Effective>, ConfigError> {
+        let (settings, figment) = Self::layered(config_file)?;
+        let root: figment::value::Value = figment
+            .extract()
+            .map_err(|error| settings.sources.describe(error))?;
+        let mut values = std::collections::BTreeMap::new();
+        explain::flatten("", &root, &mut values);
+        Ok(values
+            .iter()
+            .map(|(key, value)| Effective {
+                key: key.clone(),
+                shown: explain::shown(key, value),
+                origin: settings.sources.origin(key),
+            })
+            .collect())
+    }
+
+    /// The validated settings and the figment they were read from.
+    fn layered(config_file: Option<&Path>) -> Result<(Self, Figment), ConfigError> {
+        let defaults = explain::defaults();
+        let env = env::read(env_vars(), &defaults)?;
+        let mut sources = Sources::new(config_file, &env);
         let mut figment = Figment::from(Toml::string(DEFAULT_TOML));
         if let Some(path) = config_file {
             check_config_file(path)?;
+            sources.note_file_keys(&Figment::from(Toml::file(path)), defaults.into_keys());
             figment = figment.merge(Toml::file(path));
         }
-        figment = figment.merge(Env::prefixed(sources::ENV_PREFIX).split("__"));
-        for (var, key) in NAMED_ENV {
-            if let Ok(value) = std::env::var(var) {
-                figment = figment.merge((key, value));
-            }
+        for setting in env {
+            figment = figment.merge(Serialized::default(&setting.key, setting.value));
         }
         for key in ["server.listen", "server.ops_listen"] {
             figment = sources.resolve_listen(figment, key)?;
         }
-        let settings: Settings = figment.extract().map_err(|error| sources.describe(error))?;
+        let mut settings: Settings = figment.extract().map_err(|error| sources.describe(error))?;
         urls::check_database(&settings.database, &sources)?;
         settings.validate()?;
-        Ok(settings)
+        settings.sources = sources;
+        Ok((settings, figment))
     }
 
     /// Only the compiled-in defaults; for tests and tools that build settings in code.
@@ -789,18 +811,23 @@ impl Settings {
 
     /// Outside `demo`, every secret must be set to a value of its own, at least
     /// [`SECRET_BYTES_MIN`] long: the shipped defaults are public. The payment provider's
-    /// API key and webhook secret count only when payments are enabled. The error names
-    /// every offending setting and how to set it.
+    /// API key and webhook secret count only when payments are enabled. The error gives one
+    /// line per offending setting, naming it as it was given and how to set it.
     pub fn check_secrets(&self) -> Result<(), ConfigError> {
-        let problems: Vec<String> = self.secrets().iter().filter_map(Secret::problem).collect();
+        let problems: Vec<String> = self
+            .secrets()
+            .iter()
+            .filter_map(|secret| secret.problem(&self.sources))
+            .map(|problem| format!("  {problem}"))
+            .collect();
         if problems.is_empty() {
             return Ok(());
         }
         Err(ConfigError::Invalid(format!(
             "`serve` needs secrets of its own of at least {SECRET_BYTES_MIN} bytes \
              (e.g. the output of `openssl rand -hex 32`); only `flashgate demo` runs with \
-             the development defaults: {}",
-            problems.join("; ")
+             the development defaults:\n{}",
+            problems.join("\n")
         )))
     }
 
@@ -816,28 +843,24 @@ impl Settings {
 
     fn secrets(&self) -> Vec<Secret<'_>> {
         let defaults = Self::defaults();
-        let known = |key, env, value, default: &str| Secret {
+        let known = |key, value, default: &str| Secret {
             key,
-            env,
             value,
             default: default.to_owned(),
         };
         let mut secrets = vec![
             known(
                 "auth.jwt_secret",
-                "FLASHGATE_JWT_SECRET",
                 &self.auth.jwt_secret,
                 &defaults.auth.jwt_secret,
             ),
             known(
                 "auth.admin_token",
-                "FLASHGATE_ADMIN_TOKEN",
                 &self.auth.admin_token,
                 &defaults.auth.admin_token,
             ),
             known(
                 "waiting_room.pass_secret",
-                "FLASHGATE__WAITING_ROOM__PASS_SECRET",
                 &self.waiting_room.pass_secret,
                 &defaults.waiting_room.pass_secret,
             ),
@@ -845,13 +868,11 @@ impl Settings {
         if self.payments.enabled {
             secrets.push(known(
                 "payments.webhook_secret",
-                "FLASHGATE__PAYMENTS__WEBHOOK_SECRET",
                 &self.payments.webhook_secret,
                 &defaults.payments.webhook_secret,
             ));
             secrets.push(known(
                 "payments.api_key",
-                "FLASHGATE__PAYMENTS__API_KEY",
                 &self.payments.api_key,
                 &defaults.payments.api_key,
             ));
@@ -866,15 +887,15 @@ pub const SECRET_BYTES_MIN: usize = 32;
 /// One secret setting, for [`Settings::check_secrets`].
 struct Secret<'a> {
     key: &'static str,
-    env: &'static str,
     value: &'a str,
     /// Owned: the defaults are parsed afresh for each check.
     default: String,
 }
 
 impl Secret<'_> {
-    /// What is wrong with the secret and how to set it, if anything is.
-    fn problem(&self) -> Option<String> {
+    /// What is wrong with the secret, naming it as it was given (the variable the operator
+    /// used, or the file), and how to set it; `None` when nothing is.
+    fn problem(&self, sources: &Sources) -> Option<String> {
         let problem = if self.value == self.default {
             "is left at its public development default".to_owned()
         } else if self.value.len() < SECRET_BYTES_MIN {
@@ -882,11 +903,28 @@ impl Secret<'_> {
         } else {
             return None;
         };
-        Some(format!(
-            "{} {problem} (set {}, or {} in the --config file)",
-            self.key, self.env, self.key
-        ))
+        let key = self.key;
+        Some(match sources.origin(key) {
+            explain::Origin::Env(var) => format!("{key}, set by {var}, {problem}"),
+            explain::Origin::File(path) => {
+                format!("{key}, set in {}, {problem}", path.display())
+            }
+            explain::Origin::Default => {
+                format!("{key} {problem}: {}", sources.how_to_set(key))
+            }
+        })
     }
+}
+
+/// The process's environment; a name or value that is not UTF-8 is read lossily, so it
+/// is still checked (and refused when it is an unknown flashgate name).
+fn env_vars() -> impl Iterator<Item = (String, String)> {
+    std::env::vars_os().map(|(name, value)| {
+        (
+            name.to_string_lossy().into_owned(),
+            value.to_string_lossy().into_owned(),
+        )
+    })
 }
 
 fn check(ok: bool, message: &str) -> Result<(), ConfigError> {
@@ -1014,6 +1052,15 @@ mod tests {
                 && error.contains("waiting_room.pass_secret is left")
                 && !error.contains("auth.admin_token"),
             "{error}"
+        );
+        // A line of its own for each secret, after the one saying what is asked.
+        let lines: Vec<&str> = error.lines().collect();
+        assert_eq!(lines.len(), 3, "{error}");
+        assert!(lines[1].trim_start().starts_with("auth.jwt_secret is left"));
+        assert!(
+            lines[2]
+                .trim_start()
+                .starts_with("waiting_room.pass_secret is left")
         );
     }
 

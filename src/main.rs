@@ -1,13 +1,15 @@
-//! The `flashgate` command: serve, migrate, run a demo sale, mint tokens.
+//! The `flashgate` command: serve, migrate, run a demo sale, operate deals, mint tokens,
+//! print the effective configuration.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use flashgate::app::Application;
-use flashgate::config::Settings;
+use flashgate::config::{self, Settings};
 use flashgate::deals::{self, DealError, NewDeal};
 use flashgate::domain::DealId;
+use flashgate::ops::output;
 use flashgate::{auth, ops, shutdown, store, telemetry};
 
 /// Exit code for a configuration that cannot be used (EX_USAGE).
@@ -50,6 +52,12 @@ enum Command {
         #[command(subcommand)]
         command: ReviewCommand,
     },
+    /// Print every setting's effective value and where it came from, secrets redacted.
+    ///
+    /// One TOML line per setting, `key = value  # origin`, the origin being `default`,
+    /// `file <the --config path>` or `environment <VARIABLE>`. Exits 64 when the
+    /// configuration cannot be used, like every other command.
+    Config,
     /// Print a user token (JWT) signed with the configured secret.
     Token {
         /// The user id (`sub`).
@@ -95,8 +103,41 @@ fn token_ttl_seconds(raw: &str) -> Result<i64, String> {
     Ok(seconds)
 }
 
+/// The command line with the environment variables in its help: every variable in
+/// `config --help`, the scheme and the aliases in the top-level help.
+fn command_line() -> clap::Command {
+    let every_variable = config::env::help_list(&config::explain::defaults());
+    Cli::command()
+        .after_help(config::env::help_summary())
+        .mut_subcommand("config", |config| config.after_help(every_variable))
+}
+
+/// `flashgate config`: one TOML line per setting, `key = value  # origin`.
+fn print_config(config_file: Option<&Path>) -> ExitCode {
+    let effective = match Settings::explain(config_file) {
+        Ok(effective) => effective,
+        Err(error) => {
+            eprintln!("flashgate: {error}");
+            return ExitCode::from(EXIT_BAD_CONFIG);
+        }
+    };
+    for setting in effective {
+        if let Err(error) = output::line(&setting.to_string()) {
+            eprintln!("flashgate: {error}");
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::from_arg_matches(&command_line().get_matches()) {
+        Ok(cli) => cli,
+        Err(error) => error.exit(),
+    };
+    if matches!(cli.command, Command::Config) {
+        return print_config(cli.config.as_deref());
+    }
     let settings = match Settings::load(cli.config.as_deref()) {
         Ok(settings) => settings,
         Err(error) => {
@@ -111,16 +152,19 @@ fn main() -> ExitCode {
         return ExitCode::from(EXIT_BAD_CONFIG);
     }
     if let Command::Token { user, ttl_seconds } = &cli.command {
-        println!(
-            "{}",
-            auth::mint_token_for(
-                &settings.auth.jwt_secret,
-                settings.auth.audience(),
-                user,
-                *ttl_seconds
-            )
+        let token = auth::mint_token_for(
+            &settings.auth.jwt_secret,
+            settings.auth.audience(),
+            user,
+            *ttl_seconds,
         );
-        return ExitCode::SUCCESS;
+        return match output::line(&token) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("flashgate: {error}");
+                ExitCode::FAILURE
+            }
+        };
     }
     telemetry::init_logging(&settings.telemetry);
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
@@ -149,7 +193,7 @@ async fn run(command: Command, settings: Settings) -> Result<(), String> {
         Command::Serve => serve(settings, false).await,
         Command::Demo => serve(settings, true).await,
         Command::Migrate => migrate(&settings).await,
-        Command::Token { .. } => Ok(()),
+        Command::Token { .. } | Command::Config => Ok(()),
         Command::Deals { command } => ops::cli::deals(&settings, command).await,
         Command::Check => ops::cli::check(&settings).await,
         Command::Reconcile => reconcile(&settings).await,
@@ -163,13 +207,13 @@ async fn migrate(settings: &Settings) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     if applied.is_empty() {
-        println!("no migrations pending; the schema is up to date");
+        output::line("no migrations pending; the schema is up to date")?;
     }
     for migration in &applied {
-        println!(
+        output::line(&format!(
             "applied migration {} {}",
             migration.version, migration.description
-        );
+        ))?;
     }
     Ok(())
 }
@@ -197,7 +241,7 @@ async fn serve(mut settings: Settings, demo: bool) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     if demo {
         create_demo_deal(&app).await?;
-        print_demo_help(&app, &demo_token, &admin_token);
+        print_demo_help(&app, &demo_token, &admin_token)?;
     }
     tracing::info!(addr = %app.local_addr(), ops = %app.ops_addr(), "flashgate listening");
     tokio::spawn(shutdown::cancel_on_signal(app.shutdown_token()));
@@ -216,11 +260,7 @@ async fn reconcile(settings: &Settings) -> Result<(), String> {
         .reconcile(&pools.admin)
         .await
         .map_err(|e| e.to_string())?;
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&findings).unwrap_or_default()
-    );
-    Ok(())
+    output::json(&findings)
 }
 
 async fn review(settings: &Settings, command: ReviewCommand) -> Result<(), String> {
@@ -234,12 +274,7 @@ async fn review(settings: &Settings, command: ReviewCommand) -> Result<(), Strin
             let orders = review::list(pool, u32::MAX)
                 .await
                 .map_err(|e| e.to_string())?;
-            let listing = serde_json::json!({ "orders": orders });
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&listing).unwrap_or_default()
-            );
-            return Ok(());
+            return output::json(&serde_json::json!({ "orders": orders }));
         }
         ReviewCommand::Fulfil { order_id } => (order_id, review::fulfil(pool, order_id).await),
         ReviewCommand::Refund { order_id } => (order_id, review::refund(pool, order_id).await),
@@ -257,12 +292,7 @@ async fn review(settings: &Settings, command: ReviewCommand) -> Result<(), Strin
             return Err(format!("order {order_id} is {status}, not MANUAL_REVIEW"));
         }
     };
-    let settled = serde_json::json!({ "order_id": order_id, "status": status });
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&settled).unwrap_or_default()
-    );
-    Ok(())
+    output::json(&serde_json::json!({ "order_id": order_id, "status": status }))
 }
 
 async fn create_demo_deal(app: &Application) -> Result<(), String> {
@@ -286,10 +316,10 @@ async fn create_demo_deal(app: &Application) -> Result<(), String> {
     }
 }
 
-fn print_demo_help(app: &Application, token: &str, admin_token: &str) {
+fn print_demo_help(app: &Application, token: &str, admin_token: &str) -> Result<(), String> {
     let base = format!("http://{}", app.local_addr());
     let ops = format!("http://{}", app.ops_addr());
-    println!(
+    output::line(&format!(
         "\nflashgate demo sale is live at {base}\n\n\
          Deal status:\n  curl -s {base}/v1/deals/demo\n\n\
          Buy two seats as alice (token valid for an hour):\n  \
@@ -299,13 +329,12 @@ fn print_demo_help(app: &Application, token: &str, admin_token: &str) {
          Inventory (admin, on the operations listener):\n  curl -s {ops}/admin/deals/demo/inventory -H 'Authorization: Bearer {admin_token}'\n\n\
          Metrics:\n  curl -s {ops}/metrics\n\n\
          Press Ctrl-C to stop.\n"
-    );
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
 
     /// Every option and argument of every subcommand says what it is for in `--help`.
     #[test]
@@ -324,7 +353,7 @@ mod tests {
                 walk(sub, &path, missing);
             }
         }
-        let mut command = Cli::command();
+        let mut command = command_line();
         command.build();
         command.clone().debug_assert();
         let mut missing = Vec::new();

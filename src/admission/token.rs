@@ -51,6 +51,9 @@ impl Audience<'static> {
 pub enum TokenError {
     #[error("missing bearer token")]
     Missing,
+    /// An `Authorization` header of another scheme (`Basic …`), or of none.
+    #[error("the Authorization header must use the Bearer scheme: `Authorization: Bearer <token>`")]
+    WrongScheme,
     #[error("token expired")]
     Expired,
     #[error("invalid token")]
@@ -87,7 +90,7 @@ impl TokenVerifier {
 
     /// Verifies the value of an `Authorization` header.
     pub fn verify(&self, authorization: Option<&[u8]>) -> Result<UserId, TokenError> {
-        let token = bearer(authorization).ok_or(TokenError::Missing)?;
+        let token = bearer_token(authorization)?;
         let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).map_err(
             |error| match error.kind() {
                 jsonwebtoken::errors::ErrorKind::ExpiredSignature => TokenError::Expired,
@@ -139,6 +142,20 @@ pub fn bearer(authorization: Option<&[u8]>) -> Option<&[u8]> {
         return None;
     }
     Some(value[scheme_len..].trim_ascii())
+}
+
+/// The token of an `Authorization` header, or why there is none: no header, or one whose
+/// scheme is not `Bearer`, which a client can only fix by being told so.
+pub fn bearer_token(authorization: Option<&[u8]>) -> Result<&[u8], TokenError> {
+    let value = authorization.ok_or(TokenError::Missing)?;
+    bearer(Some(value)).ok_or_else(|| {
+        let scheme = value.split(|b| *b == b' ').next().unwrap_or_default();
+        if scheme.eq_ignore_ascii_case(b"Bearer") {
+            TokenError::Missing
+        } else {
+            TokenError::WrongScheme
+        }
+    })
 }
 
 /// Mints a token for `user_id` valid for `ttl_seconds` (negative: already expired), for
@@ -271,6 +288,14 @@ mod tests {
         assert_eq!(verifier().verify(None), Err(TokenError::Missing));
         assert_eq!(
             verifier().verify(Some(b"Basic abc")),
+            Err(TokenError::WrongScheme)
+        );
+        assert_eq!(
+            verifier().verify(Some(b"abc")),
+            Err(TokenError::WrongScheme)
+        );
+        assert_eq!(
+            verifier().verify(Some(b"Bearer ")),
             Err(TokenError::Missing)
         );
     }

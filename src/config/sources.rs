@@ -2,52 +2,72 @@
 //! (`FLASHGATE_LISTEN`, `database.url in prod.toml`) rather than an internal key, and says
 //! what is wrong in plain words: never a Rust type name, never a secret.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use figment::Figment;
 use figment::error::{Actual, Kind};
 
-use super::{ConfigError, NAMED_ENV};
-
-/// The prefix of the environment variables that set any key (`FLASHGATE__SERVER__LISTEN`).
-pub(super) const ENV_PREFIX: &str = "FLASHGATE__";
+use super::ConfigError;
+use super::env::{self, EnvSetting};
+use super::explain::Origin;
 
 /// The layers a value may come from, later ones winning, as `Settings::load` merges them.
-pub(super) struct Sources<'a> {
-    config_file: Option<&'a Path>,
+/// Names only, never values: it is kept with the settings, whose `Debug` must show no secret.
+#[derive(Clone, Debug, Default)]
+pub struct Sources {
+    config_file: Option<PathBuf>,
+    /// The keys the `--config` file sets.
+    file_keys: BTreeSet<String>,
+    /// The variable that set each key given in the environment.
+    env_vars: BTreeMap<String, String>,
 }
 
-impl<'a> Sources<'a> {
-    pub(super) fn new(config_file: Option<&'a Path>) -> Self {
-        Self { config_file }
+impl Sources {
+    pub(super) fn new(config_file: Option<&Path>, env: &[EnvSetting]) -> Self {
+        Self {
+            config_file: config_file.map(Path::to_path_buf),
+            file_keys: BTreeSet::new(),
+            env_vars: env
+                .iter()
+                .map(|setting| (setting.key.clone(), setting.var.clone()))
+                .collect(),
+        }
     }
 
-    /// How the operator set `key`: the environment variable that won, else the key in the
+    /// Records which of `keys` the `--config` file set, from the figment holding only it.
+    pub(super) fn note_file_keys(&mut self, file: &Figment, keys: impl Iterator<Item = String>) {
+        self.file_keys = keys.filter(|key| file.contains(key)).collect();
+    }
+
+    /// The layer `key`'s effective value came from.
+    pub fn origin(&self, key: &str) -> Origin {
+        if let Some(var) = self.env_vars.get(key) {
+            return Origin::Env(var.clone());
+        }
+        match &self.config_file {
+            Some(path) if self.file_keys.contains(key) => Origin::File(path.clone()),
+            _ => Origin::Default,
+        }
+    }
+
+    /// How the operator set `key`: the environment variable, else the key in the
     /// `--config` file, else the key alone (a compiled-in default).
-    pub(super) fn name(&self, key: &str) -> String {
-        if let Some(var) = self.env_var(key) {
-            return var;
-        }
-        match self.config_file {
-            Some(path) => format!("{key} in {}", path.display()),
-            None => key.to_owned(),
+    pub fn name(&self, key: &str) -> String {
+        match self.origin(key) {
+            Origin::Env(var) => var,
+            Origin::File(path) => format!("{key} in {}", path.display()),
+            Origin::Default => match &self.config_file {
+                Some(path) => format!("{key} in {}", path.display()),
+                None => key.to_owned(),
+            },
         }
     }
 
-    /// The environment variable that set `key`, if one did.
-    pub(super) fn env_var(&self, key: &str) -> Option<String> {
-        let named = NAMED_ENV
-            .iter()
-            .find(|(var, named_key)| *named_key == key && std::env::var_os(var).is_some())
-            .map(|(var, _)| (*var).to_owned());
-        named.or_else(|| {
-            let var = format!(
-                "{ENV_PREFIX}{}",
-                key.replace('.', "__").to_ascii_uppercase()
-            );
-            std::env::var_os(&var).is_some().then_some(var)
-        })
+    /// How to set `key`: its variables, or the key in the `--config` file.
+    pub fn how_to_set(&self, key: &str) -> String {
+        format!("set {}, or {key} in the --config file", env::names(key))
     }
 
     /// Replaces `key`'s `host:port` with the socket address it resolves to, so a host name
@@ -70,6 +90,18 @@ impl<'a> Sources<'a> {
         Ok(figment.merge((key, addr.to_string())))
     }
 
+    /// The source of an error about no one key (a file that is not TOML): the `--config`
+    /// path as the operator gave it. figment's own rendering shortens a path relative to
+    /// the working directory, turning `/etc/flashgate.toml` into `../../etc/flashgate.toml`.
+    fn whole_source(&self, metadata: Option<&figment::Metadata>) -> String {
+        let source = metadata.and_then(|m| m.source.as_ref());
+        match (source, &self.config_file) {
+            (Some(figment::Source::File(_)), Some(path)) => format!("--config {}", path.display()),
+            (Some(source), _) => source.to_string(),
+            (None, _) => "configuration".to_owned(),
+        }
+    }
+
     /// Every error figment found, one per line, each naming its setting.
     pub(super) fn describe(&self, error: figment::Error) -> ConfigError {
         let lines: Vec<String> = error
@@ -77,11 +109,7 @@ impl<'a> Sources<'a> {
             .map(|error| {
                 let key = error.path.join(".");
                 let place = if key.is_empty() {
-                    error
-                        .metadata
-                        .as_ref()
-                        .and_then(|m| m.source.as_ref())
-                        .map_or_else(|| "configuration".to_owned(), ToString::to_string)
+                    self.whole_source(error.metadata.as_ref())
                 } else {
                     self.name(&key)
                 };

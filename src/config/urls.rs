@@ -51,7 +51,7 @@ fn redact_query(query: &str) -> String {
 /// `database.url` and, when set, `database.direct_url` must be PostgreSQL URLs.
 pub(super) fn check_database(
     settings: &DatabaseSettings,
-    sources: &Sources<'_>,
+    sources: &Sources,
 ) -> Result<(), ConfigError> {
     check_postgres_url(&settings.url, &sources.name("database.url"))?;
     if !settings.direct_url.is_empty() {

@@ -10,7 +10,7 @@ use http::header::{AUTHORIZATION, HeaderValue};
 
 use super::State;
 use super::problem::Problem;
-use crate::admission::token::{bearer, constant_time_eq};
+use crate::admission::token::{TokenError, bearer_token, constant_time_eq};
 
 /// The request header that carries a pass on `POST /v1/deals/{id}/orders`.
 pub const PASS_HEADER: &str = "flashgate-pass";
@@ -41,8 +41,10 @@ pub(super) fn check_ip<B>(
 
 /// Only the configured admin token opens /admin; compared in constant time.
 pub(super) fn require_admin<B>(state: &State, request: &Request<B>) -> Result<(), Problem> {
-    let token = bearer(header(request, AUTHORIZATION))
-        .ok_or_else(|| Problem::unauthorized("admin bearer token required"))?;
+    let token = bearer_token(header(request, AUTHORIZATION)).map_err(|error| match error {
+        TokenError::WrongScheme => Problem::unauthorized(error.to_string()),
+        _ => Problem::unauthorized("admin bearer token required"),
+    })?;
     if constant_time_eq(token, state.settings.auth.admin_token.as_bytes()) {
         Ok(())
     } else {

@@ -3,7 +3,8 @@
 //! act on every instance at once. Output is JSON, one document per command.
 
 use chrono::{DateTime, Utc};
-use clap::Subcommand;
+use clap::builder::PossibleValue;
+use clap::{Subcommand, ValueEnum};
 use serde::Serialize;
 use sqlx::PgPool;
 
@@ -100,10 +101,10 @@ pub struct CreateArgs {
     #[arg(long)]
     ends_at: Option<DateTime<Utc>>,
     /// What happens to money that arrives after its order gave its units back.
-    #[arg(long, value_name = "POLICY", value_parser = late_payment_policy)]
+    #[arg(long, value_name = "POLICY", value_enum)]
     late_payment_policy: Option<LatePaymentPolicy>,
     /// When the money is taken: `automatic` (at once) or `manual` (captured on confirmation).
-    #[arg(long, value_name = "METHOD", value_parser = capture_method)]
+    #[arg(long, value_name = "METHOD", value_enum)]
     capture_method: Option<CaptureMethod>,
     #[command(flatten)]
     waiting_room: WaitingRoomArgs,
@@ -179,18 +180,26 @@ impl CreateArgs {
     }
 }
 
-fn late_payment_policy(raw: &str) -> Result<LatePaymentPolicy, String> {
-    LatePaymentPolicy::try_from(raw.to_owned()).map_err(|_| {
-        let names: Vec<_> = LatePaymentPolicy::ALL.map(LatePaymentPolicy::as_str).into();
-        format!("expected one of {}", names.join(", "))
-    })
+/// The policies the domain knows, offered and listed in `--help` by the CLI.
+impl ValueEnum for LatePaymentPolicy {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Self::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(PossibleValue::new(self.as_str()))
+    }
 }
 
-fn capture_method(raw: &str) -> Result<CaptureMethod, String> {
-    CaptureMethod::try_from(raw.to_owned()).map_err(|_| {
-        let names: Vec<_> = CaptureMethod::ALL.map(CaptureMethod::as_str).into();
-        format!("expected one of {}", names.join(", "))
-    })
+/// The capture methods the domain knows, offered and listed in `--help` by the CLI.
+impl ValueEnum for CaptureMethod {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Self::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(PossibleValue::new(self.as_str()))
+    }
 }
 
 /// The admin pool, after one connection proved the database reachable: a CLI command
@@ -203,9 +212,7 @@ async fn admin_pool(settings: &Settings) -> Result<PgPool, String> {
 }
 
 fn print(value: &impl Serialize) -> Result<(), String> {
-    let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
-    println!("{text}");
-    Ok(())
+    super::output::json(value)
 }
 
 /// Runs one `flashgate deals …` command.

@@ -6,12 +6,14 @@
 //! - [`audit`]: the invariant audit behind `flashgate check`, `GET /admin/audit` and the
 //!   periodic audit task.
 //! - [`cli`]: the `flashgate deals …` and `flashgate check` subcommands.
+//! - [`output`]: how every command writes to stdout, safe in a pipe closed early.
 //!
 //! Everything here talks to PostgreSQL (and Redis for the sold-out flag) directly, so the
 //! CLI works without a running gateway and the admin API shares the same code.
 
 pub mod audit;
 pub mod cli;
+pub mod output;
 pub mod pause;
 pub mod rebalance;
 pub mod stock;

@@ -359,3 +359,50 @@ async fn a_body_that_does_not_arrive_in_time_is_answered_408() {
     assert_eq!(db_snapshot(&app.db, &deal).await, before);
     app.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn another_authorization_scheme_is_named_as_the_wrong_scheme() {
+    // Arrange
+    let app = spawn_app().await;
+    let deal = app.given_deal(&new_deal("scheme", 10, 2)).await;
+    let basic = "Basic YWxpY2U6c2VjcmV0";
+
+    // Act
+    let public = send(
+        order(&app, &deal, None, Some("k-scheme"), r#"{"quantity":1}"#)
+            .header("Authorization", basic),
+    )
+    .await;
+    let admin = send(
+        app.client
+            .get(app.url(&format!("/admin/deals/{deal}/inventory")))
+            .header("Authorization", basic),
+    )
+    .await;
+    let missing = send(order(
+        &app,
+        &deal,
+        None,
+        Some("k-none"),
+        r#"{"quantity":1}"#,
+    ))
+    .await;
+
+    // Assert: the detail says what to send instead, and no header at all is still "missing".
+    for reply in [&public, &admin] {
+        assert_eq!(reply.status, 401, "{}", reply.text);
+        let body: Value = serde_json::from_str(&reply.text).unwrap();
+        let detail = body["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains("Bearer scheme") && detail.contains("Authorization: Bearer <token>"),
+            "{detail}"
+        );
+    }
+    assert_eq!(missing.status, 401);
+    assert!(
+        missing.text.contains("missing bearer token"),
+        "{}",
+        missing.text
+    );
+    app.cleanup().await;
+}

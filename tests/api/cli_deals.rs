@@ -173,3 +173,31 @@ fn a_token_must_live_at_least_a_second() {
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     assert_eq!(run.stdout.matches('.').count(), 2, "a JWT: {}", run.stdout);
 }
+
+#[test]
+fn create_help_lists_the_payment_terms_to_choose_from() {
+    use flashgate::domain::{CaptureMethod, LatePaymentPolicy};
+
+    let run = flashgate(&["deals", "create", "--help"], &[]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let help_of = |option: &str| {
+        let start = run
+            .stdout
+            .find(option)
+            .unwrap_or_else(|| panic!("no {option}: {}", run.stdout));
+        let rest = &run.stdout[start + option.len()..];
+        rest[..rest.find("\n  -").unwrap_or(rest.len())].to_owned()
+    };
+    let policies: Vec<&str> = LatePaymentPolicy::ALL.map(LatePaymentPolicy::as_str).into();
+    let methods: Vec<&str> = CaptureMethod::ALL.map(CaptureMethod::as_str).into();
+    for (option, names) in [
+        ("--late-payment-policy", policies),
+        ("--capture-method", methods),
+    ] {
+        let help = help_of(option);
+        assert!(
+            help.contains(&format!("[possible values: {}]", names.join(", "))),
+            "{option}: {help}"
+        );
+    }
+}

@@ -25,6 +25,20 @@ impl CliOutput {
 /// Runs the `flashgate` binary with `args` against the database and Redis prefix of
 /// `settings`.
 pub async fn flashgate_cli(settings: &Settings, args: &[&str]) -> CliOutput {
+    let mut command = cli_command(settings, args);
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("CLI task")
+        .expect("run flashgate");
+    CliOutput {
+        success: output.status.success(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// The `flashgate args` command with only the environment `settings` call for.
+pub fn cli_command(settings: &Settings, args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_flashgate"));
     command
         .args(args)
@@ -43,15 +57,7 @@ pub async fn flashgate_cli(settings: &Settings, args: &[&str]) -> CliOutput {
             "FLASHGATE__SOLDOUT__REFRESH_INTERVAL_MS",
             settings.soldout.refresh_interval_ms.to_string(),
         );
-    let output = tokio::task::spawn_blocking(move || command.output())
-        .await
-        .expect("CLI task")
-        .expect("run flashgate");
-    CliOutput {
-        success: output.status.success(),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+    command
 }
 
 #[tokio::test]

@@ -53,7 +53,7 @@ fn serve_refuses_short_secrets() {
     ]);
     assert_eq!(code, Some(64), "{stderr}");
     assert!(
-        stderr.contains("auth.jwt_secret is 1 bytes long"),
+        stderr.contains("auth.jwt_secret, set by FLASHGATE_JWT_SECRET, is 1 bytes long"),
         "{stderr}"
     );
 }

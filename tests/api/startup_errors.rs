@@ -64,8 +64,14 @@ impl Run {
 /// that any log line repeating the error would show. A run that does not end within a
 /// minute is stopped (`timeout` exits 124), so a command that should fail cannot hang.
 pub fn flashgate(args: &[&str], env: &[(&str, &str)]) -> Run {
+    flashgate_without(args, env, &[])
+}
+
+/// As [`flashgate`], with the variables `unset` left out of the environment.
+pub fn flashgate_without(args: &[&str], env: &[(&str, &str)], unset: &[&str]) -> Run {
     let started = Instant::now();
-    let output = Command::new("timeout")
+    let mut command = Command::new("timeout");
+    command
         .args(["60", env!("CARGO_BIN_EXE_flashgate")])
         .args(args)
         .env_clear()
@@ -81,7 +87,11 @@ pub fn flashgate(args: &[&str], env: &[(&str, &str)]) -> Run {
         .env("FLASHGATE_JWT_SECRET", STRONG)
         .env("FLASHGATE_ADMIN_TOKEN", STRONG)
         .env("FLASHGATE__WAITING_ROOM__PASS_SECRET", STRONG)
-        .envs(env.iter().copied())
+        .envs(env.iter().copied());
+    for name in unset {
+        command.env_remove(name);
+    }
+    let output = command
         .stdin(Stdio::null())
         .output()
         .expect("run flashgate");
@@ -243,12 +253,97 @@ fn serve_names_every_secret_left_at_its_default() {
     run.assert_error(
         EXIT_BAD_CONFIG,
         &[
-            "auth.jwt_secret is left at its public development default",
-            "waiting_room.pass_secret is 18 bytes long",
-            "FLASHGATE__WAITING_ROOM__PASS_SECRET",
+            "auth.jwt_secret, set by FLASHGATE_JWT_SECRET,",
+            "is left at its public development default",
+        ],
+    );
+    run.assert_error(
+        EXIT_BAD_CONFIG,
+        &[
+            "waiting_room.pass_secret, set by FLASHGATE__WAITING_ROOM__PASS_SECRET,",
+            "is 18 bytes long",
         ],
     );
     assert!(!run.stderr.contains("auth.admin_token"), "{}", run.stderr);
+}
+
+/// The secrets every run of [`flashgate`] is given, to take away.
+const SECRET_VARIABLES: [&str; 3] = [
+    "FLASHGATE_JWT_SECRET",
+    "FLASHGATE_ADMIN_TOKEN",
+    "FLASHGATE__WAITING_ROOM__PASS_SECRET",
+];
+
+#[test]
+fn a_weak_secret_is_named_by_the_variable_that_set_it() {
+    let run = flashgate_without(
+        &["serve"],
+        &[("FLASHGATE__AUTH__JWT_SECRET", "short")],
+        &["FLASHGATE_JWT_SECRET"],
+    );
+    run.assert_error(
+        EXIT_BAD_CONFIG,
+        &[
+            "auth.jwt_secret, set by FLASHGATE__AUTH__JWT_SECRET,",
+            "is 5 bytes long",
+        ],
+    );
+    assert!(
+        !run.stderr.contains("FLASHGATE_JWT_SECRET"),
+        "names a variable that was not used: {}",
+        run.stderr
+    );
+}
+
+#[test]
+fn every_secret_left_at_its_default_has_a_line_of_its_own() {
+    let run = flashgate_without(&["serve"], &[], &SECRET_VARIABLES);
+    for (key, variables) in [
+        (
+            "auth.jwt_secret",
+            "FLASHGATE__AUTH__JWT_SECRET or FLASHGATE_JWT_SECRET",
+        ),
+        (
+            "auth.admin_token",
+            "FLASHGATE__AUTH__ADMIN_TOKEN or FLASHGATE_ADMIN_TOKEN",
+        ),
+        (
+            "waiting_room.pass_secret",
+            "FLASHGATE__WAITING_ROOM__PASS_SECRET",
+        ),
+    ] {
+        run.assert_error(
+            EXIT_BAD_CONFIG,
+            &[
+                &format!("{key} is left at its public development default"),
+                &format!("set {variables}, or {key} in the --config file"),
+            ],
+        );
+    }
+    let longest = run.stderr.lines().map(str::len).max().unwrap_or_default();
+    assert!(
+        longest < 200,
+        "a line of {longest} characters: {}",
+        run.stderr
+    );
+}
+
+#[test]
+fn a_config_file_that_is_not_toml_is_named_by_its_path_as_given() {
+    let dir = std::env::temp_dir().join(format!("fgtest-toml-{}", unique_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("broken.toml");
+    std::fs::write(&file, "[server]\nlisten = \n").unwrap();
+    let given = file.to_str().unwrap();
+
+    let run = flashgate(&["migrate", "--config", given], &[]);
+
+    run.assert_error(
+        EXIT_BAD_CONFIG,
+        &[&format!("--config {given}: "), "TOML parse error"],
+    );
+    assert!(!run.stderr.contains("../"), "{}", run.stderr);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[tokio::test]
@@ -393,4 +488,55 @@ async fn losing_and_regaining_redis_is_logged_once_each_time() {
     );
     drop((gateway, redis));
     database.drop_database().await;
+}
+
+#[test]
+fn a_port_in_use_names_the_listener_and_its_setting_before_anything_is_dialled() {
+    // Arrange: both ports taken, and PostgreSQL and Redis where nothing answers, so an
+    // error about them would show that they were dialled first.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let nowhere = format!("postgres://postgres@127.0.0.1:{}/test", free_port());
+    let no_redis = format!("redis://127.0.0.1:{}", free_port());
+    let cases = [
+        (
+            "FLASHGATE_LISTEN",
+            "public listener",
+            "server.listen",
+            "FLASHGATE__SERVER__LISTEN",
+        ),
+        (
+            "FLASHGATE_OPS_LISTEN",
+            "operations listener",
+            "server.ops_listen",
+            "FLASHGATE__SERVER__OPS_LISTEN",
+        ),
+    ];
+    for (variable, listener, setting, canonical) in cases {
+        // Act
+        let run = flashgate(
+            &["serve"],
+            &[
+                (variable, &format!("127.0.0.1:{port}")),
+                ("DATABASE_URL", &nowhere),
+                ("REDIS_URL", &no_redis),
+            ],
+        );
+
+        // Assert
+        run.assert_error(
+            1,
+            &[
+                &format!("cannot listen on 127.0.0.1:{port}"),
+                listener,
+                setting,
+                canonical,
+                variable,
+                "Address already in use",
+            ],
+        );
+        assert!(!run.stderr.contains("PostgreSQL"), "{}", run.stderr);
+        assert!(!run.stderr.contains("redis"), "{}", run.stderr);
+    }
+    drop(taken);
 }
