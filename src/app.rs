@@ -170,6 +170,10 @@ fn spawn_background(tasks: &TaskTracker, state: &Arc<State>, shutdown: &Cancella
         millis(settings.redis.reconnect_interval_ms),
         shutdown.clone(),
     ));
+    tasks.spawn(state.redis.clone().keep_probed(
+        millis(settings.redis.health_check_interval_ms),
+        shutdown.clone(),
+    ));
     tasks.spawn(state.admission.sold_out().clone().keep_fresh(
         background.clone(),
         millis(settings.soldout.refresh_interval_ms),

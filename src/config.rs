@@ -130,6 +130,9 @@ pub struct RedisSettings {
     pub reconnect_interval_ms: u64,
     /// While Redis stays unreachable, the log repeats its warning at most this often.
     pub outage_log_interval_ms: u64,
+    /// How often a probe command decides whether Redis is up (`/readyz`,
+    /// `flashgate_redis_up`): a connection may exist while every command fails.
+    pub health_check_interval_ms: u64,
 }
 
 #[derive(Clone, Deserialize)]
@@ -600,6 +603,10 @@ impl Settings {
         check(
             self.redis.reconnect_interval_ms > 0,
             "redis.reconnect_interval_ms must be > 0",
+        )?;
+        check(
+            (50..=1000).contains(&self.redis.health_check_interval_ms),
+            "redis.health_check_interval_ms must be between 50 and 1000",
         )?;
         check(
             self.redis.outage_log_interval_ms >= 1000,

@@ -224,7 +224,10 @@ fn describe() {
         "Orders expired by the sweeper, units released."
     );
     describe_counter!(REDIS_ERRORS, "Redis commands that failed or timed out.");
-    describe_gauge!(REDIS_UP, "1 when this instance has a Redis connection.");
+    describe_gauge!(
+        REDIS_UP,
+        "1 when Redis passes this instance's health probe (PING; on a cluster, CLUSTER INFO ok on every primary) and commands are being answered."
+    );
     describe_counter!(
         GLOBAL_LIMIT_CHECKS,
         "Shared per-user and per-deal limit checks, by where they were decided: redis, a local slice, or the local fallback share while Redis is down."

@@ -54,6 +54,7 @@ mod payments_webhooks;
 mod pooled_writes;
 mod problem_types;
 mod rate_limits;
+mod redis_health;
 mod redis_outage;
 mod request_id;
 mod shutdown;
