@@ -115,6 +115,8 @@ pub struct DatabaseSettings {
     pub direct_url: String,
     /// With several hosts in `url`, how often the gateway checks it still talks to the primary.
     pub primary_check_interval_ms: u64,
+    /// During a failover, at most one warning (with the count of failed requests) this often.
+    pub failover_log_interval_ms: u64,
 }
 
 #[derive(Clone, Deserialize)]
@@ -591,6 +593,10 @@ impl Settings {
         check(
             d.primary_check_interval_ms > 0,
             "database.primary_check_interval_ms must be > 0",
+        )?;
+        check(
+            d.failover_log_interval_ms >= 1000,
+            "database.failover_log_interval_ms must be at least 1000",
         )?;
         check(
             self.redis.command_timeout_ms > 0,

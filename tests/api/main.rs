@@ -52,6 +52,7 @@ mod payments_soak;
 mod payments_tls;
 mod payments_webhooks;
 mod pooled_writes;
+mod postgres_read_only;
 mod problem_types;
 mod rate_limits;
 mod redis_health;

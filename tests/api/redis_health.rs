@@ -1,15 +1,18 @@
 //! Redis health is what commands meet, not whether a connection object exists: a cluster
 //! whose surviving nodes report `cluster_state:fail`, and a frozen server, both read down on
-//! `/readyz` and `flashgate_redis_up` within a second, and up again once they serve.
+//! `/readyz` and `flashgate_redis_up` within a second, and up again once they serve. Losing
+//! a node is a few log lines, not one per reconnect attempt of the Redis client.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::helpers::{
-    ChildGuard, EVENTUALLY, TestApp, eventually, free_port, redis_connection, redis_reported_down,
-    redis_reported_up, spawn_app_with, test_log, unique_suffix, wait_for_port,
+    Api, ChildGuard, EVENTUALLY, LogFile, TestApp, TestDb, eventually, free_port, new_deal,
+    redis_connection, redis_reported_down, redis_reported_up, spawn_app_with, test_log,
+    test_settings, unique_suffix, wait_for_port,
 };
+use crate::multi_process::{spawn_gateway_logging_to, wait_until_healthy};
 use crate::redis_outage::start_redis;
 
 /// How long after Redis failed the gateway may still call it up.
@@ -227,4 +230,49 @@ async fn a_frozen_redis_reads_down_within_a_second_and_up_once_thawed() {
         "never up again"
     );
     app.cleanup().await;
+}
+
+/// How long orders keep coming while a cluster node is dead.
+const NODE_LOSS: Duration = Duration::from_secs(10);
+/// Most log lines a gateway may write meanwhile: the outage said once, not per attempt.
+const NODE_LOSS_LINES_MAX: usize = 5;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn losing_a_cluster_node_is_a_few_log_lines_not_a_flood() {
+    // Arrange: a gateway process on a private cluster, logging warnings to a file.
+    let mut cluster = RedisCluster::start(3).await;
+    let database = TestDb::create().await;
+    let mut settings = test_settings(&database.url);
+    settings.redis.url = cluster.url();
+    let api = Api::on_free_ports(&settings);
+    let log = LogFile::new("cluster-node-loss");
+    let env = [("RUST_LOG", "warn")];
+    let mut gateway = spawn_gateway_logging_to(&settings, &api, &env, log.stdio());
+    wait_until_healthy(&mut gateway, &api).await;
+    let mut deal = new_deal("node-loss", 100_000, 4);
+    deal["per_user_limit"] = serde_json::json!(100_000);
+    let deal = api.given_deal(&deal).await;
+    let mark = log.mark();
+
+    // Act: a primary dies while orders keep coming, each touching Redis.
+    cluster.kill(2);
+    let until = Instant::now() + NODE_LOSS;
+    let mut sent = 0;
+    while Instant::now() < until {
+        let reply = api.order(&format!("buyer-{}", sent % 50), &deal, 1).await;
+        assert!(reply.status < 500 || reply.status == 503, "{}", reply.text);
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Assert
+    let lines = log.lines_since(mark);
+    assert!(
+        lines.len() <= NODE_LOSS_LINES_MAX,
+        "{} log lines in {NODE_LOSS:?} ({sent} orders):\n{}",
+        lines.len(),
+        lines.join("\n")
+    );
+    gateway.kill();
+    database.drop_database().await;
 }
