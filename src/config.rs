@@ -166,11 +166,10 @@ pub struct LimitSettings {
 pub struct GlobalLimitSettings {
     /// Off: each instance enforces the limits alone, so N instances allow N times the rate.
     pub enabled: bool,
-    /// Order requests an instance takes from a deal's shared budget per Redis round trip
-    /// (never more than the deal's burst).
+    /// Most order requests an instance takes from a deal's shared budget per Redis round
+    /// trip (never more than the deal's burst); slices grow to it with local demand.
     pub deal_slice: u32,
-    /// Unused requests of a slice are dropped after this long, bounding how far past the
-    /// shared rate the instances together can go (rate × this).
+    /// A slice is spent for at most this long; what it leaves goes back to the budget.
     pub slice_ttl_ms: u64,
     /// How often each instance announces itself in Redis.
     pub heartbeat_interval_ms: u64,
