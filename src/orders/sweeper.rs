@@ -144,7 +144,7 @@ async fn pass(pool: &PgPool, batch_max: u32, grace: Duration) -> Option<Swept> {
     let label = match &outcome {
         Ok(Ok(_)) => "ok",
         Ok(Err(StoreError::Unavailable(error))) => {
-            crate::store::failover::record("expiry sweep", &error);
+            crate::store::failover::record("expiry sweep", error);
             "error"
         }
         Ok(Err(error)) => {
