@@ -403,13 +403,14 @@ fn assert_budget_used(case: &str, passed: usize, budget: usize) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sparse_traffic_over_three_instances_wastes_no_deal_budget() {
-    // One request every 200 ms in turn over the instances (5/s on a deal allowing 20/s):
-    // every one passes.
+    // Half the deal's rate, 10 a second, arriving in pairs 10 ms apart on two instances
+    // every 200 ms: every one passes.
     let (passed, sent, _) = simulate(2000, |step| {
-        if step % 40 == 0 {
-            vec![(step / 40) as usize % 3]
-        } else {
-            vec![]
+        let first = (step / 40) as usize % 3;
+        match step % 40 {
+            0 => vec![first],
+            2 => vec![(first + 1) % 3],
+            _ => vec![],
         }
     })
     .await;
@@ -447,4 +448,15 @@ async fn a_flood_or_a_mix_uses_the_deal_budget_and_never_exceeds_it() {
     })
     .await;
     assert_budget_used("flood moving between instances", passed, budget);
+
+    // A crowd at 150 a second, each instance one request every 20 ms, staggered: fewer
+    // than a full slice per instance per slice_ttl_ms.
+    let (passed, _, budget) = simulate(600, |step| match step % 4 {
+        0 => vec![0],
+        1 => vec![1],
+        3 => vec![2],
+        _ => vec![],
+    })
+    .await;
+    assert_budget_used("crowd over three instances", passed, budget);
 }
