@@ -172,7 +172,8 @@ impl GlobalLimits {
         Self::with_clock(settings, redis, Arc::new(SystemClock))
     }
 
-    /// As `new`, with every decision taken at `clock`'s time (a test advances it).
+    /// As `new`, with the slices and the shared budget on `clock`'s time (a test advances
+    /// it); the fallback share while Redis is down keeps the process's clock.
     pub fn with_clock(settings: &LimitSettings, redis: RedisHandle, clock: Arc<dyn Clock>) -> Self {
         let g = settings.global;
         let n = g.instances_assumed;

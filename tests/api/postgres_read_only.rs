@@ -69,6 +69,7 @@ async fn a_read_only_primary_is_a_counted_warning_not_an_error_per_request() {
     // Assert: a warning with a count, no error lines, nothing wrapped twice.
     let lines = log.lines_since(mark);
     let all = lines.join("\n");
+    eprintln!("logged while the primary was read-only:\n{all}");
     assert!(lines.len() <= LINES_MAX, "{} lines:\n{all}", lines.len());
     assert!(!all.contains(" ERROR "), "errors logged:\n{all}");
     assert!(

@@ -267,6 +267,7 @@ async fn losing_a_cluster_node_is_a_few_log_lines_not_a_flood() {
 
     // Assert
     let lines = log.lines_since(mark);
+    eprintln!("logged while a node was lost:\n{}", lines.join("\n"));
     assert!(
         lines.len() <= NODE_LOSS_LINES_MAX,
         "{} log lines in {NODE_LOSS:?} ({sent} orders):\n{}",
