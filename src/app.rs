@@ -206,6 +206,10 @@ fn spawn_background(tasks: &TaskTracker, state: &Arc<State>, shutdown: &Cancella
         millis(settings.redis.reconnect_interval_ms),
         shutdown.clone(),
     ));
+    tasks.spawn(state.redis.clone().keep_probed(
+        millis(settings.redis.health_check_interval_ms),
+        shutdown.clone(),
+    ));
     tasks.spawn(state.admission.sold_out().clone().keep_fresh(
         background.clone(),
         millis(settings.soldout.refresh_interval_ms),
@@ -230,12 +234,12 @@ fn spawn_background(tasks: &TaskTracker, state: &Arc<State>, shutdown: &Cancella
     ));
     tasks.spawn(sample_metrics(state.clone(), shutdown.clone()));
     tasks.spawn(forget_idle_limits(state.clone(), shutdown.clone()));
+    let global_limits = state.admission.global_limits();
+    tasks.spawn(global_limits.clone().keep_counted(shutdown.clone()));
     tasks.spawn(
-        state
-            .admission
-            .global_limits()
+        global_limits
             .clone()
-            .keep_counted(shutdown.clone()),
+            .keep_returning_lapsed(shutdown.clone()),
     );
     tasks.spawn(crate::waiting_room::advancer::run(
         state.admission.waiting_room().clone(),

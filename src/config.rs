@@ -112,6 +112,8 @@ pub struct DatabaseSettings {
     pub direct_url: String,
     /// With several hosts in `url`, how often the gateway checks it still talks to the primary.
     pub primary_check_interval_ms: u64,
+    /// During a failover, at most one warning (with the count of failed requests) this often.
+    pub failover_log_interval_ms: u64,
 }
 
 #[derive(Clone, Deserialize)]
@@ -127,6 +129,9 @@ pub struct RedisSettings {
     pub reconnect_interval_ms: u64,
     /// While Redis stays unreachable, the log repeats its warning at most this often.
     pub outage_log_interval_ms: u64,
+    /// How often a probe command decides whether Redis is up (`/readyz`,
+    /// `flashgate_redis_up`): a connection may exist while every command fails.
+    pub health_check_interval_ms: u64,
 }
 
 #[derive(Clone, Deserialize)]
@@ -158,11 +163,10 @@ pub struct LimitSettings {
 pub struct GlobalLimitSettings {
     /// Off: each instance enforces the limits alone, so N instances allow N times the rate.
     pub enabled: bool,
-    /// Order requests an instance takes from a deal's shared budget per Redis round trip
-    /// (never more than the deal's burst).
+    /// Most order requests an instance takes from a deal's shared budget per Redis round
+    /// trip (never more than the deal's burst); slices grow to it with local demand.
     pub deal_slice: u32,
-    /// Unused requests of a slice are dropped after this long, bounding how far past the
-    /// shared rate the instances together can go (rate × this).
+    /// A slice is spent for at most this long; what it leaves goes back to the budget.
     pub slice_ttl_ms: u64,
     /// How often each instance announces itself in Redis.
     pub heartbeat_interval_ms: u64,
@@ -622,6 +626,10 @@ impl Settings {
             "database.primary_check_interval_ms must be > 0",
         )?;
         check(
+            d.failover_log_interval_ms >= 1000,
+            "database.failover_log_interval_ms must be at least 1000",
+        )?;
+        check(
             self.redis.command_timeout_ms > 0,
             "redis.command_timeout_ms must be > 0",
         )?;
@@ -632,6 +640,10 @@ impl Settings {
         check(
             self.redis.reconnect_interval_ms > 0,
             "redis.reconnect_interval_ms must be > 0",
+        )?;
+        check(
+            (50..=1000).contains(&self.redis.health_check_interval_ms),
+            "redis.health_check_interval_ms must be between 50 and 1000",
         )?;
         check(
             self.redis.outage_log_interval_ms >= 1000,

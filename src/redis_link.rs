@@ -19,6 +19,12 @@
 //! warning every `redis.outage_log_interval_ms`: while Redis stays away the warning is
 //! repeated that often with the number of calls that failed meanwhile, and a Redis that
 //! keeps dropping is not a line per drop.
+//!
+//! Connected is not the same as up: [`health`] probes Redis every
+//! `redis.health_check_interval_ms` and `/readyz` and `flashgate_redis_up` report that
+//! verdict, so a cluster whose nodes say `cluster_state:fail` or a frozen server reads down.
+
+mod health;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -112,6 +118,13 @@ impl Connection {
             Connection::Cluster(connection) => connection.req_packed_command(cmd).await,
         }
     }
+
+    async fn probe(&mut self) -> RedisResult<()> {
+        match self {
+            Connection::Server(connection) => health::probe_server(connection).await,
+            Connection::Cluster(connection) => health::probe_cluster(connection).await,
+        }
+    }
 }
 
 impl Target {
@@ -159,6 +172,7 @@ struct Inner {
     /// without the lock, since every call fails fast while Redis is away.
     refused: AtomicU64,
     outage_log_interval: Duration,
+    health: health::Health,
 }
 
 /// What the log has said about the current outage.
@@ -205,6 +219,7 @@ impl RedisHandle {
                 outage: Mutex::new(Outage::default()),
                 refused: AtomicU64::new(0),
                 outage_log_interval,
+                health: health::Health::default(),
             }),
         }
     }
@@ -259,12 +274,19 @@ impl RedisHandle {
         self.inner.connection.read().await.is_some()
     }
 
+    /// Whether Redis answered the last health probe (and the commands since), not merely
+    /// whether a connection exists.
+    pub fn is_up(&self) -> bool {
+        self.inner.health.is_up()
+    }
+
     /// Runs one command with the configured timeout; a failure that shows the connection
     /// broken (see `breaks_connection`) drops it.
     pub async fn run<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, RedisError> {
         let Some(mut connection) = self.inner.connection.read().await.clone() else {
             metrics::counter!(telemetry::REDIS_ERRORS).increment(1);
             self.inner.refused.fetch_add(1, Ordering::Relaxed);
+            self.inner.health.failed(&RedisError::Disconnected);
             return Err(RedisError::Disconnected);
         };
         let outcome = tokio::time::timeout(self.inner.command_timeout, async {
@@ -278,6 +300,7 @@ impl RedisHandle {
         let error = match outcome {
             Ok(Ok(value)) => {
                 self.answered();
+                self.inner.health.answered();
                 return Ok(value);
             }
             Ok(Err(error)) => RedisError::Command(error),
@@ -288,6 +311,7 @@ impl RedisHandle {
             return Err(error);
         }
         metrics::counter!(telemetry::REDIS_ERRORS).increment(1);
+        self.inner.health.failed(&error);
         if self.breaks_connection(&error) {
             *self.inner.connection.write().await = None;
             self.lost(&error);
@@ -326,8 +350,6 @@ impl RedisHandle {
             if !self.is_connected().await {
                 self.connect().await;
             }
-            let up = if self.is_connected().await { 1.0 } else { 0.0 };
-            metrics::gauge!(telemetry::REDIS_UP).set(up);
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(interval) => {}
@@ -335,7 +357,57 @@ impl RedisHandle {
         }
     }
 
-    /// One connection attempt; failure is counted and leaves the handle disconnected.
+    /// Probes Redis every `interval` until `shutdown`, keeping `is_up` and
+    /// `flashgate_redis_up` true to what commands meet.
+    pub async fn keep_probed(self, interval: Duration, shutdown: CancellationToken) {
+        loop {
+            self.check_health().await;
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(interval) => {}
+            }
+        }
+    }
+
+    /// One probe: up when it succeeds and the commands since the last one did not all
+    /// fail. Without a connection Redis is down already (`keep_connected` reconnects).
+    pub async fn check_health(&self) {
+        let Some(mut connection) = self.inner.connection.read().await.clone() else {
+            self.inner.health.set(false);
+            metrics::gauge!(telemetry::REDIS_UP).set(0.0);
+            return;
+        };
+        let probed = self.probe(&mut connection).await;
+        let failing = self.inner.health.commands_failing();
+        match probed {
+            Ok(()) if !failing => {
+                if !self.is_up() {
+                    self.back();
+                }
+            }
+            Ok(()) => self.lost(&"commands failed and none was answered"),
+            Err(error) => {
+                metrics::counter!(telemetry::REDIS_ERRORS).increment(1);
+                self.lost(&error);
+            }
+        }
+    }
+
+    /// The probe, bounded by the command timeout.
+    async fn probe(&self, connection: &mut Connection) -> RedisResult<()> {
+        let timeout = self.inner.command_timeout;
+        match tokio::time::timeout(timeout, connection.probe()).await {
+            Ok(Ok(())) => {
+                self.answered();
+                Ok(())
+            }
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err((redis::ErrorKind::Io, "health probe timed out").into()),
+        }
+    }
+
+    /// One connection attempt; failure is counted and leaves the handle disconnected. A
+    /// connection made counts as up only once the probe passes on it.
     pub async fn connect(&self) {
         let Some(client) = self.inner.client.as_ref() else {
             return;
@@ -346,10 +418,14 @@ impl RedisHandle {
             .await
             .unwrap_or_else(|_| Err((redis::ErrorKind::Io, "connect timed out").into()));
         match connected {
-            Ok(connection) => {
+            Ok(mut connection) => {
                 self.answered();
+                let probed = self.probe(&mut connection).await;
                 *self.inner.connection.write().await = Some(connection);
-                self.back();
+                match probed {
+                    Ok(()) => self.back(),
+                    Err(error) => self.lost(&error),
+                }
             }
             Err(error) => {
                 metrics::counter!(telemetry::REDIS_ERRORS).increment(1);
@@ -370,6 +446,7 @@ impl RedisHandle {
     /// A command or connection attempt failed: warns when Redis was just lost, reminds at
     /// most every `outage_log_interval` while it stays away, and is silent otherwise.
     fn lost(&self, error: &dyn std::fmt::Display) {
+        self.inner.health.set(false);
         metrics::gauge!(telemetry::REDIS_UP).set(0.0);
         let now = Instant::now();
         let mut outage = self.outage();
@@ -403,6 +480,7 @@ impl RedisHandle {
 
     /// A connection was made: says so when it ends an outage the log announced.
     fn back(&self) {
+        self.inner.health.set(true);
         metrics::gauge!(telemetry::REDIS_UP).set(1.0);
         let mut outage = self.outage();
         let since = outage.since.take();

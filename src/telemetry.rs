@@ -224,7 +224,10 @@ fn describe() {
         "Orders expired by the sweeper, units released."
     );
     describe_counter!(REDIS_ERRORS, "Redis commands that failed or timed out.");
-    describe_gauge!(REDIS_UP, "1 when this instance has a Redis connection.");
+    describe_gauge!(
+        REDIS_UP,
+        "1 when Redis passes this instance's health probe (PING; on a cluster, CLUSTER INFO ok on every primary) and commands are being answered."
+    );
     describe_counter!(
         GLOBAL_LIMIT_CHECKS,
         "Shared per-user and per-deal limit checks, by where they were decided: redis, a local slice, or the local fallback share while Redis is down."
@@ -419,7 +422,11 @@ fn describe_waiting_room() {
 /// request's span, so a collector can group a request's lines by its id); `RUST_LOG`
 /// overrides the configured filter.
 pub fn init_logging(settings: &crate::config::TelemetrySettings) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let directives = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|value| !value.trim().is_empty())
+        .unwrap_or_else(|| settings.log_filter.clone());
+    let filter = tracing_subscriber::EnvFilter::try_new(quiet_redis_client(&directives))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&settings.log_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -439,4 +446,50 @@ pub fn init_logging(settings: &crate::config::TelemetrySettings) {
 /// Names the authenticated user in the current request's span.
 pub fn record_user(user: &crate::domain::UserId) {
     tracing::Span::current().record("user", user.as_str());
+}
+
+/// The Redis client logs a warning per reconnect attempt and per slot refresh: hundreds of
+/// lines a minute while a cluster node is down, which the gateway already reports itself,
+/// rate-limited (`redis.outage_log_interval_ms`). So its warnings are dropped unless the
+/// filter names `redis` itself (`RUST_LOG=info,redis=debug` to see them).
+fn quiet_redis_client(directives: &str) -> String {
+    let names_redis = directives.split(',').any(|directive| {
+        let target = directive
+            .trim()
+            .split(['=', '['])
+            .next()
+            .unwrap_or_default();
+        target == "redis" || target.starts_with("redis::")
+    });
+    if names_redis {
+        directives.to_owned()
+    } else {
+        format!("{directives},{QUIET_REDIS_CLIENT}")
+    }
+}
+
+/// What the Redis client may log unless the filter says otherwise.
+const QUIET_REDIS_CLIENT: &str = "redis=error";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_redis_client_is_quiet_unless_named() {
+        assert_eq!(quiet_redis_client("info"), "info,redis=error");
+        assert_eq!(
+            quiet_redis_client("warn,flashgate=debug"),
+            "warn,flashgate=debug,redis=error"
+        );
+        assert_eq!(quiet_redis_client("info,redis=debug"), "info,redis=debug");
+        assert_eq!(
+            quiet_redis_client("redis::cluster=warn"),
+            "redis::cluster=warn"
+        );
+        assert_eq!(
+            quiet_redis_client("info,redis_link=debug"),
+            "info,redis_link=debug,redis=error"
+        );
+    }
 }

@@ -9,9 +9,11 @@
 //!   call (group-commit style, no timer): while a call is in flight new checks queue, and
 //!   the next call takes all of them, at most `user_batch_max`, their keys grouped so that
 //!   one call touches one Redis Cluster slot.
-//! - Per deal an instance takes a slice of requests per call and spends it locally; an
-//!   unused slice is dropped after `slice_ttl_ms`, so the instances together stay within
-//!   the burst plus rate × (elapsed + slice_ttl).
+//! - Per deal an instance takes a slice of requests per call and spends it locally for up
+//!   to `slice_ttl_ms`; slices grow with local demand from one request up to `deal_slice`,
+//!   and what a slice leaves unspent goes back to the budget (`slices`). Requests are only
+//!   admitted from what Redis granted, so the instances together stay within the burst plus
+//!   rate × elapsed, and unspent slices do not eat into it.
 //! - Redis down (or slow past its command timeout): each instance falls back to a local
 //!   bucket holding 1/N of the budget, N the live instances it last counted in Redis.
 //!   Requests Redis granted drain that bucket too, so an outage starts from what the
@@ -20,35 +22,44 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use dashmap::DashMap;
 use futures_util::future::join_all;
 use redis::cluster_routing::Slot;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::limits::{Limited, Scope, SharedLimiter};
+use super::slices::{Clock, Need, Slices, SystemClock};
 use crate::config::{GlobalLimitSettings, LimitSettings, RateSettings};
 use crate::redis_link::{RedisError, RedisHandle, Script};
 use crate::telemetry;
 
 /// GCRA over each key in turn. ARGV: emission interval (µs per request), burst, requests
-/// wanted per key. Grants each key up to the wanted number that fit now and answers
-/// `{granted, wait_us}` per key, flattened: the wait until one more would fit when nothing
-/// was granted. A key listed twice is charged twice, in order.
+/// wanted per key, requests given back per key (unspent, taken earlier), and the time in µs
+/// (0: Redis's `TIME`). Gives back first (never past a full bucket), then grants each key up
+/// to the wanted number that fit now and answers `{granted, wait_us}` per key, flattened:
+/// the wait until one more would fit when nothing was granted. A key listed twice is
+/// charged twice, in order.
 const GCRA: &str = r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = tonumber(ARGV[5])
+if now == 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
 local interval = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
+local give = tonumber(ARGV[4])
 local out = {}
 for i, key in ipairs(KEYS) do
-  local tat = tonumber(redis.call('GET', key) or '0')
+  local tat = tonumber(redis.call('GET', key) or '0') - give * interval
   if tat < now then tat = now end
   local free = math.floor((now + burst * interval - tat) / interval)
   if free < 1 then
+    if give > 0 then
+      redis.call('SET', key, string.format('%.0f', tat), 'PX', math.floor((tat - now) / 1000) + 1)
+    end
     out[2 * i - 1] = 0
     out[2 * i] = tat - burst * interval + interval - now
   else
@@ -73,53 +84,20 @@ redis.call('PEXPIRE', KEYS[1], ttl)
 return redis.call('ZCARD', KEYS[1])
 "#;
 
-/// Requests of a deal's budget this instance took and has not spent yet.
-struct Slice {
-    left: u32,
-    expires: Instant,
-}
-
-/// One shared limit: its Redis keys, its slices and its fallback share.
+/// One shared limit: its rate and its fallback share.
 struct SharedScope {
     scope: Scope,
     rate: RateSettings,
-    /// Requests taken per Redis round trip.
-    slice: u32,
-    /// Checks waiting at once share one call (per user: each call takes one request).
-    together: bool,
-    slices: DashMap<String, Slice>,
     /// The local share used while Redis cannot answer, rebuilt when the count changes.
     fallback: RwLock<(u32, Arc<SharedLimiter>)>,
 }
 
 impl SharedScope {
-    fn new(scope: Scope, rate: RateSettings, slice: u32, instances: u32) -> Self {
+    fn new(scope: Scope, rate: RateSettings, instances: u32) -> Self {
         Self {
             scope,
             rate,
-            slice,
-            together: scope == Scope::User,
-            slices: DashMap::new(),
             fallback: RwLock::new((instances, Arc::new(share(scope, rate, instances)))),
-        }
-    }
-
-    /// Spends one request of an unexpired local slice, if there is one.
-    fn take_from_slice(&self, key: &str) -> bool {
-        let Some(mut slice) = self.slices.get_mut(key) else {
-            return false;
-        };
-        if slice.left == 0 || slice.expires <= Instant::now() {
-            return false;
-        }
-        slice.left -= 1;
-        true
-    }
-
-    fn keep_slice(&self, key: &str, left: u32, ttl: Duration) {
-        if left > 0 {
-            let expires = Instant::now() + ttl;
-            self.slices.insert(key.to_owned(), Slice { left, expires });
         }
     }
 
@@ -181,6 +159,8 @@ struct Inner {
     user_checks: OnceLock<mpsc::Sender<UserCheck>>,
     user: SharedScope,
     deal: SharedScope,
+    /// This instance's slices of the per-deal budgets, and the clock of the limits.
+    slices: Slices,
     /// Live instances, as last counted in Redis.
     instances: AtomicU32,
     /// This process in the instance count.
@@ -189,8 +169,15 @@ struct Inner {
 
 impl GlobalLimits {
     pub fn new(settings: &LimitSettings, redis: RedisHandle) -> Self {
+        Self::with_clock(settings, redis, Arc::new(SystemClock))
+    }
+
+    /// As `new`, with the slices and the shared budget on `clock`'s time (a test advances
+    /// it); the fallback share while Redis is down keeps the process's clock.
+    pub fn with_clock(settings: &LimitSettings, redis: RedisHandle, clock: Arc<dyn Clock>) -> Self {
         let g = settings.global;
         let n = g.instances_assumed;
+        let slice_max = g.deal_slice.min(settings.per_deal.burst);
         Self {
             inner: Arc::new(Inner {
                 redis,
@@ -198,13 +185,9 @@ impl GlobalLimits {
                 gcra: Arc::new(Script::new(GCRA)),
                 heartbeat: Script::new(HEARTBEAT),
                 user_checks: OnceLock::new(),
-                user: SharedScope::new(Scope::User, settings.per_user, 1, n),
-                deal: SharedScope::new(
-                    Scope::Deal,
-                    settings.per_deal,
-                    g.deal_slice.min(settings.per_deal.burst),
-                    n,
-                ),
+                user: SharedScope::new(Scope::User, settings.per_user, n),
+                deal: SharedScope::new(Scope::Deal, settings.per_deal, n),
+                slices: Slices::new(slice_max, Duration::from_millis(g.slice_ttl_ms), clock),
                 instances: AtomicU32::new(n),
                 id: hex::encode(rand::random::<[u8; 8]>()),
             }),
@@ -221,35 +204,48 @@ impl GlobalLimits {
     }
 
     pub async fn check_user(&self, user_id: &str) -> Result<(), Limited> {
-        self.check(&self.inner.user, "user:", user_id).await
-    }
-
-    pub async fn check_deal(&self, deal_id: &str) -> Result<(), Limited> {
-        self.check(&self.inner.deal, "deal:", deal_id).await
-    }
-
-    async fn check(&self, scope: &SharedScope, kind: &str, id: &str) -> Result<(), Limited> {
         if !self.enabled() {
             return Ok(());
         }
-        if scope.take_from_slice(id) {
-            count(scope.scope, "slice");
-            scope.spend_share(id, self.instances());
+        let key = self.inner.redis.key(&format!("limit:user:{user_id}"));
+        let answer = self.take_with_others(key).await;
+        self.decide(&self.inner.user, user_id, answer).map(drop)
+    }
+
+    /// Spends this instance's slice of the deal's budget, or asks Redis for a new one
+    /// (returning what a lapsed slice left).
+    pub async fn check_deal(&self, deal_id: &str) -> Result<(), Limited> {
+        if !self.enabled() {
             return Ok(());
         }
-        let key = self.inner.redis.key(&format!("limit:{kind}{id}"));
-        let answer = if scope.together {
-            self.take_with_others(key).await
-        } else {
-            self.take_alone(scope, key).await
+        let scope = &self.inner.deal;
+        let (want, give_back) = match self.inner.slices.take(deal_id) {
+            Need::Nothing => {
+                count(scope.scope, "slice");
+                scope.spend_share(deal_id, self.instances());
+                return Ok(());
+            }
+            Need::Call { want, give_back } => (want, give_back),
         };
+        let answer = self.take_for_deal(deal_id, want, give_back).await;
+        let granted = self.decide(scope, deal_id, answer)?;
+        self.inner.slices.keep(deal_id, granted - 1);
+        Ok(())
+    }
+
+    /// Redis's answer applied: the requests granted (at least one), a refusal, or the local
+    /// share's verdict when Redis did not answer.
+    fn decide(
+        &self,
+        scope: &SharedScope,
+        id: &str,
+        answer: Option<(u32, u64)>,
+    ) -> Result<u32, Limited> {
         match answer {
             Some((granted, _)) if granted > 0 => {
                 count(scope.scope, "redis");
-                let ttl = Duration::from_millis(self.inner.settings.slice_ttl_ms);
-                scope.keep_slice(id, granted - 1, ttl);
                 scope.spend_share(id, self.instances());
-                Ok(())
+                Ok(granted)
             }
             Some((_, wait_us)) => {
                 count(scope.scope, "redis");
@@ -257,17 +253,47 @@ impl GlobalLimits {
             }
             None => {
                 count(scope.scope, "fallback");
-                scope.fallback(self.instances()).check(&id.to_owned())
+                scope.fallback(self.instances()).check(&id.to_owned())?;
+                Ok(1)
             }
         }
     }
 
-    /// Up to a slice of the budget at `key`, in a call of its own: `(granted, wait_us)`, or
-    /// `None` when Redis did not answer.
-    async fn take_alone(&self, scope: &SharedScope, key: String) -> Option<(u32, u64)> {
-        let (redis, gcra) = (&self.inner.redis, &self.inner.gcra);
-        let answers = take(redis, gcra, &[key], scope.rate, scope.slice).await;
+    /// Up to `want` requests of the deal's budget after giving `give_back` back, in a call
+    /// of its own: `(granted, wait_us)`, or `None` when Redis did not answer.
+    async fn take_for_deal(&self, deal_id: &str, want: u32, give_back: u32) -> Option<(u32, u64)> {
+        let key = self.inner.redis.key(&format!("limit:deal:{deal_id}"));
+        let call = Call {
+            rate: self.inner.deal.rate,
+            want,
+            give_back,
+            now_us: self.inner.slices.clock().shared_now_us(),
+        };
+        let answers = take(&self.inner.redis, &self.inner.gcra, &[key], call).await;
         answers.ok()?.first().copied()
+    }
+
+    /// Returns what lapsed slices left unspent to their deals' budgets; run every
+    /// `slice_ttl_ms`, so that a deal whose traffic moved to other instances gets it back.
+    pub async fn return_lapsed(&self) {
+        if !self.enabled() {
+            return;
+        }
+        for (deal_id, left) in self.inner.slices.lapsed() {
+            let _refused_or_returned = self.take_for_deal(&deal_id, 0, left).await;
+        }
+    }
+
+    /// Runs `return_lapsed` every `slice_ttl_ms` until `shutdown`.
+    pub async fn keep_returning_lapsed(self, shutdown: CancellationToken) {
+        let interval = Duration::from_millis(self.inner.settings.slice_ttl_ms);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(interval) => {}
+            }
+            self.return_lapsed().await;
+        }
     }
 
     /// One request of the per-user budget at `key`, taken in the next call shared with the
@@ -288,9 +314,7 @@ impl GlobalLimits {
         let (queue, checks) = mpsc::channel(g.user_queue_max as usize);
         tokio::spawn(run_user_checks(
             checks,
-            self.inner.redis.clone(),
-            self.inner.gcra.clone(),
-            self.inner.user.rate,
+            self.inner.clone(),
             g.user_batch_max as usize,
         ));
         queue
@@ -324,11 +348,10 @@ impl GlobalLimits {
         }
     }
 
-    /// Drops spent and expired slices; run periodically.
+    /// Drops spent and lapsed slices; run periodically.
     pub fn forget_idle(&self) {
-        let now = Instant::now();
+        self.inner.slices.forget_idle();
         for scope in [&self.inner.user, &self.inner.deal] {
-            scope.slices.retain(|_, s| s.left > 0 && s.expires > now);
             if let Ok(current) = scope.fallback.read() {
                 current.1.forget_idle();
             }
@@ -346,55 +369,75 @@ struct UserCheck {
 /// `batch_max`) and makes one call per script group, the groups side by side.
 async fn run_user_checks(
     mut queue: mpsc::Receiver<UserCheck>,
-    redis: RedisHandle,
-    gcra: Arc<Script>,
-    rate: RateSettings,
+    limits: Arc<Inner>,
     batch_max: usize,
 ) {
     let mut checks = Vec::with_capacity(batch_max);
     while queue.recv_many(&mut checks, batch_max).await > 0 {
         let mut groups: HashMap<Option<Slot>, Vec<UserCheck>> = HashMap::new();
         for check in checks.drain(..) {
-            let group = redis.script_group(&check.key);
+            let group = limits.redis.script_group(&check.key);
             groups.entry(group).or_default().push(check);
         }
         let calls = groups
             .into_values()
-            .map(|group| answer_group(&redis, &gcra, rate, group));
+            .map(|group| answer_group(&limits, group));
         join_all(calls).await;
     }
 }
 
 /// One call for `group` (keys of one script group); every check gets its own answer.
-async fn answer_group(
-    redis: &RedisHandle,
-    gcra: &Script,
-    rate: RateSettings,
-    group: Vec<UserCheck>,
-) {
+async fn answer_group(limits: &Inner, group: Vec<UserCheck>) {
     let keys: Vec<&str> = group.iter().map(|check| check.key.as_str()).collect();
-    let answers = take(redis, gcra, &keys, rate, 1).await.ok();
+    let call = Call {
+        rate: limits.user.rate,
+        want: 1,
+        give_back: 0,
+        now_us: limits.slices.clock().shared_now_us(),
+    };
+    let answers = take(&limits.redis, &limits.gcra, &keys, call).await.ok();
     for (i, check) in group.into_iter().enumerate() {
         let answer = answers.as_ref().and_then(|answers| answers.get(i).copied());
         let _gone = check.answer.send(answer);
     }
 }
 
-/// Up to `want` requests of the budget at each of `keys` (one script group), in order:
-/// `(granted, wait_us)` per key.
+/// One GCRA call's arguments besides its keys.
+struct Call {
+    rate: RateSettings,
+    /// Requests wanted per key.
+    want: u32,
+    /// Unspent requests returned per key first.
+    give_back: u32,
+    /// The limits' clock, or `None` for Redis's.
+    now_us: Option<u64>,
+}
+
+/// Up to `call.want` requests of the budget at each of `keys` (one script group), in
+/// order: `(granted, wait_us)` per key.
 async fn take<K: redis::ToRedisArgs>(
     redis: &RedisHandle,
     gcra: &Script,
     keys: &[K],
-    rate: RateSettings,
-    want: u32,
+    call: Call,
 ) -> Result<Vec<(u32, u64)>, RedisError> {
+    let Call {
+        rate,
+        want,
+        give_back,
+        now_us,
+    } = call;
     let interval_us = 1_000_000u64
         .div_ceil(u64::from(rate.rate_per_second))
         .max(1);
-    let flat: Vec<i64> = redis
-        .eval(gcra, keys, &(interval_us, rate.burst, want))
-        .await?;
+    let args = (
+        interval_us,
+        rate.burst,
+        want,
+        give_back,
+        now_us.unwrap_or(0),
+    );
+    let flat: Vec<i64> = redis.eval(gcra, keys, &args).await?;
     if flat.len() != 2 * keys.len() {
         let unexpected = (redis::ErrorKind::Parse, "GCRA answered for other keys");
         return Err(RedisError::Command(unexpected.into()));
@@ -432,21 +475,5 @@ mod tests {
         assert!(limiter.check(&"u".to_owned()).is_err());
         let lone = share(Scope::User, rate, 100);
         lone.check(&"u".to_owned()).unwrap();
-    }
-
-    #[test]
-    fn slices_are_spent_then_expire() {
-        let rate = RateSettings {
-            rate_per_second: 10,
-            burst: 10,
-        };
-        let scope = SharedScope::new(Scope::Deal, rate, 4, 1);
-        assert!(!scope.take_from_slice("d"));
-        scope.keep_slice("d", 2, Duration::from_secs(60));
-        assert!(scope.take_from_slice("d"));
-        assert!(scope.take_from_slice("d"));
-        assert!(!scope.take_from_slice("d"));
-        scope.keep_slice("d", 2, Duration::ZERO);
-        assert!(!scope.take_from_slice("d"), "an expired slice is not spent");
     }
 }

@@ -11,6 +11,7 @@
 pub mod client_ip;
 pub mod global;
 pub mod limits;
+pub mod slices;
 pub mod soldout;
 pub mod token;
 

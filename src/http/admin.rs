@@ -276,14 +276,15 @@ pub fn healthz() -> Response<Full<Bytes>> {
 /// How long the readiness probe waits for PostgreSQL.
 const READY_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Ready when PostgreSQL answers and shutdown has not begun; Redis is reported, not required.
+/// Ready when PostgreSQL answers and shutdown has not begun; Redis is reported, not required,
+/// as the last health probe found it (a connection that fails every command is down).
 pub async fn readyz(state: &State) -> Response<Full<Bytes>> {
     let probe = sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&state.pools.admin);
     let postgres = matches!(
         tokio::time::timeout(READY_PROBE_TIMEOUT, probe).await,
         Ok(Ok(1))
     );
-    let redis = state.redis.is_connected().await;
+    let redis = state.redis.is_up();
     let accepting = state.ready.load(Ordering::Relaxed);
     let ready = postgres && accepting;
     let status = if ready {

@@ -451,6 +451,10 @@ impl From<StoreError> for Problem {
             StoreError::PoolExhausted => {
                 Problem::overloaded("no database capacity right now; retry shortly")
             }
+            StoreError::Unavailable(error) => {
+                crate::store::failover::record("request", &error);
+                Problem::overloaded("the database is not accepting writes; retry shortly")
+            }
             StoreError::Retryable(error) | StoreError::Unexpected(error) => {
                 tracing::error!(%error, "database error");
                 Problem::overloaded("temporarily unable to serve this request; retry shortly")

@@ -354,8 +354,14 @@ pub async fn list(pool: &PgPool) -> Result<Vec<DealSummary>, sqlx::Error> {
     let totals = inventory::totals(pool, &ids)
         .await
         .map_err(|error| match error {
-            crate::store::StoreError::Retryable(e) | crate::store::StoreError::Unexpected(e) => e,
             crate::store::StoreError::PoolExhausted => sqlx::Error::PoolTimedOut,
+            crate::store::StoreError::Retryable(e)
+            | crate::store::StoreError::Unavailable(e)
+            | crate::store::StoreError::Unexpected(e) => {
+                // Just made from one sqlx error, so not shared.
+                std::sync::Arc::try_unwrap(e)
+                    .unwrap_or_else(|e| sqlx::Error::Protocol(e.to_string()))
+            }
         })?;
     for deal in &mut deals {
         let stock = totals.get(&deal.id).copied().unwrap_or_default();

@@ -238,8 +238,8 @@ fn order_of(row: Row) -> Result<Order, OrderError> {
 
 /// The batch function broke its own contract.
 pub(crate) fn unexpected(what: &str) -> OrderError {
-    OrderError::Store(StoreError::Unexpected(sqlx::Error::Protocol(
-        what.to_owned(),
+    OrderError::Store(StoreError::Unexpected(std::sync::Arc::new(
+        sqlx::Error::Protocol(what.to_owned()),
     )))
 }
 

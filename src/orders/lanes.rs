@@ -275,11 +275,11 @@ async fn run_batch(
             (batch.results, batch.ran_out)
         }
         Ok(Err(error)) => {
-            tracing::warn!(%error, size, "reservation batch failed");
-            (
-                failed(size, &|| OrderError::Store(error_copy(&error))),
-                false,
-            )
+            // A failover is logged, counted, as its requests are answered.
+            if !matches!(error, StoreError::Unavailable(_)) {
+                tracing::warn!(%error, size, "reservation batch failed");
+            }
+            (failed(size, &|| OrderError::Store(error.clone())), false)
         }
         Err(panic) => {
             tracing::error!(%panic, size, "reservation batch broke an invariant");
@@ -303,15 +303,6 @@ async fn run_batch(
 
 fn failed(size: usize, error: &dyn Fn() -> OrderError) -> Vec<Result<Placed, OrderError>> {
     (0..size).map(|_| Err(error())).collect()
-}
-
-/// The same failure for every request of a failed batch: an exhausted pool stays
-/// `PoolExhausted` (503 overloaded), anything else is unexpected.
-fn error_copy(error: &StoreError) -> StoreError {
-    match error {
-        StoreError::PoolExhausted => StoreError::PoolExhausted,
-        other => StoreError::Unexpected(sqlx::Error::Protocol(other.to_string())),
-    }
 }
 
 async fn place_retrying(

@@ -144,6 +144,10 @@ async fn pass(pool: &PgPool, batch_max: u32, grace: Duration) -> Option<Swept> {
     let outcome = tokio::spawn(async move { sweep_once(&pool, batch_max, grace).await }).await;
     let label = match &outcome {
         Ok(Ok(_)) => "ok",
+        Ok(Err(StoreError::Unavailable(error))) => {
+            crate::store::failover::record("expiry sweep", error);
+            "error"
+        }
         Ok(Err(error)) => {
             tracing::warn!(%error, "expiry sweep failed");
             "error"

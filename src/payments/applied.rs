@@ -92,7 +92,7 @@ pub(super) async fn lock_order(
     // rolled back (the provider retries), never applied to nothing.
     settlement::lock(tx, attempt.order_id).await?.ok_or_else(|| {
         tracing::error!(attempt = %attempt.id, order = %attempt.order_id, "payment attempt without its order");
-        StoreError::Unexpected(sqlx::Error::RowNotFound)
+        StoreError::Unexpected(std::sync::Arc::new(sqlx::Error::RowNotFound))
     })
 }
 

@@ -19,6 +19,7 @@ use crate::config::DatabaseSettings;
 use crate::telemetry;
 
 mod connect;
+pub mod failover;
 mod pooler;
 pub mod primary;
 mod writes;
@@ -30,17 +31,21 @@ use std::sync::Arc;
 
 use primary::Primary;
 
-/// SQL errors as the callers see them.
-#[derive(Debug, thiserror::Error)]
+/// SQL errors as the callers see them. Cheap to clone (the error is shared), so that every
+/// request of a failed batch gets the batch's own error, not a rewording of it.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// No connection was free within the acquire timeout: shed load, do not queue.
     #[error("database pool exhausted")]
     PoolExhausted,
     /// A deadlock or serialization failure; the transaction may simply be retried.
     #[error("transient conflict: {0}")]
-    Retryable(sqlx::Error),
+    Retryable(Arc<sqlx::Error>),
+    /// The primary is read-only, shutting down or unreachable: a failover (see [`failover`]).
+    #[error("PostgreSQL unavailable: {0}")]
+    Unavailable(Arc<sqlx::Error>),
     #[error("database error: {0}")]
-    Unexpected(sqlx::Error),
+    Unexpected(Arc<sqlx::Error>),
 }
 
 impl From<sqlx::Error> for StoreError {
@@ -53,9 +58,10 @@ impl From<sqlx::Error> for StoreError {
             sqlx::Error::Database(db)
                 if matches!(db.code().as_deref(), Some("40P01" | "40001")) =>
             {
-                Self::Retryable(error)
+                Self::Retryable(Arc::new(error))
             }
-            _ => Self::Unexpected(error),
+            _ if failover::is_failover(&error) => Self::Unavailable(Arc::new(error)),
+            _ => Self::Unexpected(Arc::new(error)),
         }
     }
 }
@@ -180,6 +186,7 @@ impl Pools {
             .into_iter()
             .unzip();
         let primary = Primary::new(urls, options);
+        failover::set_log_interval(Duration::from_millis(settings.failover_log_interval_ms));
         let pool = |max: u32, acquire_timeout_ms: u64| {
             pool_options(settings, &primary, max, acquire_timeout_ms)
                 .connect_lazy_with(primary.options())

@@ -1,12 +1,14 @@
 //! The per-user and per-deal limits hold across three gateway processes: a client sending
 //! as fast as it can through all three gets the configured rate plus its burst, not three
-//! times that; with Redis gone each process falls back to its share, never to no limit.
+//! times that; with Redis gone each process falls back to its share, never to no limit. A
+//! deal's budget is spent on requests, not lost to unspent slices, whatever the traffic.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use flashgate::admission::global::GlobalLimits;
+use flashgate::admission::slices::ManualClock;
 use flashgate::config::RateSettings;
 use flashgate::redis_link::{RedisHandle, RedisTimeouts};
 use serde_json::json;
@@ -329,4 +331,132 @@ async fn script_calls(port: u16) -> usize {
                 .ok()
         })
         .sum()
+}
+
+/// The deal budget of the slice tests: 20 a second, a burst of 20, slices of up to 16.
+const DEAL_RATE: u32 = 20;
+const DEAL_BURST: u32 = 20;
+
+/// Three limiter instances sharing the test Redis under one fresh key prefix, and the clock
+/// they all run on.
+async fn three_limiters() -> (Vec<GlobalLimits>, Arc<ManualClock>, String) {
+    let prefix = format!("fgtest:{}:", unique_suffix());
+    let redis = RedisHandle::new(
+        &crate::helpers::redis_url(),
+        &prefix,
+        RedisTimeouts {
+            command: Duration::from_secs(2),
+            unresponsive_after: Duration::from_secs(5),
+        },
+        Duration::from_secs(60),
+    );
+    redis.connect().await;
+    assert!(redis.is_connected().await, "the test Redis answers");
+    let mut limits = flashgate::config::Settings::defaults().limits;
+    limits.per_deal = RateSettings {
+        rate_per_second: DEAL_RATE,
+        burst: DEAL_BURST,
+    };
+    limits.global.enabled = true;
+    limits.global.deal_slice = 16;
+    limits.global.slice_ttl_ms = 50;
+    let clock = ManualClock::new();
+    let instances = (0..3)
+        .map(|_| GlobalLimits::with_clock(&limits, redis.clone(), clock.clone()))
+        .collect();
+    (instances, clock, prefix)
+}
+
+/// Runs `steps` steps of `STEP`: each step the clock advances, every instance returns its
+/// lapsed slices (as its periodic task would), then `arrivals(step)` names the instance of
+/// each check. Returns the checks let through, and the budget of the elapsed time.
+const STEP: Duration = Duration::from_millis(5);
+
+async fn simulate(steps: u32, arrivals: impl Fn(u32) -> Vec<usize>) -> (usize, usize, usize) {
+    let (instances, clock, prefix) = three_limiters().await;
+    let (mut passed, mut sent) = (0, 0);
+    for step in 0..steps {
+        clock.advance(STEP);
+        for instance in &instances {
+            instance.return_lapsed().await;
+        }
+        for i in arrivals(step) {
+            sent += 1;
+            passed += usize::from(instances[i].check_deal("d").await.is_ok());
+        }
+    }
+    delete_redis_keys(&crate::helpers::redis_url(), &prefix).await;
+    let elapsed = STEP * steps;
+    let budget = DEAL_BURST as usize + (f64::from(DEAL_RATE) * elapsed.as_secs_f64()) as usize;
+    (passed, sent, budget)
+}
+
+/// At least 0.95 of the budget, never more than it.
+fn assert_budget_used(case: &str, passed: usize, budget: usize) {
+    eprintln!("{case}: {passed} of a budget of {budget}");
+    assert!(passed <= budget, "{case}: {passed} passed, budget {budget}");
+    assert!(
+        passed * 100 >= budget * 95,
+        "{case}: {passed} passed, less than 0.95 of {budget}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sparse_traffic_over_three_instances_wastes_no_deal_budget() {
+    // Half the deal's rate, 10 a second, arriving in pairs 10 ms apart on two instances
+    // every 200 ms: every one passes.
+    let (passed, sent, _) = simulate(2000, |step| {
+        let first = (step / 40) as usize % 3;
+        match step % 40 {
+            0 => vec![first],
+            2 => vec![(first + 1) % 3],
+            _ => vec![],
+        }
+    })
+    .await;
+    assert_eq!(passed, sent, "a user below the deal's rate was limited");
+
+    // 30 a second, each instance every 100 ms, staggered: more than the budget, each
+    // instance's slice lapsing between its requests.
+    let (passed, _, budget) = simulate(2000, |step| match step % 20 {
+        0 => vec![0],
+        7 => vec![1],
+        14 => vec![2],
+        _ => vec![],
+    })
+    .await;
+    assert_budget_used("sparse over three instances", passed, budget);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_or_a_mix_uses_the_deal_budget_and_never_exceeds_it() {
+    // Every instance three checks every 5 ms, for 3 s.
+    let (passed, _, budget) = simulate(600, |_| vec![0, 0, 0, 1, 1, 1, 2, 2, 2]).await;
+    assert_budget_used("flood", passed, budget);
+
+    // A flood moving from instance 0 to instance 1 halfway, instance 2 sparse throughout.
+    let (passed, _, budget) = simulate(600, |step| {
+        let mut arrivals = if step < 300 {
+            vec![0, 0, 0]
+        } else {
+            vec![1, 1, 1]
+        };
+        if step % 30 == 0 {
+            arrivals.push(2);
+        }
+        arrivals
+    })
+    .await;
+    assert_budget_used("flood moving between instances", passed, budget);
+
+    // A crowd at 150 a second, each instance one request every 20 ms, staggered: fewer
+    // than a full slice per instance per slice_ttl_ms.
+    let (passed, _, budget) = simulate(600, |step| match step % 4 {
+        0 => vec![0],
+        1 => vec![1],
+        3 => vec![2],
+        _ => vec![],
+    })
+    .await;
+    assert_budget_used("crowd over three instances", passed, budget);
 }

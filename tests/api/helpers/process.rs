@@ -217,3 +217,45 @@ impl Drop for PrivatePostgres {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A file a child process writes its log to, read back by the test; removed when dropped.
+pub struct LogFile {
+    path: std::path::PathBuf,
+}
+
+impl LogFile {
+    pub fn new(name: &str) -> LogFile {
+        let file = format!("fgtest-{name}-{}.log", super::unique_suffix());
+        LogFile {
+            path: std::env::temp_dir().join(file),
+        }
+    }
+
+    /// A fresh handle on the file for the child's stderr.
+    pub fn stdio(&self) -> std::process::Stdio {
+        std::fs::File::create(&self.path)
+            .map(std::process::Stdio::from)
+            .expect("create the log file")
+    }
+
+    /// How far the log is written now, to read only what follows.
+    pub fn mark(&self) -> usize {
+        std::fs::read(&self.path).map_or(0, |bytes| bytes.len())
+    }
+
+    /// The lines written since `mark`.
+    pub fn lines_since(&self, mark: usize) -> Vec<String> {
+        let bytes = std::fs::read(&self.path).unwrap_or_default();
+        let text = String::from_utf8_lossy(bytes.get(mark..).unwrap_or_default());
+        text.lines()
+            .filter(|line| !line.trim().is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl Drop for LogFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
