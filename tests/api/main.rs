@@ -60,6 +60,7 @@ mod shutdown;
 mod sql_functions;
 mod startup_errors;
 mod sweeper_crash;
+mod tiers;
 mod waiting_room;
 mod waiting_room_edge;
 mod waiting_room_keys;
