@@ -6,7 +6,8 @@
 # fails on any 5xx, any undocumented status code, header or content type, any body that
 # does not match the document, valid data refused or invalid data accepted, and an
 # undocumented method not answered 405 with `Allow`. Needs PostgreSQL and Redis
-# (DATABASE_URL, REDIS_URL) and a built target/debug/flashgate.
+# (DATABASE_URL, REDIS_URL) and a built target/debug/flashgate. Installs schemathesis from
+# PyPI when it is missing, unless FLASHGATE_TEST_NO_SYSTEM=1.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -18,6 +19,10 @@ ADMIN_URL="$DATABASE_URL"
 REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
 
 if ! command -v schemathesis >/dev/null 2>&1; then
+    if [[ ${FLASHGATE_TEST_NO_SYSTEM:-0} != 0 ]]; then
+        echo "schemathesis: not installed; not installing it (FLASHGATE_TEST_NO_SYSTEM=1)" >&2
+        exit 1
+    fi
     python3 -m pip install --quiet 'schemathesis>=4.32,<5'
 fi
 
