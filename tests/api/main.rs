@@ -15,6 +15,7 @@ mod cli_deals;
 mod cli_migrate;
 mod concurrency;
 mod deals;
+mod demo;
 mod failover;
 mod faults;
 mod gateway_dependencies;
