@@ -14,6 +14,8 @@ mod cancel_expiry;
 mod cli_deals;
 mod cli_migrate;
 mod concurrency;
+mod dashboard_docs;
+mod dashboard_render;
 mod deals;
 mod demo;
 mod failover;
