@@ -233,9 +233,12 @@ trap print_timings EXIT
 
 if ((no_system)); then
     begin "check services (--no-system: nothing is installed or started)"
+    have psql && have redis-cli ||
+        { note "psql and redis-cli are needed to check the services; run without --no-system to install them"; exit 1; }
     psql -X -w -q "$DATABASE_URL" -c 'select 1' >/dev/null ||
         { note "PostgreSQL does not answer at $DATABASE_URL; start it or run without --no-system"; exit 1; }
-    [[ $(timeout 3 redis-cli -u "$REDIS_URL" ping 2>/dev/null) == PONG ]] ||
+    # A Redis Cluster's URL lists its nodes; the first one answering will do.
+    [[ $(timeout 3 redis-cli -u "${REDIS_URL%%,*}" ping 2>/dev/null) == PONG ]] ||
         { note "Redis does not answer at $REDIS_URL; start it or run without --no-system"; exit 1; }
 else
     begin "services"

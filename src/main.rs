@@ -273,6 +273,8 @@ async fn review(settings: &Settings, command: ReviewCommand) -> Result<(), Strin
 /// same database (units sold or held then are still gone).
 struct DemoDeal {
     created: bool,
+    /// What the demo stocks a fresh deal with.
+    stocked: i64,
     available: i64,
     reserved: i64,
 }
@@ -303,15 +305,16 @@ async fn create_demo_deal(app: &Application) -> Result<DemoDeal, String> {
         .ok_or("the demo deal vanished while it was read")?;
     Ok(DemoDeal {
         created,
+        stocked: demo.stock,
         available: snapshot.available,
         reserved: snapshot.reserved,
     })
 }
 
-/// Says when the demo deal is an earlier run's, above all when nothing is left to buy, so
-/// a rerun never looks like a fresh sale that refuses every order.
+/// Says when the demo deal is an earlier run's with seats gone, above all when nothing is
+/// left to buy, so a rerun never looks like a fresh sale that refuses every order.
 fn print_demo_state(found: &DemoDeal) {
-    if found.created {
+    if found.created || found.available >= found.stocked {
         return;
     }
     let start_over = "scripts/demo.sh --reset starts over with a fresh deal";

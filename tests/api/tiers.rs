@@ -68,7 +68,7 @@ fn item_header(line: &str) -> Option<(String, bool)> {
         }
         "impl" => {
             let target = rest.rsplit(" for ").next()?.trim_start_matches("impl");
-            let target = target.trim_start_matches(|c: char| c == '<' || c == ' ');
+            let target = target.trim_start_matches(['<', ' ']);
             target
                 .split(|c: char| !(c.is_alphanumeric() || c == '_'))
                 .find(|w| !w.is_empty() && w.chars().next().is_some_and(char::is_uppercase))?
