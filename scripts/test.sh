@@ -237,7 +237,7 @@ if ((no_system)); then
         { note "psql and redis-cli are needed to check the services; run without --no-system to install them"; exit 1; }
     psql -X -w -q "$DATABASE_URL" -c 'select 1' >/dev/null ||
         { note "PostgreSQL does not answer at $DATABASE_URL; start it or run without --no-system"; exit 1; }
-    # A Redis Cluster's URL lists its nodes; the first one answering will do.
+    # A Redis Cluster's URL lists its nodes; its first node is asked.
     [[ $(timeout 3 redis-cli -u "${REDIS_URL%%,*}" ping 2>/dev/null) == PONG ]] ||
         { note "Redis does not answer at $REDIS_URL; start it or run without --no-system"; exit 1; }
 else
@@ -310,6 +310,12 @@ else
     note "building every test binary and, for them, the flashgate, flashgate-loadtest and"
     note "flashgate-psp-sim binaries, once: about 4 min on 2 cores from a clean clone"
     cargo nextest run --workspace --no-run
+    # Cargo builds a package's binaries for its integration tests; schemathesis and chaos
+    # run them from here rather than build them again with another feature set.
+    for binary in flashgate flashgate-loadtest flashgate-psp-sim; do
+        [[ -x target/debug/$binary ]] ||
+            { note "target/debug/$binary was not built: its package needs an integration test"; exit 1; }
+    done
 
     if ((full_run)); then
         begin "fast tier: unit and in-process tests (.config/nextest.toml, profile fast)"
