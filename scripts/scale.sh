@@ -3,7 +3,9 @@
 # PgBouncer in transaction pooling mode, a three-primary Redis Cluster, and a
 # pg_auto_failover formation (monitor + primary + synchronous standby). They never touch
 # the shared PostgreSQL on 5432 or Redis on 6379 beyond using the former as PgBouncer's
-# upstream. Missing Debian packages are installed (apt-get update once, then install).
+# upstream. Missing Debian packages are installed (apt-get update once, then install),
+# except under FLASHGATE_TEST_NO_SYSTEM=1 (`scripts/test.sh --no-system`), which stops
+# with the list of what is missing instead.
 #
 # Usage:
 #   scripts/scale.sh install
@@ -35,6 +37,8 @@ as_owner() {
 
 apt_updated=0
 apt_install() {
+    [[ ${FLASHGATE_TEST_NO_SYSTEM:-0} == 0 ]] ||
+        die "missing $*; not installing them (FLASHGATE_TEST_NO_SYSTEM=1)"
     [[ $(id -u) -eq 0 ]] || die "installing $* needs root"
     if [[ $apt_updated -eq 0 ]]; then
         log "apt-get update"

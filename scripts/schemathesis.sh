@@ -11,7 +11,8 @@
 # only ever answered 404 (`missing_test_data`), and an operation that takes an identifier
 # but that the stateful phase, following the document's links, never reached with an answer
 # other than 404. Needs PostgreSQL and Redis (DATABASE_URL, REDIS_URL) and a built
-# target/debug/flashgate and target/debug/flashgate-psp-sim (`cargo build --bins`).
+# target/debug/flashgate and target/debug/flashgate-psp-sim (`cargo build --bins`). Installs
+# schemathesis from PyPI when it is missing, unless FLASHGATE_TEST_NO_SYSTEM=1.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -23,6 +24,10 @@ ADMIN_URL="$DATABASE_URL"
 REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
 
 if ! command -v schemathesis >/dev/null 2>&1; then
+    if [[ ${FLASHGATE_TEST_NO_SYSTEM:-0} != 0 ]]; then
+        echo "schemathesis: not installed; not installing it (FLASHGATE_TEST_NO_SYSTEM=1)" >&2
+        exit 1
+    fi
     python3 -m pip install --quiet 'schemathesis>=4.32,<5'
 fi
 

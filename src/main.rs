@@ -10,7 +10,7 @@ use flashgate::config::{self, Settings};
 use flashgate::deals::{self, DealError, NewDeal};
 use flashgate::domain::DealId;
 use flashgate::ops::output;
-use flashgate::{auth, ops, shutdown, store, telemetry};
+use flashgate::{auth, inventory, ops, shutdown, store, telemetry};
 
 /// Exit code for a configuration that cannot be used (EX_USAGE).
 const EXIT_BAD_CONFIG: u8 = 64;
@@ -221,6 +221,9 @@ async fn migrate(settings: &Settings) -> Result<(), String> {
 async fn serve(mut settings: Settings, demo: bool) -> Result<(), String> {
     if demo {
         settings.database.migrate_on_start = true;
+        // No load balancer stands in front of a demo, so nothing needs time to move traffic
+        // away: Ctrl-C stops it at once.
+        settings.server.drain_delay_ms = 0;
         let defaults = settings.default_secrets();
         if !defaults.is_empty() {
             tracing::warn!(
@@ -240,7 +243,8 @@ async fn serve(mut settings: Settings, demo: bool) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     if demo {
-        create_demo_deal(&app).await?;
+        let found = create_demo_deal(&app).await?;
+        print_demo_state(&found)?;
         print_demo_help(&app, &demo_token, &admin_token)?;
     }
     tracing::info!(addr = %app.local_addr(), ops = %app.ops_addr(), "flashgate listening");
@@ -295,7 +299,17 @@ async fn review(settings: &Settings, command: ReviewCommand) -> Result<(), Strin
     output::json(&serde_json::json!({ "order_id": order_id, "status": status }))
 }
 
-async fn create_demo_deal(app: &Application) -> Result<(), String> {
+/// The demo deal as `flashgate demo` found it: made now, or left by an earlier run in the
+/// same database (units sold or held then are still gone).
+struct DemoDeal {
+    created: bool,
+    /// What the demo stocks a fresh deal with.
+    stocked: i64,
+    available: i64,
+    reserved: i64,
+}
+
+async fn create_demo_deal(app: &Application) -> Result<DemoDeal, String> {
     let demo = NewDeal {
         id: DealId::parse("demo").map_err(|e| e.to_string())?,
         name: "Demo: 100 concert seats".into(),
@@ -310,9 +324,43 @@ async fn create_demo_deal(app: &Application) -> Result<(), String> {
         payment_terms: Default::default(),
         waiting_room: Default::default(),
     };
-    match deals::create(&app.admin_pool(), &demo).await {
-        Ok(_) | Err(DealError::AlreadyExists(_)) => Ok(()),
-        Err(error) => Err(error.to_string()),
+    let created = match deals::create(&app.admin_pool(), &demo).await {
+        Ok(_) => true,
+        Err(DealError::AlreadyExists(_)) => false,
+        Err(error) => return Err(error.to_string()),
+    };
+    let snapshot = inventory::snapshot(&app.admin_pool(), demo.id.as_str())
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or("the demo deal vanished while it was read")?;
+    Ok(DemoDeal {
+        created,
+        stocked: demo.stock,
+        available: snapshot.available,
+        reserved: snapshot.reserved,
+    })
+}
+
+/// Says when the demo deal is an earlier run's with seats gone, above all when nothing is
+/// left to buy, so a rerun never looks like a fresh sale that refuses every order.
+fn print_demo_state(found: &DemoDeal) -> Result<(), String> {
+    if found.created || found.available >= found.stocked {
+        return Ok(());
+    }
+    let start_over = "scripts/demo.sh --reset starts over with a fresh deal";
+    if found.available == 0 {
+        let back = match found.reserved {
+            0 => String::new(),
+            held => format!(" ({held} held by unpaid orders come back when they expire)"),
+        };
+        output::line(&format!(
+            "\nThe demo deal is sold out from an earlier run{back}: {start_over}."
+        ))
+    } else {
+        output::line(&format!(
+            "\nThe demo deal is the one from an earlier run, {} of its seats left: {start_over}.",
+            found.available
+        ))
     }
 }
 
