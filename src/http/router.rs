@@ -244,10 +244,12 @@ impl<'a> Route<'a> {
 /// future that waits.
 pub enum Begun {
     /// The answer, and when it was made (the clock read that timed it, so that marking the
-    /// connection's head clock does not read the clock again).
+    /// connection's head clock does not read the clock again), and the request's body, not
+    /// read yet.
     Answered {
         response: Response<Full<Bytes>>,
         at: Instant,
+        body: Incoming,
     },
     /// Boxed: it is moved into the future that serves it.
     Waits(Box<Waiting>),
@@ -292,7 +294,8 @@ pub fn begin(state: &State, peer: SocketAddr, face: Face, request: Request<Incom
                 Err(problem) => {
                     let answered = Answered::new(Err(problem), started, &id, template);
                     let (response, at) = answered.complete(state, &span);
-                    return Begun::Answered { response, at };
+                    let body = request.into_body();
+                    return Begun::Answered { response, at, body };
                 }
             }
         }
@@ -405,14 +408,18 @@ impl<'a> Answered<'a> {
                 (problem.into_response(self.id), slug)
             }
         };
-        if state.draining.load(Ordering::Relaxed) {
-            // Draining: each connection ends after this answer, so clients reconnect elsewhere.
+        // Draining: each connection ends after this answer, so clients reconnect elsewhere.
+        // A body too long or too slow is left unread, so the next request could not be
+        // found: the answer says the connection closes, rather than it just closing.
+        let status = response.status();
+        let body_unread =
+            status == StatusCode::PAYLOAD_TOO_LARGE || status == StatusCode::REQUEST_TIMEOUT;
+        if body_unread || state.draining.load(Ordering::Relaxed) {
             let close = HeaderValue::from_static("close");
             response.headers_mut().insert(CONNECTION, close);
         }
         let at = Instant::now();
         let elapsed = at.saturating_duration_since(self.started);
-        let status = response.status();
         span.record("outcome", outcome);
         span.record("latency_ms", elapsed.as_secs_f64() * 1000.0);
         tracing::debug!(parent: span, status = status.as_u16(), "answered");

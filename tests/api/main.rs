@@ -51,6 +51,7 @@ mod payments_snapshot;
 mod payments_soak;
 mod payments_tls;
 mod payments_webhooks;
+mod pipelining;
 mod pooled_writes;
 mod problem_types;
 mod rate_limits;
