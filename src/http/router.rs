@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::header::{CONNECTION, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
-use hyper::body::Incoming;
+use hyper::body::{Body, Incoming};
 use tracing::{Instrument, Span};
 
 use super::problem::Problem;
@@ -265,6 +265,14 @@ pub struct Waiting {
     work: Work,
 }
 
+impl Waiting {
+    /// Whether serving it may end with its body unread: an order always reads its body
+    /// first; other routes refuse some requests before they read it.
+    pub fn may_leave_body_unread(&self) -> bool {
+        matches!(self.work, Work::Route(_)) && !self.request.body().is_end_stream()
+    }
+}
+
 /// What serves a waiting request.
 enum Work {
     /// An order the per-IP limit and the sold-out mirror let through.
@@ -408,18 +416,14 @@ impl<'a> Answered<'a> {
                 (problem.into_response(self.id), slug)
             }
         };
-        // Draining: each connection ends after this answer, so clients reconnect elsewhere.
-        // A body too long or too slow is left unread, so the next request could not be
-        // found: the answer says the connection closes, rather than it just closing.
-        let status = response.status();
-        let body_unread =
-            status == StatusCode::PAYLOAD_TOO_LARGE || status == StatusCode::REQUEST_TIMEOUT;
-        if body_unread || state.draining.load(Ordering::Relaxed) {
+        if state.draining.load(Ordering::Relaxed) {
+            // Draining: each connection ends after this answer, so clients reconnect elsewhere.
             let close = HeaderValue::from_static("close");
             response.headers_mut().insert(CONNECTION, close);
         }
         let at = Instant::now();
         let elapsed = at.saturating_duration_since(self.started);
+        let status = response.status();
         span.record("outcome", outcome);
         span.record("latency_ms", elapsed.as_secs_f64() * 1000.0);
         tracing::debug!(parent: span, status = status.as_u16(), "answered");

@@ -244,7 +244,17 @@ impl ForConnection {
                 let shared = self.clone();
                 Answer::Later(Box::pin(async move {
                     let _answering = shared.heads.answering();
-                    router::finish(&shared.state, peer, waiting).await
+                    let may_leave_body = waiting.may_leave_body_unread();
+                    let reply = router::finish(&shared.state, peer, waiting).await;
+                    if may_leave_body {
+                        // hyper looks at the request's body before it writes the answer's
+                        // head only when the answer is not ready at once: a body left
+                        // unread that it cannot drain then makes the head say
+                        // `Connection: close`, rather than the connection just closing
+                        // after it.
+                        tokio::task::yield_now().await;
+                    }
+                    reply
                 }))
             }
         }

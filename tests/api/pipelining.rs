@@ -286,9 +286,16 @@ async fn sold_out_deal(app: &TestApp) -> String {
     let deal = app
         .given_deal(&new_deal(&format!("pipe-{}", rand_id()), 0, 1))
         .await;
+    let token = app.token("pipelining-probe");
     let refused = eventually(EVENTUALLY, || async {
-        let reply = app.order("pipelining-probe", &deal, 1).await;
-        (reply.status == 409).then_some(())
+        // Only the mirror refuses it as sold out: read, the body would be invalid (400).
+        let probe = app
+            .client
+            .post(app.url(&format!("/v1/deals/{deal}/orders")))
+            .bearer_auth(&token)
+            .header("Idempotency-Key", "pipelining-probe")
+            .body("not JSON");
+        (send(probe).await.status == 409).then_some(())
     })
     .await;
     assert!(refused.is_some(), "the deal with no stock is never refused");
@@ -568,5 +575,62 @@ async fn a_refused_body_that_stops_arriving_is_answered_and_the_connection_close
         answers.ended().await,
         "the connection stays open after Connection: close"
     );
+    app.cleanup().await;
+}
+
+/// A request to cancel an order without a token, with a body of varying size: refused
+/// before the body is read, after the router has matched it.
+fn unauthorized_cancel(tag: &str, i: usize) -> Vec<u8> {
+    let padding = "p".repeat((i * 211) % 2600);
+    // Up to three of the gateway's reads: hyper itself drains at most one more.
+    let body = format!(
+        "{{\"reason\":\"{}\"}}",
+        "r".repeat((i * 797) % (3 * READ_BYTES))
+    );
+    format!(
+        "POST /v1/orders/{}/cancel HTTP/1.1\r\nHost: gateway\r\n\
+         X-Request-Id: {tag}-{i}\r\nX-Padding: {padding}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        uuid::Uuid::now_v7(),
+        body.len()
+    )
+    .into_bytes()
+}
+
+#[tokio::test]
+async fn a_request_refused_before_its_body_after_routing_is_answered_or_says_the_connection_closes()
+{
+    let app = spawn_app_with(|_| {}).await;
+
+    for (depth, count, cut) in [
+        (1, 100, Cut::Whole),
+        (10, 200, Cut::Whole),
+        (50, 200, Cut::Odd),
+        (5, 10, Cut::Slow),
+    ] {
+        let tag = format!("cancel-{depth}-{cut:?}");
+        let requests: Vec<Vec<u8>> = (0..count).map(|i| unauthorized_cancel(&tag, i)).collect();
+        let got = pipeline(&app, &requests, depth, cut).await;
+
+        // Answered in order, until an answer says the connection closes (then it ends).
+        for (i, answer) in got.iter().enumerate() {
+            assert_eq!(answer.status, 401, "answer {i}");
+            assert_eq!(
+                answer.header("x-request-id"),
+                Some(format!("{tag}-{i}").as_str())
+            );
+            assert!(
+                !answer.closes() || i + 1 == got.len(),
+                "answers after a close"
+            );
+        }
+        let closed = got.last().is_some_and(Answer::closes);
+        assert!(
+            got.len() == requests.len() || closed,
+            "depth {depth}: {} of {} answered, and no answer said the connection closes",
+            got.len(),
+            requests.len()
+        );
+    }
     app.cleanup().await;
 }
