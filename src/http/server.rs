@@ -247,11 +247,11 @@ impl ForConnection {
                     let may_leave_body = waiting.may_leave_body_unread();
                     let reply = router::finish(&shared.state, peer, waiting).await;
                     if may_leave_body {
-                        // hyper looks at the request's body before it writes the answer's
-                        // head only when the answer is not ready at once: a body left
-                        // unread that it cannot drain then makes the head say
-                        // `Connection: close`, rather than the connection just closing
-                        // after it.
+                        // hyper notices a dropped body when it reads and polls this future
+                        // when it writes: an answer ready in the poll that dropped the body
+                        // would be written as keep-alive, and the connection closed after
+                        // it if hyper cannot drain the body. Yielding once lets it read
+                        // first; such a body then makes the head say `Connection: close`.
                         tokio::task::yield_now().await;
                     }
                     reply
