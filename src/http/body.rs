@@ -1,14 +1,18 @@
-//! Reading bounded request bodies and writing JSON responses.
+//! Reading bounded request bodies, discarding the bodies of refused requests, and writing
+//! JSON responses.
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, VARY};
 use http::{Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
+use hyper::body::{Body, Incoming};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::time::Sleep;
 
 use super::problem::Problem;
 use crate::config::ServerSettings;
@@ -41,6 +45,80 @@ pub async fn read(
             Err(Problem::payload_too_large(bytes_max))
         }
         Err(_) => Err(Problem::invalid("the request body could not be read")),
+    }
+}
+
+/// The body of a request refused before it was read, read to its end and thrown away.
+///
+/// hyper keeps a keep-alive connection after an answer only when the request's body was
+/// read to its end; a body nobody reads it drains itself, but only as far as its buffer
+/// goes, and closes the connection when the body continues past it. A read boundary falls
+/// inside some body sooner or later, and every request a client had pipelined behind it
+/// went unanswered. So a refusal reads what is left of its body first: usually one chunk,
+/// already received with the head.
+pub struct Unread {
+    body: Incoming,
+    /// Bytes that may still be thrown away; a longer body is not waited for.
+    bytes_left: usize,
+    timeout: Duration,
+    /// Armed the first time the body is not all there: a body received with its head,
+    /// the common case, costs no timer.
+    deadline: Option<Pin<Box<Sleep>>>,
+}
+
+impl Unread {
+    /// What is left of `body`, to be read to its end within `timeout` if it is at most
+    /// `bytes_max` long; `None` when nothing is left.
+    pub fn of(body: Incoming, bytes_max: usize, timeout: Duration) -> Option<Self> {
+        (!body.is_end_stream()).then_some(Self {
+            body,
+            bytes_left: bytes_max,
+            timeout,
+            deadline: None,
+        })
+    }
+
+    /// Reads and throws away what has arrived. Ready with `true` once the body has been
+    /// read to its end; with `false` when it cannot be (longer than allowed, not arrived in
+    /// time, broken off): the connection cannot carry another request, and its answer
+    /// should say so.
+    pub fn poll_discard(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
+        // A declared length is known before any of the body is read.
+        if self.body.size_hint().lower() > self.bytes_left as u64 {
+            return Poll::Ready(false);
+        }
+        loop {
+            match Pin::new(&mut self.body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    let length = frame.data_ref().map_or(0, Bytes::len);
+                    let Some(left) = self.bytes_left.checked_sub(length) else {
+                        return Poll::Ready(false);
+                    };
+                    self.bytes_left = left;
+                    // Known at the last byte of a declared length, without waiting for
+                    // hyper to say the body ended.
+                    if self.body.is_end_stream() {
+                        return Poll::Ready(true);
+                    }
+                }
+                Poll::Ready(None) => return Poll::Ready(true),
+                Poll::Ready(Some(Err(_))) => return Poll::Ready(false),
+                Poll::Pending => return self.poll_deadline(cx).map(|()| false),
+            }
+        }
+    }
+
+    /// True once the body had to be waited for.
+    pub fn waited(&self) -> bool {
+        self.deadline.is_some()
+    }
+
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let timeout = self.timeout;
+        self.deadline
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)))
+            .as_mut()
+            .poll(cx)
     }
 }
 

@@ -327,8 +327,13 @@ impl HeadClock {
 
     /// A head arrived: the connection answers until the guard is dropped.
     pub fn answering(&self) -> Answering<'_> {
-        self.waiting_since.store(ANSWERING, Ordering::Relaxed);
+        self.answering_until_answered();
         Answering(self)
+    }
+
+    /// The connection answers until `answered` is called.
+    pub fn answering_until_answered(&self) {
+        self.waiting_since.store(ANSWERING, Ordering::Relaxed);
     }
 
     /// An answer was given: the connection waits for its next head from now.

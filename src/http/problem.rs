@@ -157,12 +157,15 @@ impl Problem {
         Self::new(Kind::NotFound, StatusCode::NOT_FOUND, detail)
     }
 
+    /// The body is left unread, so the next request on the connection cannot be found:
+    /// the answer says the connection closes.
     pub fn payload_too_large(bytes_max: usize) -> Self {
         Self::new(
             Kind::PayloadTooLarge,
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("request body exceeds {bytes_max} bytes"),
         )
+        .with_header(http::header::CONNECTION, HeaderValue::from_static("close"))
     }
 
     /// The client did not send its body in time: its fault, not an overload.

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::header::{CONNECTION, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
-use hyper::body::Incoming;
+use hyper::body::{Body, Incoming};
 use tracing::{Instrument, Span};
 
 use super::problem::Problem;
@@ -244,10 +244,12 @@ impl<'a> Route<'a> {
 /// future that waits.
 pub enum Begun {
     /// The answer, and when it was made (the clock read that timed it, so that marking the
-    /// connection's head clock does not read the clock again).
+    /// connection's head clock does not read the clock again), and the request's body, not
+    /// read yet.
     Answered {
         response: Response<Full<Bytes>>,
         at: Instant,
+        body: Incoming,
     },
     /// Boxed: it is moved into the future that serves it.
     Waits(Box<Waiting>),
@@ -261,6 +263,14 @@ pub struct Waiting {
     span: Span,
     request: Request<Incoming>,
     work: Work,
+}
+
+impl Waiting {
+    /// Whether serving it may end with its body unread: an order always reads its body
+    /// first; other routes refuse some requests before they read it.
+    pub fn may_leave_body_unread(&self) -> bool {
+        matches!(self.work, Work::Route(_)) && !self.request.body().is_end_stream()
+    }
 }
 
 /// What serves a waiting request.
@@ -292,7 +302,8 @@ pub fn begin(state: &State, peer: SocketAddr, face: Face, request: Request<Incom
                 Err(problem) => {
                     let answered = Answered::new(Err(problem), started, &id, template);
                     let (response, at) = answered.complete(state, &span);
-                    return Begun::Answered { response, at };
+                    let body = request.into_body();
+                    return Begun::Answered { response, at, body };
                 }
             }
         }

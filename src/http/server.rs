@@ -17,6 +17,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::header::{CONNECTION, HeaderValue};
 use http::{Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -31,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::State;
+use super::body::Unread;
 use super::connection::{self, Drain, HeadClock, SharedStream};
 use super::router::{self, Begun, Face};
 use crate::config::ServerSettings;
@@ -212,8 +214,9 @@ struct ForConnection {
 }
 
 impl ForConnection {
-    /// The answer to `request`: at once when memory decides it, else from a boxed future
-    /// that holds a reference to this connection's share while it waits.
+    /// The answer to `request`: at once when memory decides it (once what is left of its
+    /// body is read), else from a boxed future that holds a reference to this connection's
+    /// share while it waits.
     fn respond(
         self: &Arc<Self>,
         peer: SocketAddr,
@@ -221,15 +224,37 @@ impl ForConnection {
         request: Request<Incoming>,
     ) -> Answer {
         match router::begin(&self.state, peer, face, request) {
-            Begun::Answered { response, at } => {
-                self.heads.answered_at(at.into());
-                Answer::Now(Some(response))
+            Begun::Answered { response, at, body } => {
+                let server = &self.state.settings.server;
+                let timeout = Duration::from_millis(server.body_read_timeout_ms);
+                match Unread::of(body, server.body_bytes_max, timeout) {
+                    None => {
+                        self.heads.answered_at(at.into());
+                        Answer::Now(Some(response))
+                    }
+                    Some(unread) => Answer::AfterBody(AfterBody {
+                        reply: Some(response),
+                        unread,
+                        heads: self.heads.clone(),
+                        at,
+                    }),
+                }
             }
             Begun::Waits(waiting) => {
                 let shared = self.clone();
                 Answer::Later(Box::pin(async move {
                     let _answering = shared.heads.answering();
-                    router::finish(&shared.state, peer, waiting).await
+                    let may_leave_body = waiting.may_leave_body_unread();
+                    let reply = router::finish(&shared.state, peer, waiting).await;
+                    if may_leave_body {
+                        // hyper notices a dropped body when it reads and polls this future
+                        // when it writes: an answer ready in the poll that dropped the body
+                        // would be written as keep-alive, and the connection closed after
+                        // it if hyper cannot drain the body. Yielding once lets it read
+                        // first; such a body then makes the head say `Connection: close`.
+                        tokio::task::yield_now().await;
+                    }
+                    reply
                 }))
             }
         }
@@ -238,10 +263,46 @@ impl ForConnection {
 
 type Reply = Response<Full<Bytes>>;
 
-/// hyper's service future: an answer ready when it is made, or one still being worked on.
+/// hyper's service future: an answer ready when it is made, one made but given once its
+/// request's body is read, or one still being worked on.
 enum Answer {
     Now(Option<Reply>),
+    AfterBody(AfterBody),
     Later(Pin<Box<dyn Future<Output = Reply> + Send>>),
+}
+
+/// A refusal decided before its request's body was read. The body is read and thrown away
+/// first, so that hyper keeps the connection for the requests behind it; a body that
+/// cannot be (too long, too slow) is left, and the answer says the connection closes.
+struct AfterBody {
+    reply: Option<Reply>,
+    unread: Unread,
+    heads: Arc<HeadClock>,
+    /// When the answer was made.
+    at: std::time::Instant,
+}
+
+impl AfterBody {
+    fn poll_reply(&mut self, cx: &mut Context<'_>) -> Poll<Reply> {
+        let Poll::Ready(whole) = self.unread.poll_discard(cx) else {
+            // The rest of the body is awaited: the header read timeout waits for the answer.
+            self.heads.answering_until_answered();
+            return Poll::Pending;
+        };
+        if self.unread.waited() {
+            self.heads.answered();
+        } else {
+            self.heads.answered_at(self.at.into());
+        }
+        let Some(mut reply) = self.reply.take() else {
+            return Poll::Pending;
+        };
+        if !whole {
+            let close = HeaderValue::from_static("close");
+            reply.headers_mut().insert(CONNECTION, close);
+        }
+        Poll::Ready(reply)
+    }
 }
 
 impl Future for Answer {
@@ -253,6 +314,7 @@ impl Future for Answer {
                 Some(response) => Poll::Ready(Ok(response)),
                 None => Poll::Pending,
             },
+            Answer::AfterBody(refusal) => refusal.poll_reply(cx).map(Ok),
             Answer::Later(later) => later.as_mut().poll(cx).map(Ok),
         }
     }

@@ -58,6 +58,7 @@ mod payments_snapshot;
 mod payments_soak;
 mod payments_tls;
 mod payments_webhooks;
+mod pipelining;
 mod pooled_writes;
 mod postgres_read_only;
 mod problem_types;
