@@ -214,7 +214,12 @@ fn sold_out_deal() -> NewDeal {
 
 fn order_request(state: &State) -> Vec<u8> {
     let auth = &state.settings.auth;
-    let token = mint_token_for(&auth.jwt_secret, auth.audience(), "bench-user", 3600);
+    let token = mint_token_for(
+        &auth.jwt_secret,
+        flashgate::admission::token::Audience::of(auth),
+        "bench-user",
+        3600,
+    );
     let body = br#"{"quantity":1}"#;
     let mut request = format!(
         "POST /v1/deals/{DEAL}/orders HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\

@@ -85,6 +85,8 @@ impl Application {
         let (public, local_addr) = bind(Listener::Public, settings.server.listen).await?;
         let (ops, ops_addr) = bind(Listener::Ops, settings.server.ops_listen).await?;
         telemetry::prometheus();
+        crate::waiting_room::challenge::export_zeroes();
+        crate::payments::export_zeroes();
         let settings = Arc::new(settings);
         if settings.database.migrate_on_start {
             let applied = store::migrate(&settings.database).await?;

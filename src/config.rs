@@ -524,7 +524,7 @@ impl Settings {
             "waiting_room.pass_format must be ed25519 or hmac",
         )?;
         check(
-            crate::waiting_room::pass::signing_keys(w).is_ok(),
+            w.signing_seeds().is_ok(),
             "waiting_room.pass_signing_keys must be base64url 32-byte seeds",
         )?;
         check(
@@ -951,13 +951,26 @@ pub fn millis(ms: u64) -> Duration {
     Duration::from_millis(ms)
 }
 
-impl AuthSettings {
-    /// The issuer and audience user tokens must name.
-    pub fn audience(&self) -> crate::admission::token::Audience<'_> {
-        crate::admission::token::Audience {
-            issuer: &self.jwt_issuer,
-            audience: &self.jwt_audience,
+impl WaitingRoomSettings {
+    /// The Ed25519 seeds of the settings (the first signs), or one derived from `pass_secret`.
+    pub fn signing_seeds(&self) -> Result<Vec<[u8; 32]>, String> {
+        if self.pass_signing_keys.is_empty() {
+            use sha2::Digest;
+            let mut digest = sha2::Sha256::new();
+            digest.update(b"flashgate pass ed25519 seed\0");
+            digest.update(self.pass_secret.as_bytes());
+            return Ok(vec![digest.finalize().into()]);
         }
+        use base64::Engine;
+        self.pass_signing_keys
+            .iter()
+            .map(|seed| {
+                let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                    .decode(seed.trim())
+                    .map_err(|e| e.to_string())?;
+                <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| "not 32 bytes".to_owned())
+            })
+            .collect()
     }
 }
 

@@ -154,7 +154,7 @@ fn main() -> ExitCode {
     if let Command::Token { user, ttl_seconds } = &cli.command {
         let token = auth::mint_token_for(
             &settings.auth.jwt_secret,
-            settings.auth.audience(),
+            flashgate::admission::token::Audience::of(&settings.auth),
             user,
             *ttl_seconds,
         );
@@ -234,7 +234,7 @@ async fn serve(mut settings: Settings, demo: bool) -> Result<(), String> {
     }
     let demo_token = auth::mint_token_for(
         &settings.auth.jwt_secret,
-        settings.auth.audience(),
+        flashgate::admission::token::Audience::of(&settings.auth),
         "alice",
         3600,
     );

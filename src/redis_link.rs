@@ -51,6 +51,9 @@ pub enum RedisError {
     Command(#[from] redis::RedisError),
 }
 
+/// The name of the sold-out set under the key prefix.
+const SOLD_OUT_SET: &str = "soldout";
+
 /// How long a command may take, and how long timeouts may go on before the connection is
 /// dropped as lost.
 #[derive(Debug, Clone, Copy)]
@@ -235,6 +238,12 @@ impl RedisHandle {
             },
             millis(settings.outage_log_interval_ms),
         )
+    }
+
+    /// The set (under `redis.key_prefix`) holding the ids of sold-out deals: written by the
+    /// sold-out mirror, read by the waiting room's advancer and the audit.
+    pub fn sold_out_key(&self) -> String {
+        self.key(SOLD_OUT_SET)
     }
 
     pub fn key(&self, suffix: &str) -> String {

@@ -105,7 +105,7 @@ impl Admission {
             global: GlobalLimits::new(&settings.limits, redis.clone()),
             tokens: TokenVerifier::new(
                 &settings.auth.jwt_secret,
-                settings.auth.audience(),
+                token::Audience::of(&settings.auth),
                 settings.auth.jwt_leeway_seconds,
                 settings.auth.user_id_bytes_max,
             ),

@@ -33,9 +33,6 @@ use crate::redis_link::RedisHandle;
 use crate::store::StoreError;
 use crate::telemetry;
 
-/// The Redis set (under `redis.key_prefix`) holding the ids of sold-out deals.
-pub const SET_KEY: &str = "soldout";
-
 /// Users who ordered a flagged deal. `None` until first read: meanwhile every
 /// authenticated user may be replaying, and PostgreSQL decides.
 #[derive(Default)]
@@ -169,7 +166,7 @@ impl SoldOut {
         }
         self.publish();
         let sadd = redis::cmd("SADD")
-            .arg(self.redis.key(SET_KEY))
+            .arg(self.redis.sold_out_key())
             .arg(deal_id)
             .clone();
         if let Err(error) = self.redis.run::<i64>(&sadd).await {
@@ -183,7 +180,7 @@ impl SoldOut {
         self.mirror.remove(deal_id);
         self.publish();
         let srem = redis::cmd("SREM")
-            .arg(self.redis.key(SET_KEY))
+            .arg(self.redis.sold_out_key())
             .arg(deal_id)
             .clone();
         if let Err(error) = self.redis.run::<i64>(&srem).await {
@@ -219,7 +216,9 @@ impl SoldOut {
     /// One refresh: the shared set minus flags PostgreSQL contradicts, or, without Redis,
     /// the set PostgreSQL implies.
     pub async fn refresh(&self, pool: &PgPool) -> Result<(), StoreError> {
-        let smembers = redis::cmd("SMEMBERS").arg(self.redis.key(SET_KEY)).clone();
+        let smembers = redis::cmd("SMEMBERS")
+            .arg(self.redis.sold_out_key())
+            .clone();
         let flagged: HashMap<String, i64> = match self.redis.run::<Vec<String>>(&smembers).await {
             Ok(members) => {
                 if !self.redis_healthy.swap(true, Ordering::Relaxed) {
@@ -259,7 +258,7 @@ impl SoldOut {
             .collect();
         if !stale.is_empty() {
             let srem = redis::cmd("SREM")
-                .arg(self.redis.key(SET_KEY))
+                .arg(self.redis.sold_out_key())
                 .arg(&stale)
                 .clone();
             let _ = self.redis.run::<i64>(&srem).await;
@@ -273,7 +272,7 @@ impl SoldOut {
         let sold_out = sold_out_in_postgres(pool).await?;
         if !sold_out.is_empty() {
             let sadd = redis::cmd("SADD")
-                .arg(self.redis.key(SET_KEY))
+                .arg(self.redis.sold_out_key())
                 .arg(Vec::from_iter(sold_out.into_keys()))
                 .clone();
             let _ = self.redis.run::<i64>(&sadd).await;

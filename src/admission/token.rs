@@ -38,6 +38,16 @@ pub struct Audience<'a> {
     pub audience: &'a str,
 }
 
+impl<'a> Audience<'a> {
+    /// The issuer and audience the settings ask user tokens to name.
+    pub fn of(settings: &'a crate::config::AuthSettings) -> Self {
+        Self {
+            issuer: &settings.jwt_issuer,
+            audience: &settings.jwt_audience,
+        }
+    }
+}
+
 impl Audience<'static> {
     /// The issuer and audience of the default configuration.
     pub const DEFAULT: Self = Self {

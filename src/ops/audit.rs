@@ -308,9 +308,7 @@ async fn contradicted(
     pool: &PgPool,
     redis: &RedisHandle,
 ) -> Result<Option<BTreeMap<String, i64>>, StoreError> {
-    let smembers = redis::cmd("SMEMBERS")
-        .arg(redis.key(crate::admission::soldout::SET_KEY))
-        .clone();
+    let smembers = redis::cmd("SMEMBERS").arg(redis.sold_out_key()).clone();
     let Ok(flagged) = redis.run::<Vec<String>>(&smembers).await else {
         return Ok(None);
     };

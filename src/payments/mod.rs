@@ -61,3 +61,56 @@ impl Payments {
         }
     }
 }
+
+/// Payment counters that only move when something goes wrong exist from the start, at
+/// zero, for every label value they can take: the payment alerts use `increase()` and
+/// `rate()` on them. The values are spelled as where they are recorded (`payments::webhook`,
+/// `payments::settle`, `payments::workers`, `payments::http_provider`).
+pub fn export_zeroes() {
+    use crate::telemetry::{
+        PAYMENT_MISMATCHES, PAYMENT_OUTCOMES, PROVIDER_BREAKER_OPENED, PROVIDER_ERRORS,
+        RECONCILER_FINDINGS, REFUNDS_FAILED, WEBHOOK_EVENTS,
+    };
+    use provider::ProviderError;
+    for result in [
+        "bad_signature",
+        "stale",
+        "malformed",
+        "mismatch",
+        "unknown_provider",
+        "error",
+    ] {
+        metrics::counter!(WEBHOOK_EVENTS, "result" => result).increment(0);
+    }
+    metrics::counter!(PAYMENT_OUTCOMES, "outcome" => "mismatch").increment(0);
+    metrics::counter!(REFUNDS_FAILED).increment(0);
+    metrics::counter!(PROVIDER_BREAKER_OPENED).increment(0);
+    for status in ["requires_payment", "requires_capture", "succeeded"] {
+        metrics::counter!(PAYMENT_MISMATCHES, "status" => status).increment(0);
+    }
+    for kind in [
+        "paid_at_provider_pending_locally",
+        "amount_mismatch",
+        "paid_locally_not_at_provider",
+        "paid_locally_unknown_at_provider",
+        "unrefunded_extra_payment",
+        "refund_stuck",
+        "refund_failed",
+    ] {
+        metrics::counter!(RECONCILER_FINDINGS, "kind" => kind).increment(0);
+    }
+    let errors = [
+        ProviderError::Timeout,
+        ProviderError::Refused(String::new()),
+        ProviderError::Unavailable(String::new()),
+        ProviderError::Conflict(String::new()),
+        ProviderError::NotFound,
+        ProviderError::Rejected(String::new()),
+        ProviderError::CircuitOpen,
+    ];
+    for op in ["create", "get", "capture", "void", "refund"] {
+        for error in &errors {
+            metrics::counter!(PROVIDER_ERRORS, "op" => op, "kind" => error.label()).increment(0);
+        }
+    }
+}

@@ -248,6 +248,25 @@ pub fn solve(challenge: &str, bits: u32) -> u64 {
         .expect("a nonce exists for any difficulty up to 256 bits")
 }
 
+/// Every outcome of a proof-of-work check exists from the start, at zero, so an alert on
+/// `increase()` sees the first one.
+pub fn export_zeroes() {
+    let failures = [
+        ChallengeError::Missing,
+        ChallengeError::Forged,
+        ChallengeError::OtherUser,
+        ChallengeError::OtherDeal,
+        ChallengeError::Expired,
+        ChallengeError::TooEasy,
+        ChallengeError::Replayed,
+    ];
+    let outcomes = failures.map(ChallengeError::outcome);
+    for outcome in outcomes.into_iter().chain(["solved"]) {
+        metrics::counter!(crate::telemetry::WAITING_ROOM_CHALLENGES, "outcome" => outcome)
+            .increment(0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

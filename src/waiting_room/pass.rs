@@ -97,26 +97,6 @@ struct KeyPair {
     verifying: VerifyingKey,
 }
 
-/// The Ed25519 seeds of the settings (the first signs), or one derived from `pass_secret`.
-pub fn signing_keys(settings: &WaitingRoomSettings) -> Result<Vec<[u8; 32]>, String> {
-    if settings.pass_signing_keys.is_empty() {
-        let mut digest = Sha256::new();
-        digest.update(b"flashgate pass ed25519 seed\0");
-        digest.update(settings.pass_secret.as_bytes());
-        return Ok(vec![digest.finalize().into()]);
-    }
-    settings
-        .pass_signing_keys
-        .iter()
-        .map(|seed| {
-            let bytes = URL_SAFE_NO_PAD
-                .decode(seed.trim())
-                .map_err(|e| e.to_string())?;
-            <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| "not 32 bytes".to_owned())
-        })
-        .collect()
-}
-
 /// The published id of a public key: its SHA-256, first 8 bytes, base64url.
 pub fn key_id(verifying: &VerifyingKey) -> String {
     URL_SAFE_NO_PAD.encode(&Sha256::digest(verifying.as_bytes())[..8])
@@ -149,7 +129,9 @@ impl Passes {
             !settings.pass_secret.is_empty(),
             "validated: the pass secret is not empty"
         );
-        let seeds = signing_keys(settings).expect("validated: the signing keys parse");
+        let seeds = settings
+            .signing_seeds()
+            .expect("validated: the signing keys parse");
         assert!(!seeds.is_empty(), "at least one signing key");
         let keys: Vec<KeyPair> = seeds
             .iter()

@@ -222,9 +222,7 @@ impl Advancer {
     /// stock snapshot still stops admissions).
     async fn sold_out(&self) -> Vec<String> {
         let redis = &self.room.redis;
-        let cmd = redis::cmd("SMEMBERS")
-            .arg(redis.key(crate::admission::soldout::SET_KEY))
-            .clone();
+        let cmd = redis::cmd("SMEMBERS").arg(redis.sold_out_key()).clone();
         redis.run(&cmd).await.unwrap_or_default()
     }
 
