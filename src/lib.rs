@@ -1,12 +1,14 @@
 //! flashgate: a flash-sale gateway that sits behind the CDN and in front of the shop.
 //!
-//! A request travels one way through the modules:
+//! A request travels one way through the modules (docs/ARCHITECTURE.md has the floors,
+//! the path of a purchase and who writes each table):
 //!
 //! ```text
-//! http ──► admission ──► orders ──► inventory ──► PostgreSQL
-//!  │        │  client IP, per-IP limit, sold-out mirror (memory, fed by Redis),
-//!  │        │  JWT, per-user limit, per-deal limit, cached deal, sale window
-//!  │        └─ rejects without touching PostgreSQL
+//! http ──► sale ──► admission ──► orders ──► inventory ──► PostgreSQL
+//!  │        │        │  client IP, per-IP limit, sold-out mirror (memory, fed by Redis),
+//!  │        │        │  JWT, per-user limit, per-deal limit, cached deal, sale window
+//!  │        │        └─ rejects without touching PostgreSQL
+//!  │        └─ one call per order operation: place, read, cancel, pay, settle
 //!  └─ body/head limits, routing, problem+json, metrics
 //! ```
 //!

@@ -163,3 +163,25 @@ fn the_write_finder_sees_every_kind_of_write() {
     assert_eq!(written(sql, &tables), tables);
     assert!(written("-- update the orders later\nSELECT * FROM orders", &tables).is_empty());
 }
+
+#[test]
+fn the_architecture_page_names_the_same_owners() {
+    let page = std::fs::read_to_string(crate_root().join("docs/ARCHITECTURE.md")).unwrap();
+    let documented: BTreeSet<(String, String)> = page
+        .lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let [_, table, owner, _] = cells.as_slice() else {
+                return None;
+            };
+            let unquote = |cell: &str| cell.trim_matches('`').to_owned();
+            Some((unquote(table), unquote(owner)))
+        })
+        .filter(|(table, _)| OWNERS.iter().any(|(t, _)| t == table))
+        .collect();
+    let owners: BTreeSet<(String, String)> = OWNERS
+        .iter()
+        .map(|(t, o)| ((*t).to_owned(), (*o).to_owned()))
+        .collect();
+    assert_eq!(documented, owners, "docs/ARCHITECTURE.md, \"Who writes each table\"");
+}
