@@ -183,5 +183,8 @@ fn the_architecture_page_names_the_same_owners() {
         .iter()
         .map(|(t, o)| ((*t).to_owned(), (*o).to_owned()))
         .collect();
-    assert_eq!(documented, owners, "docs/ARCHITECTURE.md, \"Who writes each table\"");
+    assert_eq!(
+        documented, owners,
+        "docs/ARCHITECTURE.md, \"Who writes each table\""
+    );
 }
