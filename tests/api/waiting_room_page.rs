@@ -305,13 +305,6 @@ async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_
     let deal = app
         .given_deal(&room_deal("wrpage", 30, room, json!({})))
         .await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut crowd = Vec::new();
-    for i in 0..6 {
-        let member = crowd_member(app.clone(), format!("a{i}"), deal.clone(), stop.clone());
-        crowd.push(tokio::spawn(member));
-        tokio::time::sleep(Duration::from_millis(30)).await;
-    }
     let page = app.get(&format!("/wait/{deal}")).await;
     assert_eq!(page.status, 200);
     assert!(
@@ -319,7 +312,16 @@ async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_
             .is_some_and(|c| c.starts_with("public"))
     );
     assert!(page.text.contains("aria-live=\"polite\""));
+    // The browser starts before the buyers ahead join: on a busy machine its start can take
+    // longer than their turns, and the buyer would find nobody ahead.
     let browser = Browser::start().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut crowd = Vec::new();
+    for i in 0..6 {
+        let member = crowd_member(app.clone(), format!("a{i}"), deal.clone(), stop.clone());
+        crowd.push(tokio::spawn(member));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
 
     // Act: the buyer opens the page the shop links to, the token in the fragment.
     let token = app.token("page-buyer");
