@@ -32,15 +32,16 @@ pub const ALIASES: [(&str, &str); 7] = [
 ];
 
 /// Names under `FLASHGATE_` that other programs of this project read (the payment
-/// simulator, the build script, the API-check and load scripts); they set no setting of
-/// the gateway, and a shell that exports them for those programs must still start it.
-const OTHER_PROGRAMS: [&str; 6] = [
+/// simulator, the build script, the test, API-check and load scripts); they set no setting
+/// of the gateway, and a shell that exports them for those programs must still start it.
+const OTHER_PROGRAMS: [&str; 7] = [
     "FLASHGATE_PSP_WEBHOOK_URL",
     "FLASHGATE_PSP_WEBHOOK_SECRET",
     "FLASHGATE_PSP_API_KEY",
     "FLASHGATE_GIT_COMMIT",
     "FLASHGATE_USER_TOKEN",
     "FLASHGATE_WRK_TOKEN",
+    "FLASHGATE_TEST_NO_SYSTEM",
 ];
 
 /// How alike (0 to 1, normalised Damerau-Levenshtein) a known name must be to an unknown

@@ -117,6 +117,7 @@ fn other_programs_variables_are_let_through() {
         &[
             ("FLASHGATE_PSP_API_KEY", "for the simulator"),
             ("FLASHGATE_GIT_COMMIT", "abc"),
+            ("FLASHGATE_TEST_NO_SYSTEM", "0"),
         ],
     );
     assert_eq!(run.code, Some(0), "{}", run.stderr);
