@@ -80,6 +80,7 @@ finish_step() {
 
 print_timings() {
     local status=$?
+    stop_clippy
     finish_step
     ((${#step_names[@]})) || return "$status"
     printf '\ntest: step times (%s)\n' "$([[ $status -eq 0 ]] && echo "all passed" || echo "stopped by a failure")" >&2
@@ -196,15 +197,15 @@ print_plan() {
 planned_steps() {
     local steps=()
     if ((no_system)); then steps+=("check services"); else steps+=(services); fi
-    steps+=(fmt clippy)
+    steps+=(fmt)
     if ! have_nextest; then
-        steps+=("cargo test ${*:-(all)}")
+        steps+=(clippy "cargo test ${*:-(all)}")
     elif ((full_run)); then
-        steps+=("build once" "fast tier" "rest tier" doctests)
+        steps+=("build once" "clippy alongside the tests" "fast tier" "rest tier" doctests)
         ((skip_pgbouncer)) || steps+=("PgBouncer pass")
         steps+=("Redis Cluster pass")
     else
-        steps+=("build once" "tests matching: $*" doctests)
+        steps+=("build once" "clippy alongside the tests" "tests matching: $*" doctests)
     fi
     ((skip_promtool)) || steps+=(promtool)
     if ((full_run)) && have_nextest; then
@@ -252,9 +253,43 @@ printf 'test: DATABASE_URL=%s\ntest: REDIS_URL=%s\n' "$DATABASE_URL" "$REDIS_URL
 begin "cargo fmt --all -- --check"
 cargo fmt --all -- --check
 
-begin "cargo clippy --workspace --all-targets -- -D warnings"
-note "checking every crate; about 3 min on 2 cores from a clean clone"
-cargo clippy --workspace --all-targets -- -D warnings
+# ------------------------------------------------------------------ clippy
+
+# Clippy checks every crate while the tests run: they mostly wait (on timers, PostgreSQL,
+# child processes) and leave the cores idle. It checks into a target directory of its own,
+# since cargo locks one for as long as a command uses it, and runs at the lowest priority
+# so that the tests' timing is not disturbed. Its verdict is awaited at the end.
+clippy_command=(cargo clippy --workspace --all-targets --target-dir target/clippy -- -D warnings)
+clippy_log=target/clippy.log
+clippy_pid=""
+clippy_started=0
+
+start_clippy() {
+    mkdir -p target
+    note "clippy runs alongside the tests at low priority (log: $clippy_log)"
+    clippy_started=$SECONDS
+    nice -n 19 "${clippy_command[@]}" >"$clippy_log" 2>&1 &
+    clippy_pid=$!
+}
+
+# Waits for clippy and fails the run when it found anything.
+finish_clippy() {
+    begin "cargo clippy --workspace --all-targets -- -D warnings (the rest of its time)"
+    local status=0
+    wait "$clippy_pid" || status=$?
+    clippy_pid=""
+    note "clippy took $((SECONDS - clippy_started)) s alongside the tests"
+    if ((status != 0)); then
+        cat "$clippy_log" >&2
+        note "clippy failed: ${clippy_command[*]}"
+        return "$status"
+    fi
+}
+
+# A run stopped early does not leave clippy running behind it.
+stop_clippy() {
+    [[ -z ${clippy_pid:-} ]] || kill "$clippy_pid" 2>/dev/null || true
+}
 
 # The tests skipped for a missing tool, as one filterset term (`all()` when none is).
 # Several -E arguments are a union in nextest, so every filter is combined with it in one.
@@ -300,6 +335,8 @@ redis_cluster_pass() {
 
 if ! have_nextest; then
     # Without cargo-nextest: one `cargo test` run, then the alert rules.
+    begin "cargo clippy --workspace --all-targets -- -D warnings"
+    "${clippy_command[@]}"
     begin "cargo test --workspace --no-fail-fast $* (cargo-nextest is not installed)"
     note "without cargo-nextest there are no tiers and no PgBouncer, Redis Cluster, schemathesis"
     note "or chaos pass: cargo install cargo-nextest --locked"
@@ -316,6 +353,7 @@ else
         [[ -x target/debug/$binary ]] ||
             { note "target/debug/$binary was not built: its package needs an integration test"; exit 1; }
     done
+    start_clippy
 
     if ((full_run)); then
         begin "fast tier: unit and in-process tests (.config/nextest.toml, profile fast)"
@@ -376,5 +414,6 @@ if ((full_run)); then
     done
 fi
 
+[[ -z ${clippy_pid:-} ]] || finish_clippy
 finish_step
 step "all checks passed"

@@ -242,13 +242,15 @@ async fn serve(mut settings: Settings, demo: bool) -> Result<(), String> {
     let app = Application::build(settings)
         .await
         .map_err(|e| e.to_string())?;
+    let on_signal = shutdown::cancel_on_signal(app.shutdown_token())
+        .map_err(|error| format!("cannot listen for SIGTERM and SIGINT: {error}"))?;
+    tokio::spawn(on_signal);
     if demo {
         let found = create_demo_deal(&app).await?;
         print_demo_state(&found)?;
         print_demo_help(&app, &demo_token, &admin_token)?;
     }
     tracing::info!(addr = %app.local_addr(), ops = %app.ops_addr(), "flashgate listening");
-    tokio::spawn(shutdown::cancel_on_signal(app.shutdown_token()));
     app.run().await.map_err(|e| e.to_string())
 }
 
