@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use flashgate::config::Settings;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedReadHalf;
@@ -504,13 +505,18 @@ fn order_head(deal: &str, token: &str, tag: &str, length: usize) -> Vec<u8> {
 const SHORT_HEADER_READ_MS: u64 = 150;
 const SHORT_BODY_READ_MS: u64 = 600;
 
+/// Short timeouts, and the deal cached for longer than the test: when a cached deal goes
+/// stale, the request that re-reads it reads its body first, and a stalled body would be
+/// a 408 rather than the refusal from memory under test.
+fn short_timeouts(s: &mut Settings) {
+    s.server.header_read_timeout_ms = SHORT_HEADER_READ_MS;
+    s.server.body_read_timeout_ms = SHORT_BODY_READ_MS;
+    s.deals.cache_ttl_ms = 60_000;
+}
+
 #[tokio::test]
 async fn a_refused_body_arriving_slowly_is_read_to_its_end_and_the_connection_kept() {
-    let app = spawn_app_with(|s| {
-        s.server.header_read_timeout_ms = SHORT_HEADER_READ_MS;
-        s.server.body_read_timeout_ms = SHORT_BODY_READ_MS;
-    })
-    .await;
+    let app = spawn_app_with(short_timeouts).await;
     let deal = sold_out_deal(&app).await;
     let token = app.token("pipelining-user");
     let body = br#"{"quantity":1}"#;
@@ -547,11 +553,7 @@ async fn a_refused_body_arriving_slowly_is_read_to_its_end_and_the_connection_ke
 
 #[tokio::test]
 async fn a_refused_body_that_stops_arriving_is_answered_and_the_connection_closed() {
-    let app = spawn_app_with(|s| {
-        s.server.header_read_timeout_ms = SHORT_HEADER_READ_MS;
-        s.server.body_read_timeout_ms = SHORT_BODY_READ_MS;
-    })
-    .await;
+    let app = spawn_app_with(short_timeouts).await;
     let deal = sold_out_deal(&app).await;
     let token = app.token("pipelining-user");
     let stream = TcpStream::connect(app.addr).await.expect("connect");
