@@ -45,6 +45,7 @@ pub mod orders;
 pub mod payments;
 pub mod redis_link;
 pub mod sale;
+pub mod settings;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;

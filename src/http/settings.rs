@@ -1,0 +1,116 @@
+//! The `[server]` section: the listeners, connection and request limits and the shutdown's
+//! pace, declared beside the server that applies them; and the sections the handlers read.
+
+use std::net::SocketAddr;
+
+use ipnet::IpNet;
+use serde::Deserialize;
+
+use crate::admission::AuthSettings;
+use crate::ops::audit;
+use crate::orders::OrderSettings;
+use crate::settings::require;
+use crate::waiting_room::WaitingRoomSettings;
+
+/// Most runtime worker threads `server.worker_threads` may ask for.
+pub const WORKER_THREADS_MAX: usize = 1024;
+
+/// The listeners, the limits on each connection and request, and the shutdown's pace.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSettings {
+    pub listen: SocketAddr,
+    /// The operations listener: `/metrics`, `/admin/*`, health. Keep it off the internet.
+    pub ops_listen: SocketAddr,
+    /// Runtime worker threads; 0 means one per core.
+    pub worker_threads: usize,
+    pub header_bytes_max: usize,
+    pub body_bytes_max: usize,
+    pub header_read_timeout_ms: u64,
+    pub request_timeout_ms: u64,
+    pub connections_max: usize,
+    pub shutdown_grace_seconds: u64,
+    /// After the signal, how long `/readyz` fails while requests are still served, so load
+    /// balancers stop sending traffic before the listener closes.
+    pub drain_delay_ms: u64,
+    /// After the connections are drained, how long background tasks (sweeper, outbox,
+    /// advancer) get to stop; a task still busy then is dropped mid-flight, which is safe
+    /// because each of its transactions rolls back, and the process exits anyway.
+    pub tasks_stop_ms: u64,
+    /// Open connections one client address may hold; more are closed at once.
+    pub connections_per_client_max: usize,
+    /// A request body not fully received within this is answered 408.
+    pub body_read_timeout_ms: u64,
+    pub trusted_proxies: Vec<IpNet>,
+    pub client_ip_header: String,
+    pub public_cache_max_age_seconds: u32,
+    /// Longest `X-Request-Id` a caller may send; a longer or unsafe one is replaced by a
+    /// generated id.
+    pub request_id_bytes_max: usize,
+}
+
+impl ServerSettings {
+    /// Checks every limit of the section; the message names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        require(
+            self.header_bytes_max >= 8192,
+            "server.header_bytes_max must be at least 8192",
+        )?;
+        require(
+            self.body_bytes_max >= 64,
+            "server.body_bytes_max must be at least 64",
+        )?;
+        require(
+            (16..=128).contains(&self.request_id_bytes_max),
+            "server.request_id_bytes_max must be 16..=128",
+        )?;
+        require(
+            self.header_read_timeout_ms > 0,
+            "server.header_read_timeout_ms must be > 0",
+        )?;
+        require(
+            self.request_timeout_ms > 0,
+            "server.request_timeout_ms must be > 0",
+        )?;
+        require(
+            self.worker_threads <= WORKER_THREADS_MAX,
+            "server.worker_threads must be at most 1024 (0: one per core)",
+        )?;
+        self.validate_connections()
+    }
+
+    /// Connection counts, the drain and the body's read time.
+    fn validate_connections(&self) -> Result<(), String> {
+        require(
+            self.connections_max > 0,
+            "server.connections_max must be > 0",
+        )?;
+        require(
+            self.connections_per_client_max > 0,
+            "server.connections_per_client_max must be > 0",
+        )?;
+        require(
+            self.drain_delay_ms < self.shutdown_grace_seconds.saturating_mul(1000),
+            "server.drain_delay_ms must be shorter than server.shutdown_grace_seconds",
+        )?;
+        require(
+            self.body_read_timeout_ms > 0 && self.body_read_timeout_ms < self.request_timeout_ms,
+            "server.body_read_timeout_ms must be > 0 and below server.request_timeout_ms",
+        )?;
+        require(
+            http::HeaderName::from_bytes(self.client_ip_header.as_bytes()).is_ok(),
+            "server.client_ip_header must be a header name",
+        )
+    }
+}
+
+/// The sections the handlers read, each declared by the module that owns it.
+#[derive(Clone, Debug)]
+pub struct HandlerSettings {
+    pub server: ServerSettings,
+    pub auth: AuthSettings,
+    pub orders: OrderSettings,
+    pub waiting_room: WaitingRoomSettings,
+    /// How the audit behind the admin API runs.
+    pub audit: audit::Options,
+}

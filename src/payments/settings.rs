@@ -1,0 +1,134 @@
+//! The `[payments]` section: the provider, its secrets and timeouts, and the workers that
+//! settle payments.
+
+use serde::Deserialize;
+
+use crate::settings::require;
+
+/// The payment provider and the workers that settle payments.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PaymentSettings {
+    pub enabled: bool,
+    pub provider: String,
+    pub base_url: String,
+    pub api_key: String,
+    pub webhook_secret: String,
+    pub webhook_tolerance_seconds: u32,
+    pub connect_timeout_ms: u64,
+    pub request_timeout_ms: u64,
+    pub retries_max: u32,
+    pub retry_backoff_ms: u64,
+    pub session_seconds_min: u32,
+    pub check_backoff_max_seconds: u32,
+    pub outbox_interval_ms: u64,
+    pub outbox_batch_max: u32,
+    pub outbox_lease_seconds: u32,
+    pub reconcile_interval_ms: u64,
+    pub reconcile_after_seconds: u32,
+    pub reconcile_batch_max: u32,
+    /// Most payment attempts one order may have, its first included; one more is answered
+    /// 409 `payment-attempts-exhausted`.
+    pub attempts_per_order_max: u32,
+    /// After `expires_at`, how long an order with a payment still open at the provider is
+    /// held while the provider is asked about it; at `expires_at` plus this the reservation
+    /// is released whatever the provider says, and later money follows the late-payment
+    /// policy. Shown in every order as `hold_ends_at`.
+    pub expiry_grace_seconds: u32,
+    /// A refund the provider refuses is retried with backoff (2, 4, … up to 60 s apart) this
+    /// many times in all, then marked FAILED and surfaced (`flashgate_refunds_failed`,
+    /// `flashgate reconcile`) for a person to finish.
+    pub refund_tries_max: u32,
+    /// PEM file of the certificate authorities trusted for an `https` `base_url`, instead of
+    /// the system's; empty to use the system's.
+    pub ca_file: String,
+    /// Provider calls failing or timing out one after another (each after its retries) that
+    /// open the circuit breaker.
+    pub breaker_failures_max: u32,
+    /// How long an open breaker refuses provider calls before letting one probe through.
+    pub breaker_open_ms: u64,
+}
+
+/// The API key and the webhook secret never reach logs.
+impl std::fmt::Debug for PaymentSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PaymentSettings")
+            .field("enabled", &self.enabled)
+            .field("provider", &self.provider)
+            .field("base_url", &self.base_url)
+            .field("api_key", &"<redacted>")
+            .field("webhook_secret", &"<redacted>")
+            .finish_non_exhaustive()
+    }
+}
+
+impl PaymentSettings {
+    /// Checks every limit of the section; the message names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        require(
+            !self.provider.is_empty()
+                && self
+                    .provider
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_'),
+            "payments.provider must be a short name of letters, digits and _",
+        )?;
+        require(
+            !self.webhook_secret.is_empty(),
+            "payments.webhook_secret must not be empty",
+        )?;
+        require(
+            self.webhook_tolerance_seconds > 0,
+            "payments.webhook_tolerance_seconds must be > 0",
+        )?;
+        require(
+            self.connect_timeout_ms > 0 && self.request_timeout_ms > 0,
+            "payments timeouts must be > 0",
+        )?;
+        require(
+            (1..=86_400).contains(&self.session_seconds_min),
+            "payments.session_seconds_min must be 1..=86400",
+        )?;
+        require(
+            self.check_backoff_max_seconds > 0,
+            "payments.check_backoff_max_seconds must be > 0",
+        )?;
+        self.validate_workers()
+    }
+
+    /// The outbox, the reconciler, refunds, the breaker and the provider's address.
+    fn validate_workers(&self) -> Result<(), String> {
+        require(
+            self.outbox_interval_ms > 0 && self.outbox_batch_max > 0,
+            "payments outbox interval and batch must be > 0",
+        )?;
+        require(
+            self.outbox_lease_seconds > 0,
+            "payments.outbox_lease_seconds must be > 0",
+        )?;
+        require(
+            self.reconcile_interval_ms > 0 && self.reconcile_batch_max > 0,
+            "payments reconcile interval and batch must be > 0",
+        )?;
+        require(
+            (1..=100).contains(&self.attempts_per_order_max),
+            "payments.attempts_per_order_max must be 1..=100",
+        )?;
+        require(
+            self.expiry_grace_seconds <= 300,
+            "payments.expiry_grace_seconds must be at most 300",
+        )?;
+        require(
+            (1..=100).contains(&self.refund_tries_max),
+            "payments.refund_tries_max must be 1..=100",
+        )?;
+        require(
+            self.base_url.starts_with("http://") || self.base_url.starts_with("https://"),
+            "payments.base_url must start with http:// or https://",
+        )?;
+        require(
+            self.breaker_failures_max > 0 && self.breaker_open_ms > 0,
+            "payments.breaker_failures_max and payments.breaker_open_ms must be > 0",
+        )
+    }
+}

@@ -1,0 +1,61 @@
+//! The `[redis]` section: the optional Redis, its timeouts and health checks, declared
+//! beside the connection that reads it.
+
+use serde::Deserialize;
+
+use crate::settings::{redact_url, require};
+
+/// Where Redis is and how the shared connection treats silence and outages.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    pub url: String,
+    pub key_prefix: String,
+    pub command_timeout_ms: u64,
+    /// Command timeouts drop the shared connection only when Redis has answered nothing for
+    /// this long, so a slow moment (or a CPU-starved gateway) is a few failed calls, not
+    /// every call failing until the next reconnect.
+    pub unresponsive_after_ms: u64,
+    pub reconnect_interval_ms: u64,
+    /// While Redis stays unreachable, the log repeats its warning at most this often.
+    pub outage_log_interval_ms: u64,
+    /// How often a probe command decides whether Redis is up (`/readyz`,
+    /// `flashgate_redis_up`): a connection may exist while every command fails.
+    pub health_check_interval_ms: u64,
+}
+
+impl RedisSettings {
+    /// Checks every limit of the section; the message names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        require(
+            self.command_timeout_ms > 0,
+            "redis.command_timeout_ms must be > 0",
+        )?;
+        require(
+            self.unresponsive_after_ms >= self.command_timeout_ms,
+            "redis.unresponsive_after_ms must be at least redis.command_timeout_ms",
+        )?;
+        require(
+            self.reconnect_interval_ms > 0,
+            "redis.reconnect_interval_ms must be > 0",
+        )?;
+        require(
+            (50..=1000).contains(&self.health_check_interval_ms),
+            "redis.health_check_interval_ms must be between 50 and 1000",
+        )?;
+        require(
+            self.outage_log_interval_ms >= 1000,
+            "redis.outage_log_interval_ms must be at least 1000",
+        )
+    }
+}
+
+/// The URL's password never reaches logs.
+impl std::fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("url", &redact_url(&self.url))
+            .field("key_prefix", &self.key_prefix)
+            .finish_non_exhaustive()
+    }
+}
