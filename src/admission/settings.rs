@@ -13,10 +13,15 @@ use crate::waiting_room::WaitingRoomSettings;
 pub struct AdmissionSettings<'a> {
     /// Proxies whose client-address header is believed (`server.trusted_proxies`).
     pub trusted_proxies: &'a [IpNet],
+    /// The user tokens' secret, claims and leeway.
     pub auth: &'a AuthSettings,
+    /// The token buckets.
     pub limits: &'a LimitSettings,
+    /// The sold-out mirror's buyers.
     pub soldout: &'a SoldOutSettings,
+    /// The catalogue cache.
     pub deals: &'a DealSettings,
+    /// The passes a waiting-room deal asks for.
     pub waiting_room: &'a WaitingRoomSettings,
 }
 
@@ -24,13 +29,17 @@ pub struct AdmissionSettings<'a> {
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthSettings {
+    /// HS256 secret of the user tokens.
     pub jwt_secret: String,
+    /// Clock skew allowed on `exp`; 0 refuses a token the second it expires.
     pub jwt_leeway_seconds: u64,
     /// The `iss` every user token must carry.
     pub jwt_issuer: String,
     /// The `aud` every user token must carry.
     pub jwt_audience: String,
+    /// Bearer token of the admin API.
     pub admin_token: String,
+    /// Longest `sub` accepted as a user id, in bytes.
     pub user_id_bytes_max: usize,
 }
 
@@ -71,10 +80,15 @@ impl std::fmt::Debug for AuthSettings {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitSettings {
+    /// How often idle limiter keys are dropped, so a flood of distinct keys cannot grow memory.
     pub retain_interval_ms: u64,
+    /// Order requests from one client address.
     pub per_ip: RateSettings,
+    /// Order requests from one user.
     pub per_user: RateSettings,
+    /// Order requests for one deal.
     pub per_deal: RateSettings,
+    /// How the per-user and per-deal buckets are shared between instances.
     pub global: GlobalLimitSettings,
 }
 
@@ -106,7 +120,9 @@ pub struct GlobalLimitSettings {
 #[derive(Clone, Copy, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RateSettings {
+    /// Requests allowed per second, sustained.
     pub rate_per_second: u32,
+    /// Requests allowed at once above the sustained rate.
     pub burst: u32,
 }
 
@@ -157,8 +173,13 @@ impl GlobalLimitSettings {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SoldOutSettings {
+    /// How often each instance copies the shared sold-out set from Redis and drops flags
+    /// PostgreSQL no longer backs.
     pub refresh_interval_ms: u64,
+    /// Buyers of a sold-out deal remembered per deal, so their retries still get their order
+    /// replayed.
     pub holders_max: usize,
+    /// How often the remembered buyers are re-read at the latest.
     pub holders_refresh_ms: u64,
 }
 

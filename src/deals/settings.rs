@@ -9,11 +9,15 @@ use crate::settings::require;
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DealSettings {
+    /// How long a deal's settings (price, window, limits) are kept in memory before being re-
+    /// read.
     pub cache_ttl_ms: u64,
+    /// Most deals cached in memory; beyond it the cache is cleared and refilled on demand.
     pub cache_entries_max: usize,
     /// Most deal ids kept in memory to answer unknown ids without PostgreSQL; with more
     /// deals than this, each unknown id is looked up (and its absence cached) on its own.
     pub catalogue_ids_max: usize,
+    /// How often the inventory gauges are refreshed from PostgreSQL.
     pub metrics_interval_ms: u64,
     /// How long after a deal ends (or at once when it is deleted) its `deal`-labelled
     /// series stay on `/metrics`; after that they are dropped, so the label does not grow

@@ -19,16 +19,27 @@ pub const WORKER_THREADS_MAX: usize = 1024;
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerSettings {
+    /// The public address, as host:port; a host name is resolved at start, port 0 picks a free
+    /// port.
     pub listen: SocketAddr,
     /// The operations listener: `/metrics`, `/admin/*`, health. Keep it off the internet.
     pub ops_listen: SocketAddr,
     /// Runtime worker threads; 0 means one per core.
     pub worker_threads: usize,
+    /// Largest request head (request line and headers) in bytes; a larger head is refused by
+    /// the parser.
     pub header_bytes_max: usize,
+    /// Largest request body in bytes; a larger one is answered 413 without being read further.
     pub body_bytes_max: usize,
+    /// A client that has not sent its whole request head within this is disconnected.
     pub header_read_timeout_ms: u64,
+    /// A request not answered within this is answered 503 overloaded.
     pub request_timeout_ms: u64,
+    /// Open connections beyond this are accepted and closed at once, so a flood cannot exhaust
+    /// file descriptors.
     pub connections_max: usize,
+    /// After the signal, how long in-flight requests get to finish before the process exits
+    /// (the drain delay included).
     pub shutdown_grace_seconds: u64,
     /// After the signal, how long `/readyz` fails while requests are still served, so load
     /// balancers stop sending traffic before the listener closes.
@@ -41,8 +52,12 @@ pub struct ServerSettings {
     pub connections_per_client_max: usize,
     /// A request body not fully received within this is answered 408.
     pub body_read_timeout_ms: u64,
+    /// TCP peers in these networks are believed when they report the client address in
+    /// `client_ip_header`.
     pub trusted_proxies: Vec<IpNet>,
+    /// The header a trusted proxy or CDN puts the client address in.
     pub client_ip_header: String,
+    /// How long a CDN may cache public deal reads (`Cache-Control: public, max-age=…`).
     pub public_cache_max_age_seconds: u32,
     /// Longest `X-Request-Id` a caller may send; a longer or unsafe one is replaced by a
     /// generated id.
@@ -107,9 +122,13 @@ impl ServerSettings {
 /// The sections the handlers read, each declared by the module that owns it.
 #[derive(Clone, Debug)]
 pub struct HandlerSettings {
+    /// Limits on connections, heads, bodies and request ids.
     pub server: ServerSettings,
+    /// The admin token and the longest user id.
     pub auth: AuthSettings,
+    /// The largest quantity and the longest idempotency key.
     pub orders: OrderSettings,
+    /// The poll interval told to buyers in line, and the waiting page.
     pub waiting_room: WaitingRoomSettings,
     /// How the audit behind the admin API runs.
     pub audit: audit::Options,

@@ -10,8 +10,12 @@ use crate::settings::require;
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OrderSettings {
+    /// Largest quantity one order may ask for; a larger one is an invalid request, whatever the
+    /// deal allows.
     pub quantity_max: u32,
+    /// Longest `Idempotency-Key` accepted, in bytes.
     pub idempotency_key_bytes_max: usize,
+    /// A batch that met a deadlock or serialization failure runs again at most this many times.
     pub retries_max: u32,
     /// Batches of one deal in flight at once on this instance, each with its own share of
     /// the buckets.
@@ -59,7 +63,9 @@ impl OrderSettings {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SweeperSettings {
+    /// How often each instance looks for reservations past `expires_at`.
     pub interval_ms: u64,
+    /// Most orders expired in one transaction.
     pub batch_max: u32,
 }
 

@@ -9,23 +9,44 @@ use crate::settings::require;
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PaymentSettings {
+    /// Take payments through the provider; off, orders reserve stock without a payment attempt
+    /// and never become paid.
     pub enabled: bool,
+    /// The provider's name: the `{provider}` of `/v1/webhooks/{provider}`, stored with every
+    /// attempt.
     pub provider: String,
+    /// Base URL of the provider's API.
     pub base_url: String,
+    /// Sent to the provider as a bearer token; a secret.
     pub api_key: String,
+    /// Shared secret of the webhook signatures.
     pub webhook_secret: String,
+    /// A webhook signed further than this from now is refused as stale (replay protection).
     pub webhook_tolerance_seconds: u32,
+    /// Time to open a connection to the provider.
     pub connect_timeout_ms: u64,
+    /// Time for one provider call to answer; past it the outcome is unknown, never failed.
     pub request_timeout_ms: u64,
+    /// Retries of a provider call after a timeout or a 5xx, with jittered exponential backoff.
     pub retries_max: u32,
+    /// Base of that backoff.
     pub retry_backoff_ms: u64,
+    /// Shortest checkout session the provider accepts; a shorter reservation asks for this
+    /// much.
     pub session_seconds_min: u32,
+    /// Longest wait between two questions to the provider about a payment still in progress.
     pub check_backoff_max_seconds: u32,
+    /// How often the outbox worker looks for side effects to carry out.
     pub outbox_interval_ms: u64,
+    /// Most outbox entries claimed at once.
     pub outbox_batch_max: u32,
+    /// An entry claimed by a worker that died is retried after this long.
     pub outbox_lease_seconds: u32,
+    /// How often the reconciler compares local attempts with the provider.
     pub reconcile_interval_ms: u64,
+    /// A pending attempt older than this is checked with the provider by the reconciler.
     pub reconcile_after_seconds: u32,
+    /// Most attempts the reconciler checks in one pass.
     pub reconcile_batch_max: u32,
     /// Most payment attempts one order may have, its first included; one more is answered
     /// 409 `payment-attempts-exhausted`.

@@ -9,13 +9,19 @@ use crate::settings::{redact_url, require};
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisSettings {
+    /// The Redis connection string; several, separated by commas, are the seed nodes of a
+    /// cluster.
     pub url: String,
+    /// Prefix of every key the gateway writes, so several deployments (or tests) can share one
+    /// Redis.
     pub key_prefix: String,
+    /// A command slower than this counts as an error, and the caller falls back to PostgreSQL.
     pub command_timeout_ms: u64,
     /// Command timeouts drop the shared connection only when Redis has answered nothing for
     /// this long, so a slow moment (or a CPU-starved gateway) is a few failed calls, not
     /// every call failing until the next reconnect.
     pub unresponsive_after_ms: u64,
+    /// How often a lost connection is dialled again.
     pub reconnect_interval_ms: u64,
     /// While Redis stays unreachable, the log repeats its warning at most this often.
     pub outage_log_interval_ms: u64,

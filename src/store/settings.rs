@@ -10,14 +10,26 @@ use crate::settings::{redact_url, require};
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseSettings {
+    /// The PostgreSQL connection string; with several hosts, the gateway follows the primary.
     pub url: String,
+    /// Connections serving user requests; when all are busy for `acquire_timeout_ms`, a request
+    /// is answered 503.
     pub request_pool_max: u32,
+    /// Connections kept apart for the sweeper, the sold-out mirror and metrics, so sale traffic
+    /// cannot starve them.
     pub background_pool_max: u32,
+    /// Connections for the admin API, so operators can act in the middle of a sale storm.
     pub admin_pool_max: u32,
+    /// Connections kept for payment webhooks, so a sale storm cannot delay confirming payments.
     pub webhook_pool_max: u32,
+    /// How long a request waits for a connection before it is answered 503 instead of queueing.
     pub acquire_timeout_ms: u64,
+    /// How long an admin request waits for one of its connections before it is answered 503.
     pub admin_acquire_timeout_ms: u64,
+    /// A statement running longer than this is cancelled by PostgreSQL.
     pub statement_timeout_ms: u64,
+    /// Apply pending migrations when `serve` starts (under an advisory lock, so many instances
+    /// may).
     pub migrate_on_start: bool,
     /// `url` leads to a pooler handing out a server connection per transaction (PgBouncer
     /// in transaction mode): every checkout runs in a transaction of its own.

@@ -6,6 +6,7 @@ use serde::Deserialize;
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TelemetrySettings {
+    /// The tracing filter when `RUST_LOG` is not set.
     pub log_filter: String,
     /// `text` for people at a terminal, `json` (one object per line) for log collectors.
     pub log_format: LogFormat,

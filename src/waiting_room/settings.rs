@@ -60,8 +60,9 @@ pub struct WaitingRoomSettings {
     pub pow_bits_max: u32,
     /// The crowd size from which each doubling of the people waiting adds one bit.
     pub pow_crowd_step: u64,
-    /// The waiting page's title and optional stylesheet: the shop's branding.
+    /// The waiting page's title: the shop's branding.
     pub page_title: String,
+    /// The waiting page's stylesheet URL; empty for none.
     pub page_stylesheet_url: String,
     /// How long a CDN may cache the waiting page.
     pub page_max_age_seconds: u64,
