@@ -3,10 +3,21 @@
 //! sold-out mirror), declared beside the checks that read them.
 
 use ipnet::IpNet;
+use std::ops::RangeInclusive;
+
 use serde::Deserialize;
 
 use crate::deals::DealSettings;
 use crate::settings::require;
+
+/// Shortest `auth.admin_token` any command accepts; `serve` asks for more (see `config`).
+pub const ADMIN_TOKEN_BYTES_MIN: usize = 16;
+
+/// The values `limits.global.user_batch_max` may take: one script call answers a batch.
+pub const USER_BATCH_MAX_RANGE: RangeInclusive<u32> = 1..=1024;
+
+/// The values `soldout.refresh_interval_ms` may take: a cleared flag spreads within a second.
+pub const REFRESH_INTERVAL_MS_RANGE: RangeInclusive<u64> = 1..=1000;
 use crate::waiting_room::WaitingRoomSettings;
 
 /// The sections admission is built from, borrowed from the assembled settings.
@@ -55,8 +66,8 @@ impl AuthSettings {
             "auth.jwt_issuer and auth.jwt_audience must not be empty",
         )?;
         require(
-            self.admin_token.len() >= 16,
-            "auth.admin_token must be at least 16 bytes",
+            self.admin_token.len() >= ADMIN_TOKEN_BYTES_MIN,
+            &format!("auth.admin_token must be at least {ADMIN_TOKEN_BYTES_MIN} bytes"),
         )?;
         require(
             self.user_id_bytes_max > 0,
@@ -162,8 +173,11 @@ impl GlobalLimitSettings {
             "limits.global.instance_ttl_ms must exceed twice heartbeat_interval_ms",
         )?;
         require(
-            (1..=1024).contains(&self.user_batch_max) && self.user_queue_max >= self.user_batch_max,
-            "limits.global.user_batch_max must be 1..=1024 and user_queue_max at least as large",
+            USER_BATCH_MAX_RANGE.contains(&self.user_batch_max)
+                && self.user_queue_max >= self.user_batch_max,
+            &format!(
+                "limits.global.user_batch_max must be {USER_BATCH_MAX_RANGE:?} and user_queue_max at least as large"
+            ),
         )
     }
 }
@@ -187,8 +201,10 @@ impl SoldOutSettings {
     /// Checks every limit of the section; the message names the key.
     pub fn validate(&self) -> Result<(), String> {
         require(
-            (1..=1000).contains(&self.refresh_interval_ms),
-            "soldout.refresh_interval_ms must be 1..=1000 so a cleared flag spreads within a second",
+            REFRESH_INTERVAL_MS_RANGE.contains(&self.refresh_interval_ms),
+            &format!(
+                "soldout.refresh_interval_ms must be {REFRESH_INTERVAL_MS_RANGE:?} so a cleared flag spreads within a second"
+            ),
         )?;
         require(
             self.holders_refresh_ms > 0,

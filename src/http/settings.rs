@@ -2,6 +2,7 @@
 //! pace, declared beside the server that applies them; and the sections the handlers read.
 
 use std::net::SocketAddr;
+use std::ops::RangeInclusive;
 
 use ipnet::IpNet;
 use serde::Deserialize;
@@ -14,6 +15,17 @@ use crate::waiting_room::WaitingRoomSettings;
 
 /// Most runtime worker threads `server.worker_threads` may ask for.
 pub const WORKER_THREADS_MAX: usize = 1024;
+
+/// Smallest `server.header_bytes_max`: ordinary request heads, cookies and tokens included,
+/// must still fit.
+pub const HEADER_BYTES_MIN: usize = 8192;
+
+/// Smallest `server.body_bytes_max`: below it not even an order's body fits.
+pub const BODY_BYTES_MIN: usize = 64;
+
+/// The values `server.request_id_bytes_max` may take: room for a caller's id, short enough
+/// for every log line.
+pub const REQUEST_ID_BYTES_MAX_RANGE: RangeInclusive<usize> = 16..=128;
 
 /// The listeners, the limits on each connection and request, and the shutdown's pace.
 #[derive(Clone, Debug, Deserialize)]
@@ -68,16 +80,16 @@ impl ServerSettings {
     /// Checks every limit of the section; the message names the key.
     pub fn validate(&self) -> Result<(), String> {
         require(
-            self.header_bytes_max >= 8192,
-            "server.header_bytes_max must be at least 8192",
+            self.header_bytes_max >= HEADER_BYTES_MIN,
+            &format!("server.header_bytes_max must be at least {HEADER_BYTES_MIN}"),
         )?;
         require(
-            self.body_bytes_max >= 64,
-            "server.body_bytes_max must be at least 64",
+            self.body_bytes_max >= BODY_BYTES_MIN,
+            &format!("server.body_bytes_max must be at least {BODY_BYTES_MIN}"),
         )?;
         require(
-            (16..=128).contains(&self.request_id_bytes_max),
-            "server.request_id_bytes_max must be 16..=128",
+            REQUEST_ID_BYTES_MAX_RANGE.contains(&self.request_id_bytes_max),
+            &format!("server.request_id_bytes_max must be {REQUEST_ID_BYTES_MAX_RANGE:?}"),
         )?;
         require(
             self.header_read_timeout_ms > 0,
@@ -89,7 +101,9 @@ impl ServerSettings {
         )?;
         require(
             self.worker_threads <= WORKER_THREADS_MAX,
-            "server.worker_threads must be at most 1024 (0: one per core)",
+            &format!(
+                "server.worker_threads must be at most {WORKER_THREADS_MAX} (0: one per core)"
+            ),
         )?;
         self.validate_connections()
     }

@@ -4,6 +4,9 @@ use serde::Deserialize;
 
 use crate::settings::require;
 
+/// Shortest `ops.audit_interval_ms`: the audit reads every table, so at most once a second.
+pub const AUDIT_INTERVAL_MS_MIN: u64 = 1000;
+
 /// How often the audit runs and what it counts as overdue.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -18,8 +21,8 @@ impl OpsSettings {
     /// Checks every limit of the section; the message names the key.
     pub fn validate(&self) -> Result<(), String> {
         require(
-            self.audit_interval_ms >= 1000,
-            "ops.audit_interval_ms must be at least 1000",
+            self.audit_interval_ms >= AUDIT_INTERVAL_MS_MIN,
+            &format!("ops.audit_interval_ms must be at least {AUDIT_INTERVAL_MS_MIN}"),
         )?;
         require(
             self.overdue_after_seconds > 0,

@@ -1,10 +1,24 @@
 //! The `[orders]` and `[sweeper]` sections: how orders are taken and batched, and how often
 //! unpaid ones are expired.
 
+use std::ops::RangeInclusive;
+
 use serde::Deserialize;
 
 use super::lanes::LaneSettings;
 use crate::settings::require;
+
+/// The values `orders.quantity_max` may take.
+pub const QUANTITY_MAX_RANGE: RangeInclusive<u32> = 1..=1_000_000;
+
+/// The values `orders.batch_max` may take: one statement carries a batch, so it stays small.
+pub const BATCH_MAX_RANGE: RangeInclusive<usize> = 1..=1024;
+
+/// The values `orders.lanes` may take: each lane in flight holds a request connection.
+pub const LANES_RANGE: RangeInclusive<usize> = 1..=64;
+
+/// The values `orders.idempotency_key_bytes_max` may take: a key is stored with its order.
+pub const IDEMPOTENCY_KEY_BYTES_MAX_RANGE: RangeInclusive<usize> = 1..=255;
 
 /// What one order may ask for and how the engine batches orders.
 #[derive(Clone, Debug, Deserialize)]
@@ -30,20 +44,22 @@ impl OrderSettings {
     /// Checks every limit of the section; the message names the key.
     pub fn validate(&self) -> Result<(), String> {
         require(
-            (1..=1_000_000).contains(&self.quantity_max),
-            "orders.quantity_max must be 1..=1000000",
+            QUANTITY_MAX_RANGE.contains(&self.quantity_max),
+            &format!("orders.quantity_max must be {QUANTITY_MAX_RANGE:?}"),
         )?;
         require(
-            (1..=1024).contains(&self.batch_max),
-            "orders.batch_max must be 1..=1024",
+            BATCH_MAX_RANGE.contains(&self.batch_max),
+            &format!("orders.batch_max must be {BATCH_MAX_RANGE:?}"),
         )?;
         require(
-            (1..=64).contains(&self.lanes),
-            "orders.lanes must be 1..=64",
+            LANES_RANGE.contains(&self.lanes),
+            &format!("orders.lanes must be {LANES_RANGE:?}"),
         )?;
         require(
-            (1..=255).contains(&self.idempotency_key_bytes_max),
-            "orders.idempotency_key_bytes_max must be 1..=255",
+            IDEMPOTENCY_KEY_BYTES_MAX_RANGE.contains(&self.idempotency_key_bytes_max),
+            &format!(
+                "orders.idempotency_key_bytes_max must be {IDEMPOTENCY_KEY_BYTES_MAX_RANGE:?}"
+            ),
         )
     }
 

@@ -1,9 +1,24 @@
 //! The `[payments]` section: the provider, its secrets and timeouts, and the workers that
 //! settle payments.
 
+use std::ops::RangeInclusive;
+
 use serde::Deserialize;
 
 use crate::settings::require;
+
+/// The values `payments.session_seconds_min` may take: at most a day.
+pub const SESSION_SECONDS_MIN_RANGE: RangeInclusive<u32> = 1..=86_400;
+
+/// The values `payments.attempts_per_order_max` may take.
+pub const ATTEMPTS_PER_ORDER_MAX_RANGE: RangeInclusive<u32> = 1..=100;
+
+/// Longest `payments.expiry_grace_seconds`: the reservation is held that much past its
+/// expiry, so the hold stays a matter of minutes.
+pub const EXPIRY_GRACE_SECONDS_MAX: u32 = 300;
+
+/// The values `payments.refund_tries_max` may take.
+pub const REFUND_TRIES_MAX_RANGE: RangeInclusive<u32> = 1..=100;
 
 /// The payment provider and the workers that settle payments.
 #[derive(Clone, Deserialize)]
@@ -107,8 +122,8 @@ impl PaymentSettings {
             "payments timeouts must be > 0",
         )?;
         require(
-            (1..=86_400).contains(&self.session_seconds_min),
-            "payments.session_seconds_min must be 1..=86400",
+            SESSION_SECONDS_MIN_RANGE.contains(&self.session_seconds_min),
+            &format!("payments.session_seconds_min must be {SESSION_SECONDS_MIN_RANGE:?}"),
         )?;
         require(
             self.check_backoff_max_seconds > 0,
@@ -132,16 +147,16 @@ impl PaymentSettings {
             "payments reconcile interval and batch must be > 0",
         )?;
         require(
-            (1..=100).contains(&self.attempts_per_order_max),
-            "payments.attempts_per_order_max must be 1..=100",
+            ATTEMPTS_PER_ORDER_MAX_RANGE.contains(&self.attempts_per_order_max),
+            &format!("payments.attempts_per_order_max must be {ATTEMPTS_PER_ORDER_MAX_RANGE:?}"),
         )?;
         require(
-            self.expiry_grace_seconds <= 300,
-            "payments.expiry_grace_seconds must be at most 300",
+            self.expiry_grace_seconds <= EXPIRY_GRACE_SECONDS_MAX,
+            &format!("payments.expiry_grace_seconds must be at most {EXPIRY_GRACE_SECONDS_MAX}"),
         )?;
         require(
-            (1..=100).contains(&self.refund_tries_max),
-            "payments.refund_tries_max must be 1..=100",
+            REFUND_TRIES_MAX_RANGE.contains(&self.refund_tries_max),
+            &format!("payments.refund_tries_max must be {REFUND_TRIES_MAX_RANGE:?}"),
         )?;
         require(
             self.base_url.starts_with("http://") || self.base_url.starts_with("https://"),

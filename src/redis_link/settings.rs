@@ -1,9 +1,18 @@
 //! The `[redis]` section: the optional Redis, its timeouts and health checks, declared
 //! beside the connection that reads it.
 
+use std::ops::RangeInclusive;
+
 use serde::Deserialize;
 
 use crate::settings::{redact_url, require};
+
+/// The values `redis.health_check_interval_ms` may take: `/readyz` follows Redis within a
+/// second, and the probe runs at most every 50 ms.
+pub const HEALTH_CHECK_INTERVAL_MS_RANGE: RangeInclusive<u64> = 50..=1000;
+
+/// Shortest `redis.outage_log_interval_ms`: an outage warns at most once a second.
+pub const OUTAGE_LOG_INTERVAL_MS_MIN: u64 = 1000;
 
 /// Where Redis is and how the shared connection treats silence and outages.
 #[derive(Clone, Deserialize)]
@@ -46,12 +55,16 @@ impl RedisSettings {
             "redis.reconnect_interval_ms must be > 0",
         )?;
         require(
-            (50..=1000).contains(&self.health_check_interval_ms),
-            "redis.health_check_interval_ms must be between 50 and 1000",
+            HEALTH_CHECK_INTERVAL_MS_RANGE.contains(&self.health_check_interval_ms),
+            &format!(
+                "redis.health_check_interval_ms must be between {} and {}",
+                HEALTH_CHECK_INTERVAL_MS_RANGE.start(),
+                HEALTH_CHECK_INTERVAL_MS_RANGE.end()
+            ),
         )?;
         require(
-            self.outage_log_interval_ms >= 1000,
-            "redis.outage_log_interval_ms must be at least 1000",
+            self.outage_log_interval_ms >= OUTAGE_LOG_INTERVAL_MS_MIN,
+            &format!("redis.outage_log_interval_ms must be at least {OUTAGE_LOG_INTERVAL_MS_MIN}"),
         )
     }
 }

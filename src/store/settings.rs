@@ -5,6 +5,9 @@ use serde::Deserialize;
 
 use crate::settings::{redact_url, require};
 
+/// Shortest `database.failover_log_interval_ms`: a failover warns at most once a second.
+pub const FAILOVER_LOG_INTERVAL_MS_MIN: u64 = 1000;
+
 /// PostgreSQL: where it is, how many connections each pool holds and how long a request
 /// waits for one.
 #[derive(Clone, Deserialize)]
@@ -79,8 +82,10 @@ impl DatabaseSettings {
             "database.primary_check_interval_ms must be > 0",
         )?;
         require(
-            self.failover_log_interval_ms >= 1000,
-            "database.failover_log_interval_ms must be at least 1000",
+            self.failover_log_interval_ms >= FAILOVER_LOG_INTERVAL_MS_MIN,
+            &format!(
+                "database.failover_log_interval_ms must be at least {FAILOVER_LOG_INTERVAL_MS_MIN}"
+            ),
         )
     }
 }

@@ -1,9 +1,64 @@
 //! The `[waiting_room]` section: the line's pace, the passes and their keys, proof of work
 //! and the waiting page, declared beside the waiting room that reads them.
 
+use std::ops::RangeInclusive;
+
 use serde::Deserialize;
 
 use crate::settings::require;
+
+/// Shortest `waiting_room.pass_secret` any command accepts; `serve` asks for more (see
+/// `config`).
+pub const PASS_SECRET_BYTES_MIN: usize = 16;
+
+/// The values `waiting_room.advance_interval_ms` may take: a line moves at least once a
+/// second.
+pub const ADVANCE_INTERVAL_MS_RANGE: RangeInclusive<u64> = 1..=1000;
+
+/// Longest `waiting_room.lease_ttl_ms`: another instance takes over a dead advancer within
+/// a minute.
+pub const LEASE_TTL_MS_MAX: u64 = 60_000;
+
+/// The values `waiting_room.stock_refresh_ms` may take: stock is re-read at least every ten
+/// seconds.
+pub const STOCK_REFRESH_MS_RANGE: RangeInclusive<u64> = 1..=10_000;
+
+/// The values `waiting_room.step_tickets_max` may take.
+pub const STEP_TICKETS_MAX_RANGE: RangeInclusive<u32> = 1..=100_000;
+
+/// The values `waiting_room.shuffle_tickets_max` may take.
+pub const SHUFFLE_TICKETS_MAX_RANGE: RangeInclusive<u32> = 1..=1_000_000;
+
+/// Shortest `waiting_room.keys_ttl_seconds`: a line's keys stay at least an hour after its
+/// last ticket was taken.
+pub const KEYS_TTL_SECONDS_MIN: u64 = 3600;
+
+/// Largest `waiting_room.stock_age_max_ms`: a snapshot ten minutes old admits nobody.
+pub const STOCK_AGE_MAX_MS_CEILING: u64 = 600_000;
+
+/// The values `waiting_room.idle_check_ms` may take: a sleeping advancer wakes within a
+/// minute.
+pub const IDLE_CHECK_MS_RANGE: RangeInclusive<u64> = 10..=60_000;
+
+/// The values `waiting_room.revocation_poll_ms` may take: a revoked pass stops working on
+/// every instance within a second.
+pub const REVOCATION_POLL_MS_RANGE: RangeInclusive<u64> = 1..=1000;
+
+/// The values `waiting_room.revocations_max` may take: enough for instances catching up,
+/// bounded in Redis.
+pub const REVOCATIONS_MAX_RANGE: RangeInclusive<u64> = 1000..=10_000_000;
+
+/// The values `waiting_room.pow_challenge_ttl_seconds` may take.
+pub const POW_CHALLENGE_TTL_SECONDS_RANGE: RangeInclusive<u64> = 10..=600;
+
+/// The values `waiting_room.pow_bits_max` may take.
+pub const POW_BITS_MAX_RANGE: RangeInclusive<u32> = 1..=32;
+
+/// Longest `waiting_room.page_title`, in bytes.
+pub const PAGE_TITLE_BYTES_MAX: usize = 200;
+
+/// Longest `waiting_room.page_stylesheet_url`, in bytes.
+pub const PAGE_STYLESHEET_URL_BYTES_MAX: usize = 2000;
 
 /// The queue in front of deals that have a waiting room (the per-deal rates are on the deal).
 #[derive(Clone, Deserialize)]
@@ -90,16 +145,19 @@ impl WaitingRoomSettings {
     /// The advancer, the stock it admits against and the line's keys.
     fn validate_pace(&self) -> Result<(), String> {
         require(
-            self.pass_secret.len() >= 16,
-            "waiting_room.pass_secret must be at least 16 bytes",
+            self.pass_secret.len() >= PASS_SECRET_BYTES_MIN,
+            &format!("waiting_room.pass_secret must be at least {PASS_SECRET_BYTES_MIN} bytes"),
         )?;
         require(
-            (1..=1000).contains(&self.advance_interval_ms),
-            "waiting_room.advance_interval_ms must be 1..=1000",
+            ADVANCE_INTERVAL_MS_RANGE.contains(&self.advance_interval_ms),
+            &format!("waiting_room.advance_interval_ms must be {ADVANCE_INTERVAL_MS_RANGE:?}"),
         )?;
         require(
-            self.lease_ttl_ms >= 3 * self.advance_interval_ms && self.lease_ttl_ms <= 60_000,
-            "waiting_room.lease_ttl_ms must be 3 × advance_interval_ms..=60000",
+            self.lease_ttl_ms >= 3 * self.advance_interval_ms
+                && self.lease_ttl_ms <= LEASE_TTL_MS_MAX,
+            &format!(
+                "waiting_room.lease_ttl_ms must be 3 × advance_interval_ms..={LEASE_TTL_MS_MAX}"
+            ),
         )?;
         require(
             self.abandon_after_seconds >= 2 * self.refresh_after_seconds_max.max(1),
@@ -110,44 +168,47 @@ impl WaitingRoomSettings {
             "waiting_room.stock_multiple must be at least 1",
         )?;
         require(
-            (1..=10_000).contains(&self.stock_refresh_ms),
-            "waiting_room.stock_refresh_ms must be 1..=10000",
+            STOCK_REFRESH_MS_RANGE.contains(&self.stock_refresh_ms),
+            &format!("waiting_room.stock_refresh_ms must be {STOCK_REFRESH_MS_RANGE:?}"),
         )?;
         require(
             self.burst_ms >= self.advance_interval_ms,
             "waiting_room.burst_ms must be at least advance_interval_ms",
         )?;
         require(
-            (1..=100_000).contains(&self.step_tickets_max),
-            "waiting_room.step_tickets_max must be 1..=100000",
+            STEP_TICKETS_MAX_RANGE.contains(&self.step_tickets_max),
+            &format!("waiting_room.step_tickets_max must be {STEP_TICKETS_MAX_RANGE:?}"),
         )?;
         require(
-            (1..=1_000_000).contains(&self.shuffle_tickets_max),
-            "waiting_room.shuffle_tickets_max must be 1..=1000000",
+            SHUFFLE_TICKETS_MAX_RANGE.contains(&self.shuffle_tickets_max),
+            &format!("waiting_room.shuffle_tickets_max must be {SHUFFLE_TICKETS_MAX_RANGE:?}"),
         )?;
         require(
-            self.keys_ttl_seconds >= 3600,
-            "waiting_room.keys_ttl_seconds must be at least 3600",
+            self.keys_ttl_seconds >= KEYS_TTL_SECONDS_MIN,
+            &format!("waiting_room.keys_ttl_seconds must be at least {KEYS_TTL_SECONDS_MIN}"),
         )
     }
 
     /// Stock age, revocations, pass signing, proof of work and the waiting page.
     fn validate_edge(&self) -> Result<(), String> {
         require(
-            self.stock_age_max_ms >= 2 * self.stock_refresh_ms && self.stock_age_max_ms <= 600_000,
-            "waiting_room.stock_age_max_ms must be 2 × stock_refresh_ms..=600000",
+            self.stock_age_max_ms >= 2 * self.stock_refresh_ms
+                && self.stock_age_max_ms <= STOCK_AGE_MAX_MS_CEILING,
+            &format!(
+                "waiting_room.stock_age_max_ms must be 2 × stock_refresh_ms..={STOCK_AGE_MAX_MS_CEILING}"
+            ),
         )?;
         require(
-            (10..=60_000).contains(&self.idle_check_ms),
-            "waiting_room.idle_check_ms must be 10..=60000",
+            IDLE_CHECK_MS_RANGE.contains(&self.idle_check_ms),
+            &format!("waiting_room.idle_check_ms must be {IDLE_CHECK_MS_RANGE:?}"),
         )?;
         require(
-            (1..=1000).contains(&self.revocation_poll_ms),
-            "waiting_room.revocation_poll_ms must be 1..=1000",
+            REVOCATION_POLL_MS_RANGE.contains(&self.revocation_poll_ms),
+            &format!("waiting_room.revocation_poll_ms must be {REVOCATION_POLL_MS_RANGE:?}"),
         )?;
         require(
-            (1000..=10_000_000).contains(&self.revocations_max),
-            "waiting_room.revocations_max must be 1000..=10000000",
+            REVOCATIONS_MAX_RANGE.contains(&self.revocations_max),
+            &format!("waiting_room.revocations_max must be {REVOCATIONS_MAX_RANGE:?}"),
         )?;
         require(
             matches!(self.pass_format.as_str(), "ed25519" | "hmac"),
@@ -158,20 +219,25 @@ impl WaitingRoomSettings {
             "waiting_room.pass_signing_keys must be base64url 32-byte seeds",
         )?;
         require(
-            (10..=600).contains(&self.pow_challenge_ttl_seconds),
-            "waiting_room.pow_challenge_ttl_seconds must be 10..=600",
+            POW_CHALLENGE_TTL_SECONDS_RANGE.contains(&self.pow_challenge_ttl_seconds),
+            &format!(
+                "waiting_room.pow_challenge_ttl_seconds must be {POW_CHALLENGE_TTL_SECONDS_RANGE:?}"
+            ),
         )?;
         require(
-            (1..=32).contains(&self.pow_bits_max),
-            "waiting_room.pow_bits_max must be 1..=32",
+            POW_BITS_MAX_RANGE.contains(&self.pow_bits_max),
+            &format!("waiting_room.pow_bits_max must be {POW_BITS_MAX_RANGE:?}"),
         )?;
         require(
             self.pow_crowd_step >= 1,
             "waiting_room.pow_crowd_step must be at least 1",
         )?;
         require(
-            self.page_title.len() <= 200 && self.page_stylesheet_url.len() <= 2000,
-            "waiting_room.page_title must be at most 200 bytes, page_stylesheet_url 2000",
+            self.page_title.len() <= PAGE_TITLE_BYTES_MAX
+                && self.page_stylesheet_url.len() <= PAGE_STYLESHEET_URL_BYTES_MAX,
+            &format!(
+                "waiting_room.page_title must be at most {PAGE_TITLE_BYTES_MAX} bytes, page_stylesheet_url {PAGE_STYLESHEET_URL_BYTES_MAX}"
+            ),
         )
     }
 
