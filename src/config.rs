@@ -3,6 +3,7 @@
 //! Each module declares its own section (fields with their units, its limits and their
 //! check) in a `settings.rs` beside its code; this module assembles the sections into one
 //! tree, checks the relationships between them and names a bad setting as it was given.
+//!
 //! `config/default.toml` is compiled in and carries every default, so there is exactly one
 //! place a default lives. A `--config` file and environment variables override it. Every
 //! limit is validated at start-up; a bad configuration stops the process before it binds.
