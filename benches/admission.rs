@@ -11,7 +11,7 @@ use flashgate::admission::client_ip::ClientIp;
 use flashgate::admission::limits::RateLimits;
 use flashgate::admission::soldout::SoldOut;
 use flashgate::admission::token::{TokenVerifier, mint_token};
-use flashgate::config::{LimitSettings, RateSettings};
+use flashgate::admission::{LimitSettings, RateSettings};
 use flashgate::domain::{OrderEvent, OrderStatus};
 use flashgate::http::problem::Problem;
 use flashgate::http::request_id::RequestId;
@@ -40,7 +40,7 @@ fn limiters(c: &mut Criterion) {
         per_ip: generous,
         per_user: generous,
         per_deal: generous,
-        global: flashgate::config::GlobalLimitSettings {
+        global: flashgate::admission::GlobalLimitSettings {
             enabled: false,
             deal_slice: 1,
             slice_ttl_ms: 50,

@@ -177,7 +177,7 @@ fn state(runtime: &tokio::runtime::Runtime, per_ip_limited: bool) -> Arc<State> 
             },
             Duration::from_secs(60),
         );
-        let admission = Admission::new(&settings, redis.clone());
+        let admission = Admission::new(settings.admission(), redis.clone());
         let holders = BenchDatabase::create().await;
         deals::create(&holders.pool, &sold_out_deal())
             .await
@@ -185,7 +185,8 @@ fn state(runtime: &tokio::runtime::Runtime, per_ip_limited: bool) -> Arc<State> 
         admission.sold_out().mark(&holders.pool, DEAL).await;
         holders.drop().await;
         State::new(
-            Arc::new(settings),
+            settings.handlers(),
+            settings.orders.lanes(settings.database.transaction_pooler),
             pools,
             redis,
             admission,

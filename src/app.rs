@@ -12,7 +12,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admission::Admission;
-use crate::config::{Settings, millis};
+use crate::config::Settings;
+use crate::deals::DealSettings;
 use crate::http::{self, State};
 use crate::inventory::{self, StockChange, StockEvents};
 use crate::ops;
@@ -74,6 +75,7 @@ pub struct Application {
     listeners: http::Listeners,
     local_addr: SocketAddr,
     ops_addr: SocketAddr,
+    settings: Settings,
     state: Arc<State>,
     shutdown: CancellationToken,
 }
@@ -87,7 +89,6 @@ impl Application {
         telemetry::prometheus();
         crate::waiting_room::challenge::export_zeroes();
         crate::payments::export_zeroes();
-        let settings = Arc::new(settings);
         if settings.database.migrate_on_start {
             let applied = store::migrate(&settings.database).await?;
             for migration in &applied {
@@ -101,14 +102,23 @@ impl Application {
         let pools = Pools::new(&settings.database)?;
         let redis = RedisHandle::from_settings(&settings.redis);
         redis.connect().await;
-        let admission = Admission::new(&settings, redis.clone());
+        let admission = Admission::new(settings.admission(), redis.clone());
         let payments = build_payments(&settings)?;
         let stock_events = subscribe_stock_events(&admission, &pools);
-        let state = State::new(settings, pools, redis, admission, payments, stock_events);
+        let state = State::new(
+            settings.handlers(),
+            settings.orders.lanes(settings.database.transaction_pooler),
+            pools,
+            redis,
+            admission,
+            payments,
+            stock_events,
+        );
         Ok(Self {
             listeners: http::Listeners { public, ops },
             local_addr,
             ops_addr,
+            settings,
             state,
             shutdown: CancellationToken::new(),
         })
@@ -139,8 +149,8 @@ impl Application {
         // the drain may still need the sold-out mirror, and the sweeper stops last.
         let background = CancellationToken::new();
         let tasks = TaskTracker::new();
-        spawn_background(&tasks, &self.state, &background);
-        let tasks_stop = Duration::from_millis(self.state.settings.server.tasks_stop_ms);
+        spawn_background(&tasks, &self.state, &self.settings, &background);
+        let tasks_stop = Duration::from_millis(self.settings.server.tasks_stop_ms);
         http::serve(self.listeners, self.state, self.shutdown.clone()).await;
         background.cancel();
         tasks.close();
@@ -201,26 +211,30 @@ fn subscribe_stock_events(admission: &Admission, pools: &Pools) -> StockEvents {
     events
 }
 
-fn spawn_background(tasks: &TaskTracker, state: &Arc<State>, shutdown: &CancellationToken) {
-    let settings = &state.settings;
+fn spawn_background(
+    tasks: &TaskTracker,
+    state: &Arc<State>,
+    settings: &Settings,
+    shutdown: &CancellationToken,
+) {
     let background = state.pools.background.clone();
     tasks.spawn(state.redis.clone().keep_connected(
-        millis(settings.redis.reconnect_interval_ms),
+        Duration::from_millis(settings.redis.reconnect_interval_ms),
         shutdown.clone(),
     ));
     tasks.spawn(state.redis.clone().keep_probed(
-        millis(settings.redis.health_check_interval_ms),
+        Duration::from_millis(settings.redis.health_check_interval_ms),
         shutdown.clone(),
     ));
     tasks.spawn(state.admission.sold_out().clone().keep_fresh(
         background.clone(),
-        millis(settings.soldout.refresh_interval_ms),
+        Duration::from_millis(settings.soldout.refresh_interval_ms),
         shutdown.clone(),
     ));
     let events = state.sale.stock_events().clone();
     tasks.spawn(sweeper::run(
         background,
-        millis(settings.sweeper.interval_ms),
+        Duration::from_millis(settings.sweeper.interval_ms),
         settings.sweeper.batch_max,
         Duration::from_secs(u64::from(settings.payments.expiry_grace_seconds)),
         shutdown.clone(),
@@ -231,11 +245,19 @@ fn spawn_background(tasks: &TaskTracker, state: &Arc<State>, shutdown: &Cancella
     ));
     tasks.spawn(state.pools.primary.clone().keep_primary(
         state.pools.all(),
-        millis(settings.database.primary_check_interval_ms),
+        Duration::from_millis(settings.database.primary_check_interval_ms),
         shutdown.clone(),
     ));
-    tasks.spawn(sample_metrics(state.clone(), shutdown.clone()));
-    tasks.spawn(forget_idle_limits(state.clone(), shutdown.clone()));
+    tasks.spawn(sample_metrics(
+        state.clone(),
+        settings.deals.clone(),
+        shutdown.clone(),
+    ));
+    tasks.spawn(forget_idle_limits(
+        state.clone(),
+        Duration::from_millis(settings.limits.retain_interval_ms),
+        shutdown.clone(),
+    ));
     let global_limits = state.admission.global_limits();
     tasks.spawn(global_limits.clone().keep_counted(shutdown.clone()));
     tasks.spawn(
@@ -252,16 +274,20 @@ fn spawn_background(tasks: &TaskTracker, state: &Arc<State>, shutdown: &Cancella
         state.admission.waiting_room().clone(),
         shutdown.clone(),
     ));
-    spawn_ops(tasks, state, shutdown);
-    spawn_payments(tasks, state, shutdown);
+    spawn_ops(tasks, state, settings, shutdown);
+    spawn_payments(tasks, state, settings, shutdown);
 }
 
 /// The outbox worker, the provider check before unpaid orders expire, and the reconciler.
-fn spawn_payments(tasks: &TaskTracker, state: &Arc<State>, shutdown: &CancellationToken) {
+fn spawn_payments(
+    tasks: &TaskTracker,
+    state: &Arc<State>,
+    settings: &Settings,
+    shutdown: &CancellationToken,
+) {
     let Some(payments) = state.sale.payments().cloned() else {
         return;
     };
-    let settings = &state.settings;
     let pool = state.pools.background.clone();
     let clear = {
         let events = state.sale.stock_events().clone();
@@ -272,7 +298,7 @@ fn spawn_payments(tasks: &TaskTracker, state: &Arc<State>, shutdown: &Cancellati
     };
     let (p, db) = (payments.clone(), pool.clone());
     tasks.spawn(workers::every(
-        millis(settings.payments.outbox_interval_ms),
+        Duration::from_millis(settings.payments.outbox_interval_ms),
         shutdown.clone(),
         move || {
             let (p, db) = (p.clone(), db.clone());
@@ -282,7 +308,7 @@ fn spawn_payments(tasks: &TaskTracker, state: &Arc<State>, shutdown: &Cancellati
     ));
     let (p, db) = (payments.clone(), pool.clone());
     tasks.spawn(workers::every(
-        millis(settings.sweeper.interval_ms),
+        Duration::from_millis(settings.sweeper.interval_ms),
         shutdown.clone(),
         move || {
             let (p, db) = (p.clone(), db.clone());
@@ -292,7 +318,7 @@ fn spawn_payments(tasks: &TaskTracker, state: &Arc<State>, shutdown: &Cancellati
     ));
     let (p, db) = (payments, pool);
     tasks.spawn(workers::every(
-        millis(settings.payments.reconcile_interval_ms),
+        Duration::from_millis(settings.payments.reconcile_interval_ms),
         shutdown.clone(),
         move || {
             let (p, db) = (p.clone(), db.clone());
@@ -303,13 +329,17 @@ fn spawn_payments(tasks: &TaskTracker, state: &Arc<State>, shutdown: &Cancellati
 }
 
 /// The invariant audit, and the listener that drops deals changed elsewhere from the cache.
-fn spawn_ops(tasks: &TaskTracker, state: &Arc<State>, shutdown: &CancellationToken) {
-    let settings = &state.settings;
+fn spawn_ops(
+    tasks: &TaskTracker,
+    state: &Arc<State>,
+    settings: &Settings,
+    shutdown: &CancellationToken,
+) {
     tasks.spawn(ops::audit::keep_auditing(
         state.pools.background.clone(),
         state.redis.clone(),
-        ops::audit::Options::from_settings(settings),
-        millis(settings.ops.audit_interval_ms),
+        settings.audit(),
+        Duration::from_millis(settings.ops.audit_interval_ms),
         shutdown.clone(),
     ));
     let listening = state.clone();
@@ -334,12 +364,12 @@ fn spawn_ops(tasks: &TaskTracker, state: &Arc<State>, shutdown: &CancellationTok
 }
 
 /// Publishes pool occupancy and per-deal inventory gauges.
-async fn sample_metrics(state: Arc<State>, shutdown: CancellationToken) {
-    let interval = millis(state.settings.deals.metrics_interval_ms);
+async fn sample_metrics(state: Arc<State>, deals: DealSettings, shutdown: CancellationToken) {
+    let interval = Duration::from_millis(deals.metrics_interval_ms);
     let mut known = HashSet::new();
     loop {
         state.pools.record_metrics();
-        let retain_seconds = state.settings.deals.metrics_retain_seconds;
+        let retain_seconds = deals.metrics_retain_seconds;
         if let Err(error) = record_inventory(&state.pools.background, retain_seconds).await {
             tracing::debug!(%error, "inventory gauges not refreshed");
         }
@@ -432,8 +462,7 @@ async fn record_payment_backlog(pool: &PgPool) -> Result<(), StoreError> {
 /// Drops idle limiter keys. A pass visits every key (tens of milliseconds for hundreds of
 /// thousands of users), so it runs on a blocking thread: on a request thread it would stall
 /// every request queued behind it.
-async fn forget_idle_limits(state: Arc<State>, shutdown: CancellationToken) {
-    let interval = millis(state.settings.limits.retain_interval_ms);
+async fn forget_idle_limits(state: Arc<State>, interval: Duration, shutdown: CancellationToken) {
     while !sleep_or_shutdown(interval, &shutdown).await {
         let state = state.clone();
         let swept = tokio::task::spawn_blocking(move || {

@@ -22,6 +22,9 @@
 //! - [`domain`]: pure types: ids, quantities, the order state machine.
 //! - [`store`]: pools and migrations; [`redis_link`]: the optional Redis connection.
 //! - [`app`]: builds everything from [`config::Settings`].
+//! - [`config`]: assembles the sections every module declares in its own `settings.rs` into
+//!   one tree, in layers (defaults, file, environment), and checks them; [`settings`] holds
+//!   what the sections' checks share.
 //! - [`ops`]: operator tools: pause/resume, bucket rebalance, the invariant audit, the CLI.
 //! - [`waiting_room`]: the per-deal line in Redis, signed passes checked by admission, and
 //!   the advancer that admits buyers at a controlled rate.
@@ -45,6 +48,7 @@ pub mod orders;
 pub mod payments;
 pub mod redis_link;
 pub mod sale;
+pub mod settings;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;

@@ -194,8 +194,8 @@ async fn run(command: Command, settings: Settings) -> Result<(), String> {
         Command::Demo => serve(settings, true).await,
         Command::Migrate => migrate(&settings).await,
         Command::Token { .. } | Command::Config => Ok(()),
-        Command::Deals { command } => ops::cli::deals(&settings, command).await,
-        Command::Check => ops::cli::check(&settings).await,
+        Command::Deals { command } => ops::cli::deals(&settings.cli(), command).await,
+        Command::Check => ops::cli::check(&settings.cli()).await,
         Command::Reconcile => reconcile(&settings).await,
         Command::Review { command } => review(&settings, command).await,
     }

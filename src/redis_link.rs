@@ -25,6 +25,7 @@
 //! verdict, so a cluster whose nodes say `cluster_state:fail` or a frozen server reads down.
 
 mod health;
+mod settings;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,8 +39,10 @@ use redis::{AsyncConnectionConfig, Client, Cmd, FromRedisValue, RedisResult, ToR
 use tokio::sync::RwLock;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{RedisSettings, millis, redact_url};
+use crate::settings::redact_url;
+
 use crate::telemetry;
+pub use settings::RedisSettings;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RedisError {
@@ -233,10 +236,10 @@ impl RedisHandle {
             &settings.url,
             &settings.key_prefix,
             RedisTimeouts {
-                command: millis(settings.command_timeout_ms),
-                unresponsive_after: millis(settings.unresponsive_after_ms),
+                command: Duration::from_millis(settings.command_timeout_ms),
+                unresponsive_after: Duration::from_millis(settings.unresponsive_after_ms),
             },
-            millis(settings.outage_log_interval_ms),
+            Duration::from_millis(settings.outage_log_interval_ms),
         )
     }
 

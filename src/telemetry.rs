@@ -8,9 +8,11 @@
 
 mod process;
 pub mod retention;
+mod settings;
 pub mod tally;
 mod zeroes;
 
+pub use settings::{LogFormat, TelemetrySettings};
 pub use zeroes::ZERO_ROUTES;
 
 use std::collections::BTreeSet;
@@ -421,7 +423,7 @@ fn describe_waiting_room() {
 /// Logs go to stderr, as text or as one JSON object per line (with the fields of the
 /// request's span, so a collector can group a request's lines by its id); `RUST_LOG`
 /// overrides the configured filter.
-pub fn init_logging(settings: &crate::config::TelemetrySettings) {
+pub fn init_logging(settings: &TelemetrySettings) {
     let directives = std::env::var("RUST_LOG")
         .ok()
         .filter(|value| !value.trim().is_empty())
@@ -432,10 +434,10 @@ pub fn init_logging(settings: &crate::config::TelemetrySettings) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     let _ = match settings.log_format {
-        crate::config::LogFormat::Text => builder
+        LogFormat::Text => builder
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .try_init(),
-        crate::config::LogFormat::Json => builder
+        LogFormat::Json => builder
             .json()
             .with_current_span(true)
             .with_span_list(false)

@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::limits::{Limited, Scope, SharedLimiter};
 use super::slices::{Clock, Need, Slices, SystemClock};
-use crate::config::{GlobalLimitSettings, LimitSettings, RateSettings};
+use super::{GlobalLimitSettings, LimitSettings, RateSettings};
 use crate::redis_link::{RedisError, RedisHandle, Script};
 use crate::telemetry;
 

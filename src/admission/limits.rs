@@ -16,7 +16,7 @@ use dashmap::DashMap;
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
-use crate::config::{LimitSettings, RateSettings};
+use super::{LimitSettings, RateSettings};
 
 /// Which limit turned a request away; also the metric label and the policy name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,7 +174,7 @@ mod tests {
             per_ip: r,
             per_user: r,
             per_deal: r,
-            global: crate::config::GlobalLimitSettings {
+            global: crate::admission::GlobalLimitSettings {
                 enabled: false,
                 deal_slice: 1,
                 slice_ttl_ms: 50,

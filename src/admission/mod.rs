@@ -11,17 +11,18 @@
 pub mod client_ip;
 pub mod global;
 pub mod limits;
+mod settings;
 pub mod slices;
 pub mod soldout;
 pub mod token;
 
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::Utc;
 use sqlx::PgPool;
 
-use crate::config::Settings;
 use crate::deals::{Deal, DealCache, Window};
 use crate::domain::{Quantity, UserId};
 use crate::redis_link::RedisHandle;
@@ -34,6 +35,11 @@ use global::GlobalLimits;
 use limits::{Limited, RateLimits};
 use soldout::{Flag, SoldOut};
 use token::{TokenError, TokenVerifier};
+
+pub use settings::{
+    AdmissionSettings, AuthSettings, GlobalLimitSettings, LimitSettings, RateSettings,
+    SoldOutSettings,
+};
 
 /// Why admission turned a request away.
 #[derive(Debug, thiserror::Error)]
@@ -98,28 +104,28 @@ pub struct Admission {
 }
 
 impl Admission {
-    pub fn new(settings: &Settings, redis: RedisHandle) -> Self {
+    pub fn new(settings: AdmissionSettings<'_>, redis: RedisHandle) -> Self {
         Self {
-            client_ip: ClientIp::new(settings.server.trusted_proxies.clone()),
-            limits: RateLimits::new(&settings.limits),
-            global: GlobalLimits::new(&settings.limits, redis.clone()),
+            client_ip: ClientIp::new(settings.trusted_proxies.to_vec()),
+            limits: RateLimits::new(settings.limits),
+            global: GlobalLimits::new(settings.limits, redis.clone()),
             tokens: TokenVerifier::new(
                 &settings.auth.jwt_secret,
-                token::Audience::of(&settings.auth),
+                token::Audience::of(settings.auth),
                 settings.auth.jwt_leeway_seconds,
                 settings.auth.user_id_bytes_max,
             ),
             sold_out: SoldOut::new(
                 redis.clone(),
                 settings.soldout.holders_max,
-                crate::config::millis(settings.soldout.holders_refresh_ms),
+                Duration::from_millis(settings.soldout.holders_refresh_ms),
             ),
             deals: DealCache::new(
-                crate::config::millis(settings.deals.cache_ttl_ms),
+                Duration::from_millis(settings.deals.cache_ttl_ms),
                 settings.deals.cache_entries_max,
                 settings.deals.catalogue_ids_max,
             ),
-            waiting_room: WaitingRoom::new(&settings.waiting_room, redis),
+            waiting_room: WaitingRoom::new(settings.waiting_room, redis),
         }
     }
 

@@ -9,7 +9,8 @@ use figment::Figment;
 use figment::providers::{Format, Toml};
 use figment::value::Value;
 
-use super::{DEFAULT_TOML, redact_url};
+use super::DEFAULT_TOML;
+use crate::settings::redact_url;
 
 /// Where a setting's effective value came from, later layers winning.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -6,12 +6,14 @@
 
 mod cache;
 pub mod changes;
+mod settings;
 mod waiting_room;
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
 pub use cache::DealCache;
+pub use settings::DealSettings;
 pub use waiting_room::WaitingRoomTerms;
 
 use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};

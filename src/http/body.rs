@@ -14,8 +14,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::time::Sleep;
 
+use super::ServerSettings;
 use super::problem::Problem;
-use crate::config::ServerSettings;
 
 /// The whole body, refused with 413 past `bytes_max` (before reading it when the client
 /// declared its length), and with 408 when it has not arrived within `timeout`.

@@ -21,6 +21,7 @@ pub mod request_id;
 mod review;
 mod router;
 mod server;
+mod settings;
 mod wait_page;
 
 use std::sync::Arc;
@@ -29,7 +30,6 @@ use std::sync::atomic::AtomicBool;
 use http::HeaderName;
 
 use crate::admission::Admission;
-use crate::config::Settings;
 use crate::inventory::StockEvents;
 use crate::orders::lanes::{Engine, LaneSettings};
 use crate::payments::Payments;
@@ -39,10 +39,12 @@ use crate::sale::Sale;
 use crate::store::Pools;
 
 pub use server::{Listeners, serve, serve_public};
+pub use settings::{HandlerSettings, ServerSettings, WORKER_THREADS_MAX};
 
 /// Everything a request handler can reach.
 pub struct State {
-    pub settings: Arc<Settings>,
+    /// The sections the handlers read.
+    pub settings: HandlerSettings,
     pub pools: Pools,
     pub redis: RedisHandle,
     /// The checks made before a request costs anything; the sale service shares it.
@@ -58,21 +60,14 @@ pub struct State {
 
 impl State {
     pub fn new(
-        settings: Arc<Settings>,
+        settings: HandlerSettings,
+        lanes: LaneSettings,
         pools: Pools,
         redis: RedisHandle,
         admission: Admission,
         payments: Option<Payments>,
         stock_events: StockEvents,
     ) -> Arc<Self> {
-        let o = &settings.orders;
-        let lanes = LaneSettings {
-            lanes: o.lanes,
-            batch_max: o.batch_max,
-            retries_max: o.retries_max,
-            commit_before_answer: settings.database.transaction_pooler,
-            careful_after_recheck: o.careful_after_recheck,
-        };
         let hook = payments
             .as_ref()
             .map(|p| InitialAttempt::hook(p.provider.name()));

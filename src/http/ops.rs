@@ -82,7 +82,7 @@ pub async fn rebalance(state: &State, request: Request<Incoming>, raw_id: &str) 
 /// Runs the audit now, on the admin pool, and publishes its gauges.
 pub async fn audit<B>(state: &State, request: &Request<B>) -> Reply {
     require_admin(state, request)?;
-    let options = audit::Options::from_settings(&state.settings);
+    let options = state.settings.audit;
     let report = audit::run(&state.pools.admin, Some(&state.redis), options).await?;
     audit::record(&report);
     Ok(body::respond(StatusCode::OK, &report, Caching::Private))

@@ -334,7 +334,7 @@ pub async fn finish(
         request,
         work,
     } = *waiting;
-    let timeout = crate::config::millis(state.settings.server.request_timeout_ms);
+    let timeout = Duration::from_millis(state.settings.server.request_timeout_ms);
     let serving = std::pin::pin!(serve(state, peer, request, work).instrument(span.clone()));
     let reply = in_time(timeout, serving)
         .await

@@ -31,11 +31,11 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::ServerSettings;
 use super::State;
 use super::body::Unread;
 use super::connection::{self, Drain, HeadClock, SharedStream};
 use super::router::{self, Begun, Face};
-use crate::config::ServerSettings;
 use crate::telemetry;
 
 /// The two bound listeners: sale traffic, and operators (metrics, admin API).

@@ -13,7 +13,7 @@ use serde::Serialize;
 use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Settings, millis};
+use super::OpsSettings;
 use crate::redis_link::RedisHandle;
 use crate::store::StoreError;
 use crate::telemetry;
@@ -121,11 +121,12 @@ pub struct Options {
 }
 
 impl Options {
-    /// The options the CLI, the admin API and the periodic task share.
-    pub fn from_settings(settings: &Settings) -> Self {
+    /// The options the CLI, the admin API and the periodic task share; `flag_refresh` is
+    /// how often every instance refreshes its sold-out flags (`soldout.refresh_interval_ms`).
+    pub fn from_settings(settings: &OpsSettings, flag_refresh: Duration) -> Self {
         Self {
-            overdue_after: Duration::from_secs(settings.ops.overdue_after_seconds),
-            flag_grace: millis(settings.soldout.refresh_interval_ms) * 4,
+            overdue_after: Duration::from_secs(settings.overdue_after_seconds),
+            flag_grace: flag_refresh * 4,
         }
     }
 }

@@ -9,13 +9,20 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use super::{audit, pause, rebalance};
-use crate::config::Settings;
 use crate::deals::{self, Deal, NewDeal, PaymentTerms, WaitingRoomTerms};
 use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};
 use crate::inventory;
-use crate::redis_link::RedisHandle;
-use crate::store::Pools;
-use crate::waiting_room::WaitingRoom;
+use crate::redis_link::{RedisHandle, RedisSettings};
+use crate::store::{DatabaseSettings, Pools};
+use crate::waiting_room::{WaitingRoom, WaitingRoomSettings};
+
+/// What the operator commands reach: the stores, the waiting room and the audit's options.
+pub struct CliSettings {
+    pub database: DatabaseSettings,
+    pub redis: RedisSettings,
+    pub waiting_room: WaitingRoomSettings,
+    pub audit: audit::Options,
+}
 
 #[derive(Debug, Subcommand)]
 pub enum DealsCommand {
@@ -204,7 +211,7 @@ impl ValueEnum for CaptureMethod {
 
 /// The admin pool, after one connection proved the database reachable: a CLI command
 /// says at once why PostgreSQL is not there rather than after a pool timeout.
-async fn admin_pool(settings: &Settings) -> Result<PgPool, String> {
+async fn admin_pool(settings: &CliSettings) -> Result<PgPool, String> {
     Pools::connect(&settings.database)
         .await
         .map(|pools| pools.admin)
@@ -216,20 +223,20 @@ fn print(value: &impl Serialize) -> Result<(), String> {
 }
 
 /// Runs one `flashgate deals …` command.
-pub async fn deals(settings: &Settings, command: DealsCommand) -> Result<(), String> {
+pub async fn deals(settings: &CliSettings, command: DealsCommand) -> Result<(), String> {
     let pool = admin_pool(settings).await?;
     let outcome = run_deals(settings, &pool, command).await;
     pool.close().await;
     outcome
 }
 
-fn connect_redis(settings: &Settings) -> RedisHandle {
+fn connect_redis(settings: &CliSettings) -> RedisHandle {
     RedisHandle::from_settings(&settings.redis)
 }
 
 /// `flashgate deals drain-queue <id>`: through the waiting room's own scripts, so every
 /// instance serving the line sees it closed at once.
-async fn drain_queue(settings: &Settings, pool: &PgPool, id: &str) -> Result<(), String> {
+async fn drain_queue(settings: &CliSettings, pool: &PgPool, id: &str) -> Result<(), String> {
     let deal = deals::load(pool, id)
         .await
         .map_err(|e| e.to_string())?
@@ -250,7 +257,7 @@ async fn drain_queue(settings: &Settings, pool: &PgPool, id: &str) -> Result<(),
 }
 
 async fn run_deals(
-    settings: &Settings,
+    settings: &CliSettings,
     pool: &PgPool,
     command: DealsCommand,
 ) -> Result<(), String> {
@@ -371,11 +378,11 @@ pub async fn list(pool: &PgPool) -> Result<Vec<DealSummary>, sqlx::Error> {
 }
 
 /// `flashgate check`: prints the audit report; an error when any invariant is broken.
-pub async fn check(settings: &Settings) -> Result<(), String> {
+pub async fn check(settings: &CliSettings) -> Result<(), String> {
     let pool = admin_pool(settings).await?;
     let redis = connect_redis(settings);
     redis.connect().await;
-    let report = audit::run(&pool, Some(&redis), audit::Options::from_settings(settings)).await;
+    let report = audit::run(&pool, Some(&redis), settings.audit).await;
     pool.close().await;
     let report = report.map_err(|e| e.to_string())?;
     print(&report)?;

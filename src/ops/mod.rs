@@ -16,4 +16,7 @@ pub mod cli;
 pub mod output;
 pub mod pause;
 pub mod rebalance;
+mod settings;
 pub mod stock;
+
+pub use settings::OpsSettings;

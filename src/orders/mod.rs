@@ -8,6 +8,7 @@
 
 pub mod batch;
 pub mod lanes;
+mod settings;
 pub mod settlement;
 pub mod sweeper;
 
@@ -21,6 +22,7 @@ use crate::store::StoreError;
 use crate::telemetry;
 
 pub use batch::{PlacementHook, Request, place_batch};
+pub use settings::{OrderSettings, SweeperSettings};
 
 /// An order as stored.
 #[derive(Debug, Clone, sqlx::FromRow)]

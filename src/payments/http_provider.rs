@@ -14,10 +14,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use super::PaymentSettings;
 use super::breaker::{Breaker, CallOutcome};
 use super::provider::*;
 use super::signature;
-use crate::config::PaymentSettings;
 use crate::telemetry;
 
 pub struct HttpProvider {

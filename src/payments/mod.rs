@@ -27,6 +27,7 @@ pub mod outbox;
 pub mod provider;
 pub mod refunds;
 pub mod review;
+mod settings;
 pub mod settle;
 pub mod signature;
 pub mod webhook;
@@ -34,9 +35,10 @@ pub mod workers;
 
 use std::sync::Arc;
 
-use crate::config::PaymentSettings;
 use crate::store::Writes;
 use provider::PaymentProvider;
+
+pub use settings::PaymentSettings;
 
 /// The provider and the settings every payment path needs.
 #[derive(Clone)]

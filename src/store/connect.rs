@@ -9,8 +9,9 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection, Executor};
 
+use super::DatabaseSettings;
 use super::primary;
-use crate::config::{DatabaseSettings, redact_url};
+use crate::settings::redact_url;
 
 /// The setting a URL came from, with its environment variable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

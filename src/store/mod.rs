@@ -15,16 +15,17 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 
-use crate::config::DatabaseSettings;
 use crate::telemetry;
 
 mod connect;
 pub mod failover;
 mod pooler;
 pub mod primary;
+mod settings;
 mod writes;
 
 pub use connect::{AppliedMigration, ConnectError, UrlSetting};
+pub use settings::DatabaseSettings;
 pub use writes::{WriteConnection, Writes};
 
 use std::sync::Arc;

@@ -12,8 +12,8 @@ use std::ops::{Deref, DerefMut};
 use sqlx::pool::PoolConnection;
 use sqlx::{Executor, PgConnection, PgPool, Postgres};
 
+use super::DatabaseSettings;
 use super::StoreError;
-use crate::config::DatabaseSettings;
 
 /// Whether writes must commit explicitly: the same for every pool of one gateway.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

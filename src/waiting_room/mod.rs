@@ -20,13 +20,13 @@ pub mod challenge;
 pub mod pass;
 pub mod revocation;
 mod scripts;
+mod settings;
 pub mod shuffle;
 
 use std::sync::Arc;
 
 use redis::Value;
 
-use crate::config::WaitingRoomSettings;
 use crate::deals::Deal;
 use crate::redis_link::{RedisError, RedisHandle, Script};
 use crate::telemetry;
@@ -35,6 +35,7 @@ pub use challenge::{Challenge, ChallengeError, Challenges};
 pub use pass::{PassError, Passes, VerifiedPass};
 use revocation::Revoked;
 use scripts::Scripts;
+pub use settings::WaitingRoomSettings;
 
 /// Where a ticket stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -23,7 +23,7 @@ use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::config::WaitingRoomSettings;
+use super::settings::{WaitingRoomSettings, derived_seed};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -114,13 +114,7 @@ pub struct Passes {
 impl Passes {
     /// HMAC passes with `secret` and one Ed25519 key derived from it (tests and tools).
     pub fn new(secret: &str) -> Self {
-        let settings = WaitingRoomSettings {
-            pass_secret: secret.to_owned(),
-            pass_format: "hmac".into(),
-            pass_signing_keys: Vec::new(),
-            ..crate::config::Settings::defaults().waiting_room
-        };
-        Self::from_settings(&settings)
+        Self::with_seeds(secret, false, &[derived_seed(secret)])
     }
 
     /// Validated settings: the secret is not empty and the seeds parse.
@@ -132,6 +126,12 @@ impl Passes {
         let seeds = settings
             .signing_seeds()
             .expect("validated: the signing keys parse");
+        let ed25519 = settings.pass_format == "ed25519";
+        Self::with_seeds(&settings.pass_secret, ed25519, &seeds)
+    }
+
+    /// Passes keyed by `secret` and signed by the first of `seeds`; `ed25519` mints Ed25519.
+    fn with_seeds(secret: &str, ed25519: bool, seeds: &[[u8; 32]]) -> Self {
         assert!(!seeds.is_empty(), "at least one signing key");
         let keys: Vec<KeyPair> = seeds
             .iter()
@@ -146,8 +146,8 @@ impl Passes {
             })
             .collect();
         Self {
-            secret: settings.pass_secret.as_bytes().to_vec(),
-            ed25519: settings.pass_format == "ed25519",
+            secret: secret.as_bytes().to_vec(),
+            ed25519,
             keys: keys.into(),
         }
     }

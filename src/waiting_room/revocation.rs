@@ -9,12 +9,12 @@
 //! one reads the whole (trimmed to `revocations_max`) stream at start.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use dashmap::DashMap;
 use tokio_util::sync::CancellationToken;
 
 use super::WaitingRoom;
-use crate::config::millis;
 use crate::redis_link::RedisError;
 
 /// The stream, under `redis.key_prefix`.
@@ -75,7 +75,7 @@ pub(super) async fn announce(
 
 /// Follows the revocation stream until `shutdown`.
 pub async fn follow(room: WaitingRoom, shutdown: CancellationToken) {
-    let mut ticker = tokio::time::interval(millis(room.settings.revocation_poll_ms));
+    let mut ticker = tokio::time::interval(Duration::from_millis(room.settings.revocation_poll_ms));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let key = room.redis.key(STREAM_KEY);
     let mut last = "0".to_owned();

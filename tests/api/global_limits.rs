@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use flashgate::admission::RateSettings;
 use flashgate::admission::global::GlobalLimits;
 use flashgate::admission::slices::ManualClock;
-use flashgate::config::RateSettings;
 use flashgate::redis_link::{RedisHandle, RedisTimeouts};
 use serde_json::json;
 

@@ -7,9 +7,10 @@
 //! the mark (`WAKE`): the joining instance's own advancer wakes at once, the others within
 //! `idle_check_ms`, and the first to renew takes the lease with the woken lines.
 
+use std::time::Duration;
+
 use tokio_util::sync::CancellationToken;
 
-use crate::config::millis;
 use crate::redis_link::{RedisError, RedisHandle};
 use crate::waiting_room::WaitingRoom;
 
@@ -88,7 +89,7 @@ pub(in crate::waiting_room) async fn wake(
 /// Waits while the advancer sleeps: until a join on this instance, a join elsewhere (the
 /// asleep mark gone, read every `idle_check_ms`), or `shutdown` (false).
 pub(super) async fn doze(room: &WaitingRoom, shutdown: &CancellationToken) -> bool {
-    let every = millis(room.settings.idle_check_ms);
+    let every = Duration::from_millis(room.settings.idle_check_ms);
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return false,

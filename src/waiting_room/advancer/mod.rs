@@ -24,14 +24,13 @@ mod lease;
 mod lines;
 
 use std::collections::HashSet;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use super::{QueueError, WaitingRoom, shuffle};
-use crate::config::millis;
 use gauges::Gauges;
 pub(super) use lease::wake;
 use lines::Line;
@@ -84,7 +83,7 @@ struct Advancer {
 
 /// Runs until `shutdown`, then gives the lease up so another instance takes over at once.
 pub async fn run(room: WaitingRoom, pool: PgPool, shutdown: CancellationToken) {
-    let interval = millis(room.settings.advance_interval_ms);
+    let interval = Duration::from_millis(room.settings.advance_interval_ms);
     let mut advancer = Advancer {
         room,
         pool,
@@ -171,7 +170,7 @@ impl Advancer {
     /// Re-reads the lines when a new one appeared, when the holder changed or woke, and at
     /// least every `stock_refresh_ms`.
     async fn refresh_lines(&mut self, renewal: &lease::Renewal) {
-        let refresh = millis(self.room.settings.stock_refresh_ms);
+        let refresh = Duration::from_millis(self.room.settings.stock_refresh_ms);
         let due = self.read_at.is_none_or(|at| at.elapsed() >= refresh);
         if renewal.version == self.version && !due {
             return;
