@@ -1,5 +1,4 @@
 //! A client for one gateway: the requests tests send, and how they read `/readyz`.
-
 use flashgate::config::Settings;
 use serde_json::{Value, json};
 

@@ -57,7 +57,18 @@ where
 
 /// Looks at `condition` until it holds; `Err` with the last thing seen once `limit` has
 /// passed, for a caller whose failure is an outcome of its own.
-pub async fn poll<O, F>(
+pub async fn poll<O, F>(limit: Duration, condition: impl FnMut() -> F) -> Result<O::Value, String>
+where
+    O: Outcome,
+    F: Future<Output = O>,
+{
+    poll_every(POLL_INTERVAL, limit, condition).await
+}
+
+/// `poll`, looking again only every `every`: for a look that costs the server work it asked
+/// to be spared (a retry after 503 overloaded).
+pub async fn poll_every<O, F>(
+    every: Duration,
     limit: Duration,
     mut condition: impl FnMut() -> F,
 ) -> Result<O::Value, String>
@@ -74,6 +85,6 @@ where
         if Instant::now() >= deadline {
             return Err(seen);
         }
-        tokio::time::sleep(POLL_INTERVAL).await;
+        tokio::time::sleep(every).await;
     }
 }
