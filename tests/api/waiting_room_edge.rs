@@ -218,17 +218,25 @@ async fn buyer(
 /// machine's pool is briefly exhausted).
 async fn order_retrying(app: &TestApp, user: &str, deal: &str, pass: &str) -> Reply {
     let key = crate::helpers::unique_suffix();
-    let sent = poll_every(Duration::from_millis(200), Duration::from_secs(8), || async {
-        let request = app
-            .client
-            .post(app.url(&format!("/v1/deals/{deal}/orders")))
-            .bearer_auth(app.token(user))
-            .header("Idempotency-Key", &key)
-            .header("Flashgate-Pass", pass)
-            .json(&json!({ "quantity": 1 }));
-        let reply = Reply::from(request.send().await.map_err(|e| e.to_string())?).await;
-        if reply.status == 503 { Err(reply.text) } else { Ok(reply) }
-    })
+    let sent = poll_every(
+        Duration::from_millis(200),
+        Duration::from_secs(8),
+        || async {
+            let request = app
+                .client
+                .post(app.url(&format!("/v1/deals/{deal}/orders")))
+                .bearer_auth(app.token(user))
+                .header("Idempotency-Key", &key)
+                .header("Flashgate-Pass", pass)
+                .json(&json!({ "quantity": 1 }));
+            let reply = Reply::from(request.send().await.map_err(|e| e.to_string())?).await;
+            if reply.status == 503 {
+                Err(reply.text)
+            } else {
+                Ok(reply)
+            }
+        },
+    )
     .await;
     sent.unwrap_or_else(|seen| panic!("{user}: the order never reached the gateway: {seen}"))
 }

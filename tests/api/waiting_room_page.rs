@@ -180,7 +180,11 @@ impl Browser {
     async fn wait_for(&self, what: &str, timeout: Duration, done: impl Fn(&str, &str) -> bool) {
         wait_until(what, timeout, || async {
             let (state, text, href) = self.read().await;
-            if done(&state, &href) { Ok(()) } else { Err(format!("{state} {text} {href}")) }
+            if done(&state, &href) {
+                Ok(())
+            } else {
+                Err(format!("{state} {text} {href}"))
+            }
         })
         .await
     }
