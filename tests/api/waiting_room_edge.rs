@@ -192,24 +192,27 @@ async fn buyer(
     while Instant::now() < deadline {
         // A loaded machine may drop a connection or answer 503: poll again.
         let reply = app.client.get(&url).bearer_auth(&token).send().await;
-        // A buyer's own pace, as a browser keeps it: the polls' load is part of the test.
-        let Some(body) = ok_json(reply).await else {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            continue;
-        };
-        match body["state"].as_str().unwrap_or_default() {
-            "admitted" => return act(app, i, user, deal, &body, tally).await,
-            "expired" => return,
-            "sold_out" if finished.load(Ordering::SeqCst) => {
-                tally.told_sold_out.fetch_add(1, Ordering::SeqCst);
-                return;
+        let pause = match ok_json(reply).await {
+            // A loaded machine may drop a connection or answer 503: poll again soon.
+            None => Duration::from_millis(200),
+            Some(body) => {
+                match body["state"].as_str().unwrap_or_default() {
+                    "admitted" => return act(app, i, user, deal, &body, tally).await,
+                    "expired" => return,
+                    "sold_out" if finished.load(Ordering::SeqCst) => {
+                        tally.told_sold_out.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    }
+                    _ => {}
+                }
+                // When the answer asks, a little early, as the waiting page does.
+                let refresh = body["refresh_after_seconds"].as_u64().unwrap_or(1);
+                let jitter = (i % 10) as u64 * 30;
+                Duration::from_millis(refresh * 800 + jitter)
             }
-            _ => {}
-        }
-        // Polled again when the answer asks, a little early, as the waiting page does.
-        let refresh = body["refresh_after_seconds"].as_u64().unwrap_or(1);
-        let jitter = (i % 10) as u64 * 30;
-        tokio::time::sleep(Duration::from_millis(refresh * 800 + jitter)).await;
+        };
+        // A buyer's own pace, as a browser keeps it: the polls' load is part of the test.
+        tokio::time::sleep(pause).await;
     }
     panic!("{user} was never decided");
 }
