@@ -115,16 +115,13 @@ impl Formation {
                 .stdout(std::process::Stdio::null())
                 .spawn()
                 .expect("start the switchover");
-            let deadline = Instant::now() + PHASE_MAX;
-            let done = loop {
-                let now = Instant::now();
-                if primary_name(&dir).is_some_and(|name| name != old) {
-                    break now;
-                }
-                assert!(now < deadline, "the switchover promoted no other node");
-                // On a blocking thread, beside the script it runs: no runtime to poll on.
-                std::thread::sleep(Duration::from_millis(100));
-            };
+            let promoted = wait_until(
+                "the switchover to promote the other node",
+                PHASE_MAX,
+                || std::future::ready(primary_name(&dir).is_some_and(|name| name != old)),
+            );
+            tokio::runtime::Handle::current().block_on(promoted);
+            let done = Instant::now();
             let finished = command.wait().expect("wait for the switchover");
             assert!(finished.success(), "the switchover failed");
             done

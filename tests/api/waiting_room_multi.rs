@@ -376,9 +376,14 @@ async fn three_processes_share_one_fair_line() {
     // Assert 3: another process took over within a few seconds, at the same rate.
     assert!(resumed < Duration::from_secs(4), "stalled for {resumed:?}");
     let from = through_at(&mut redis, &a_meta).await;
-    // A rate is measured over a window of time.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let rate = rate_between(from, through_at(&mut redis, &a_meta).await);
+    // The rate over the next 400 admissions: two seconds at the configured 200/s.
+    let what = "400 admissions after the takeover";
+    let to = wait_until(what, Duration::from_secs(4), || async {
+        let now = through_at(&mut cluster.redis().await, &a_meta).await;
+        (now.0 >= from.0 + 400).then_some(now)
+    })
+    .await;
+    let rate = rate_between(from, to);
     assert!(
         (170.0..=230.0).contains(&rate),
         "rate after takeover {rate:.1}/s"
