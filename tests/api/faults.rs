@@ -113,20 +113,24 @@ async fn an_old_sold_out_flag_restored_in_redis_does_not_stick() {
 
     // Assert: within a few refreshes the flag is gone and orders are taken; the payment's
     // webhook, sent while the flag was back, settled its order.
+    let url = &app.settings.redis.url;
     wait_until(
-        "the deal to read open",
+        "the stale flag to be removed from Redis",
         Duration::from_millis(400),
-        || async { app.deal_state(&deal).await == "open" },
+        || async {
+            let mut redis = crate::helpers::redis_connection(url).await.unwrap();
+            let flagged: bool = redis::cmd("SISMEMBER")
+                .arg(&key)
+                .arg(&deal)
+                .query_async(&mut redis)
+                .await
+                .unwrap();
+            !flagged
+        },
     )
     .await;
+    assert_eq!(app.deal_state(&deal).await, "open");
     app.order("second", &deal, 1).await.expect(201);
-    let flagged: bool = redis::cmd("SISMEMBER")
-        .arg(&key)
-        .arg(&deal)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    assert!(!flagged, "the stale flag was removed from Redis");
     let order_id = order["order_id"].as_str().unwrap();
     app.wait_for_order(&first, order_id, &["PAID"], SETTLE)
         .await;
