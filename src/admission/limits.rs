@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use governor::middleware::NoOpMiddleware;
+use governor::state::keyed::DashMapStateStore;
+use governor::{Quota, RateLimiter};
 
 use super::{LimitSettings, RateSettings};
 
@@ -62,16 +64,23 @@ pub(crate) type SharedLimiter = Limiter<String>;
 /// time, so a request whose key falls in that shard waits for 1/`MAP_SHARDS` of the sweep.
 const MAP_SHARDS: usize = 128;
 
-/// One keyed token bucket with the policy it reports when it refuses.
-pub(crate) struct Limiter<K: Hash + Eq + Clone> {
+/// One keyed token bucket with the policy it reports when it refuses. Its buckets refill
+/// on the clock `C`: the process's own, or in tests one they move by hand.
+pub(crate) struct Limiter<K: Hash + Eq + Clone, C: Clock = DefaultClock> {
     scope: Scope,
-    inner: DefaultKeyedRateLimiter<K>,
+    inner: RateLimiter<K, DashMapStateStore<K>, C, NoOpMiddleware<C::Instant>>,
     quota: u32,
     window_seconds: u64,
 }
 
 impl<K: Hash + Eq + Clone> Limiter<K> {
     pub(crate) fn new(scope: Scope, rate: RateSettings) -> Self {
+        Self::with_clock(scope, rate, DefaultClock::default())
+    }
+}
+
+impl<K: Hash + Eq + Clone, C: Clock> Limiter<K, C> {
+    pub(crate) fn with_clock(scope: Scope, rate: RateSettings, clock: C) -> Self {
         let per_second = NonZeroU32::new(rate.rate_per_second).expect("validated: rate > 0");
         let burst = NonZeroU32::new(rate.burst).expect("validated: burst > 0");
         Self {
@@ -79,7 +88,7 @@ impl<K: Hash + Eq + Clone> Limiter<K> {
             inner: RateLimiter::new(
                 Quota::per_second(per_second).allow_burst(burst),
                 DashMap::with_shard_amount(MAP_SHARDS),
-                DefaultClock::default(),
+                clock,
             ),
             quota: rate.burst,
             window_seconds: u64::from(rate.burst.div_ceil(rate.rate_per_second)),
@@ -152,16 +161,12 @@ impl RateLimits {
         self.user.forget_idle();
         self.deal.forget_idle();
     }
-
-    /// Keys currently tracked, across all scopes.
-    #[cfg(test)]
-    fn keys(&self) -> usize {
-        self.ip.inner.len() + self.user.inner.len() + self.deal.inner.len()
-    }
 }
 
 #[cfg(test)]
 mod tests {
+    use governor::clock::FakeRelativeClock;
+
     use super::*;
 
     fn settings(rate: u32, burst: u32) -> LimitSettings {
@@ -214,16 +219,53 @@ mod tests {
         limits.check_ip("2001:db8:0:1::1".parse().unwrap()).unwrap();
     }
 
+    /// A per-user limiter on a clock the test moves, and that clock.
+    fn on_test_clock(
+        rate: u32,
+        burst: u32,
+    ) -> (Limiter<String, FakeRelativeClock>, FakeRelativeClock) {
+        let clock = FakeRelativeClock::default();
+        let limiter =
+            Limiter::with_clock(Scope::User, settings(rate, burst).per_user, clock.clone());
+        (limiter, clock)
+    }
+
     #[test]
     fn idle_keys_are_forgotten() {
-        let limits = RateLimits::new(&settings(1_000_000, 1));
+        let (limiter, clock) = on_test_clock(1_000, 1);
         for i in 0..100u8 {
-            let _ = limits.check_user(&format!("user-{i}"));
+            let _ = limiter.check(&format!("user-{i}"));
         }
-        assert_eq!(limits.keys(), 100);
-        std::thread::sleep(Duration::from_millis(5));
-        limits.forget_idle();
-        assert_eq!(limits.keys(), 0);
+        limiter.forget_idle();
+        assert_eq!(limiter.inner.len(), 100, "kept while their buckets refill");
+        clock.advance(Duration::from_millis(5));
+        limiter.forget_idle();
+        assert_eq!(limiter.inner.len(), 0);
+    }
+
+    #[test]
+    fn a_spent_burst_comes_back_at_the_rate() {
+        let (limiter, clock) = on_test_clock(2, 2);
+        let key = "alice".to_owned();
+        limiter.check(&key).unwrap();
+        limiter.check(&key).unwrap();
+        let limited = limiter.check(&key).unwrap_err();
+        assert_eq!(limited.retry_after_seconds, 1, "half a second, rounded up");
+        clock.advance(Duration::from_millis(450));
+        assert!(limiter.check(&key).is_err(), "refused before its time");
+        clock.advance(Duration::from_millis(100));
+        limiter.check(&key).unwrap();
+        assert!(
+            limiter.check(&key).is_err(),
+            "one request came back, not two"
+        );
+        clock.advance(Duration::from_secs(10));
+        limiter.check(&key).unwrap();
+        limiter.check(&key).unwrap();
+        assert!(
+            limiter.check(&key).is_err(),
+            "idle time refills the burst, no more"
+        );
     }
 
     #[test]

@@ -399,7 +399,7 @@ where
 mod tests {
     use super::*;
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn the_head_clock_runs_only_while_waiting_for_a_head() {
         let timeout = Duration::from_millis(200);
         let clock = HeadClock::new();
@@ -435,7 +435,7 @@ mod tests {
         fn graceful_shutdown(self: Pin<&mut Self>) {}
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn the_head_timeout_counts_from_the_last_answer() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let _client = TcpStream::connect(listener.local_addr().unwrap())

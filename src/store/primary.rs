@@ -11,10 +11,11 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection, PgPool, Row};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// How long one probe of one host may take.
@@ -46,6 +47,7 @@ pub struct Primary {
     current: AtomicUsize,
     /// Milliseconds after `epoch` of the last change of primary (0: none yet).
     changed_ms: AtomicU64,
+    /// On tokio's clock, so that tests can pause and advance it.
     epoch: Instant,
 }
 
@@ -183,8 +185,8 @@ mod tests {
         assert_eq!(split_hosts("postgres://u@h/db"), ["postgres://u@h/db"]);
     }
 
-    #[test]
-    fn only_connections_older_than_a_change_are_stale() {
+    #[tokio::test(start_paused = true)]
+    async fn only_connections_older_than_a_change_are_stale() {
         let primary = Primary::new(
             vec!["postgres://a".into(), "postgres://b".into()],
             vec![PgConnectOptions::new(), PgConnectOptions::new()],
@@ -193,9 +195,12 @@ mod tests {
             !primary.is_stale(Duration::from_secs(3600)),
             "no change yet"
         );
-        std::thread::sleep(Duration::from_millis(20));
+        tokio::time::advance(Duration::from_millis(20)).await;
+        // The primary changed 10 ms after the epoch, 10 ms ago.
         primary.changed_ms.store(10, Ordering::Release);
         assert!(primary.is_stale(Duration::from_secs(3600)));
+        assert!(primary.is_stale(Duration::from_millis(11)));
+        assert!(!primary.is_stale(Duration::from_millis(10)));
         assert!(!primary.is_stale(Duration::from_millis(1)));
         assert_eq!(host_of("postgres://u:secret@h:5/db"), "h:5");
     }

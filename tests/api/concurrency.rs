@@ -7,7 +7,7 @@ use serde_json::json;
 use tokio::sync::Semaphore;
 use uuid::Uuid;
 
-use crate::helpers::{Api, Reply, buckets, new_deal, spawn_app_with};
+use crate::helpers::{Api, EVENTUALLY, Reply, buckets, new_deal, poll_every, spawn_app_with};
 
 /// One attempt of the stampede and what it got.
 pub struct Attempt {
@@ -166,15 +166,18 @@ async fn stock_adjustments_racing_orders_keep_the_books_balanced() {
     let adjuster = tokio::spawn(async move {
         let mut applied = 0;
         for delta in deltas {
-            let mut reply = api.adjust_stock(&deal, delta).await;
             // The admin API shares the small background pool: 503 means "not done, retry".
-            for _ in 0..50 {
-                if reply.status != 503 {
-                    break;
+            let every = std::time::Duration::from_millis(50);
+            let adjusted = poll_every(every, EVENTUALLY, || async {
+                let reply = api.adjust_stock(&deal, delta).await;
+                if reply.status == 503 {
+                    Err(reply.text)
+                } else {
+                    Ok(reply)
                 }
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                reply = api.adjust_stock(&deal, delta).await;
-            }
+            })
+            .await;
+            let reply = adjusted.unwrap_or_else(|seen| panic!("adjust {delta}: still {seen}"));
             assert!(
                 matches!(reply.status, 200 | 409),
                 "adjust {delta}: {} {}",

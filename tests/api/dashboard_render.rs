@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
-use crate::helpers::{ChildGuard, crate_root, unique_suffix};
+use crate::helpers::{ChildGuard, EVENTUALLY, crate_root, unique_suffix, wait_until};
 use crate::ops_dashboard::{sale_app, small_sale};
 
 const DASHBOARD: &str = include_str!("../../config/grafana/flashgate.json");
@@ -23,6 +23,12 @@ fn script() -> Command {
     let mut command = Command::new("python3");
     command.arg(crate_root().join("scripts/dashboard.py"));
     command
+}
+
+/// How many whole scrapes the recorder has written so far (one JSON line each).
+fn scrapes_in(path: &std::path::Path) -> usize {
+    let written = std::fs::read_to_string(path).unwrap_or_default();
+    written.matches('\n').count()
 }
 
 /// The HTML of one panel: from its heading to the next panel's.
@@ -57,7 +63,12 @@ async fn every_panel_is_drawn_from_a_recorded_sale() {
 
     // Act
     small_sale(&app).await;
-    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    // Two more scrapes, so that one was certainly taken after the sale.
+    let recorded = scrapes_in(&scrapes);
+    wait_until("a scrape after the sale", EVENTUALLY, || async {
+        scrapes_in(&scrapes) >= recorded + 2
+    })
+    .await;
     recorder.kill();
     let rendered = script()
         .args(["render", "--scrapes"])

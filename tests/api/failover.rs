@@ -13,10 +13,13 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
 use crate::helpers::{
-    Api, ChildGuard, assert_invariants, delete_redis_keys, free_port, new_deal, test_settings,
-    unique_suffix,
+    Api, ChildGuard, assert_invariants, delete_redis_keys, free_port, new_deal, poll_every,
+    test_settings, unique_suffix, wait_until,
 };
 use crate::multi_process::{spawn_gateway_with, wait_until_healthy};
+
+/// How long a buyer waits before asking again after an error (on the next gateway).
+const RETRY_EVERY: Duration = Duration::from_millis(50);
 
 /// Units per sale phase.
 const STOCK: usize = 120;
@@ -112,15 +115,13 @@ impl Formation {
                 .stdout(std::process::Stdio::null())
                 .spawn()
                 .expect("start the switchover");
-            let deadline = Instant::now() + PHASE_MAX;
-            let done = loop {
-                let now = Instant::now();
-                if primary_name(&dir).is_some_and(|name| name != old) {
-                    break now;
-                }
-                assert!(now < deadline, "the switchover promoted no other node");
-                std::thread::sleep(Duration::from_millis(100));
-            };
+            let promoted = wait_until(
+                "the switchover to promote the other node",
+                PHASE_MAX,
+                || std::future::ready(primary_name(&dir).is_some_and(|name| name != old)),
+            );
+            tokio::runtime::Handle::current().block_on(promoted);
+            let done = Instant::now();
             let finished = command.wait().expect("wait for the switchover");
             assert!(finished.success(), "the switchover failed");
             done
@@ -163,38 +164,41 @@ async fn buy(apis: &[Api], n: usize, deal: &str, deadline: Instant) -> Option<Ac
     // Users (and so idempotency keys) of one phase are not reused by the next.
     let user = format!("{deal}-buyer-{n}");
     let token = apis[0].token(&user);
+    let (user, token) = (&user, &token);
     let first_sent = Instant::now();
-    for attempt in 0.. {
-        assert!(
-            Instant::now() < deadline,
-            "{user} got no answer before the deadline"
-        );
+    let mut attempt = 0;
+    let limit = deadline.saturating_duration_since(first_sent);
+    let answered = poll_every(RETRY_EVERY, limit, || {
         let api = &apis[(n + attempt) % apis.len()];
-        let reply = api.place_order(&token, deal, &user, 1).await;
-        match reply.status {
-            200 | 201 => {
-                let order_id = reply.json()["order_id"].as_str().unwrap().to_owned();
-                let acked = Instant::now();
-                return Some(Ack {
-                    order_id,
-                    first_sent,
-                    acked,
-                });
+        attempt += 1;
+        async move {
+            let reply = api.place_order(token, deal, user, 1).await;
+            match reply.status {
+                200 | 201 => {
+                    let order_id = reply.json()["order_id"].as_str().unwrap().to_owned();
+                    let acked = Instant::now();
+                    Ok(Some(Ack {
+                        order_id,
+                        first_sent,
+                        acked,
+                    }))
+                }
+                409 => {
+                    assert_eq!(
+                        reply.problem_slug().as_deref(),
+                        Some("sold-out"),
+                        "{}",
+                        reply.text
+                    );
+                    Ok(None)
+                }
+                400..=499 => panic!("{user}: unexpected {} {}", reply.status, reply.text),
+                status => Err(format!("{status} {}", reply.text)),
             }
-            409 => {
-                assert_eq!(
-                    reply.problem_slug().as_deref(),
-                    Some("sold-out"),
-                    "{}",
-                    reply.text
-                );
-                return None;
-            }
-            400..=499 => panic!("{user}: unexpected {} {}", reply.status, reply.text),
-            _ => tokio::time::sleep(Duration::from_millis(50)).await,
         }
-    }
-    unreachable!()
+    })
+    .await;
+    answered.unwrap_or_else(|seen| panic!("{user} got no answer before the deadline: {seen}"))
 }
 
 /// When a disruption started and when the old primary was certainly out (killed, or the
@@ -233,15 +237,17 @@ async fn sale(
                     }
                     None => sold_out.store(true, Ordering::Relaxed),
                 }
+                // The buyers' pace: load spread over the disruption, not a wait.
                 tokio::time::sleep(PACE).await;
             }
             acks
         });
     }
-    while acked.load(Ordering::Relaxed) < STOCK / 3 {
-        assert!(Instant::now() < deadline, "the sale never got going");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let limit = deadline.saturating_duration_since(Instant::now());
+    wait_until("the sale to get going", limit, || async {
+        acked.load(Ordering::Relaxed) >= STOCK / 3
+    })
+    .await;
     let started = Instant::now();
     let disruption = tokio::task::spawn_blocking(disrupt);
     let acks: Vec<Ack> = workers.join_all().await.into_iter().flatten().collect();

@@ -3,13 +3,14 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::{Value, json};
 
-use crate::helpers::{EVENTUALLY, TestApp, buckets, new_deal, spawn_app, unique_suffix};
+use crate::helpers::{
+    EVENTUALLY, TestApp, buckets, new_deal, spawn_app, unique_suffix, wait_until,
+};
 
 const STOCK: i64 = 5;
 const PER_USER_LIMIT: i64 = 3;
@@ -54,49 +55,45 @@ async fn place(app: &TestApp, deal: &str, model: &mut Model, who: usize, quantit
     let over_limit = model.held[who] + quantity > PER_USER_LIMIT;
     let short = quantity > model.available;
     let token = app.token(&user(who));
-    let deadline = Instant::now() + EVENTUALLY;
-    loop {
+    let what = format!("an order while {} units are available", model.available);
+    // A sold-out flag may lag a release by up to about a second.
+    let (key, reply) = wait_until(&what, EVENTUALLY, || async {
         let key = unique_suffix();
         let reply = app.place_order(&token, deal, &key, quantity).await;
-        let slug = reply.problem_slug();
-        match (over_limit, short) {
-            (false, false) if reply.status == 409 && slug.as_deref() == Some("sold-out") => {
-                // A sold-out flag may lag a release by up to about a second.
-                assert!(
-                    Instant::now() < deadline,
-                    "sold-out with {} units available",
-                    model.available
-                );
-                tokio::time::sleep(Duration::from_millis(25)).await;
-                continue;
-            }
-            (false, false) => {
-                let body = reply.expect(201);
-                model.available -= quantity;
-                model.held[who] += quantity;
-                model.orders.push(Placed {
-                    user: who,
-                    key,
-                    quantity,
-                    body,
-                    pending: true,
-                });
-            }
-            (true, false) => {
-                reply.expect_problem(409, "per-user-limit");
-            }
-            (false, true) => {
-                reply.expect_problem(409, "sold-out");
-            }
-            (true, true) => assert!(
-                reply.status == 409
-                    && matches!(slug.as_deref(), Some("sold-out" | "per-user-limit")),
-                "over the limit and short of stock: {} {}",
-                reply.status,
-                reply.text
-            ),
+        let lagging = !over_limit && !short && reply.problem_slug().as_deref() == Some("sold-out");
+        if lagging && reply.status == 409 {
+            Err(reply.text)
+        } else {
+            Ok((key, reply))
         }
-        return;
+    })
+    .await;
+    let slug = reply.problem_slug();
+    match (over_limit, short) {
+        (false, false) => {
+            let body = reply.expect(201);
+            model.available -= quantity;
+            model.held[who] += quantity;
+            model.orders.push(Placed {
+                user: who,
+                key,
+                quantity,
+                body,
+                pending: true,
+            });
+        }
+        (true, false) => {
+            reply.expect_problem(409, "per-user-limit");
+        }
+        (false, true) => {
+            reply.expect_problem(409, "sold-out");
+        }
+        (true, true) => assert!(
+            reply.status == 409 && matches!(slug.as_deref(), Some("sold-out" | "per-user-limit")),
+            "over the limit and short of stock: {} {}",
+            reply.status,
+            reply.text
+        ),
     }
 }
 

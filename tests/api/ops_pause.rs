@@ -10,6 +10,7 @@ use serde_json::json;
 
 use crate::helpers::{
     Api, TestDb, assert_invariants, delete_redis_keys, eventually, test_settings, unique_suffix,
+    wait_until,
 };
 use crate::multi_process::{spawn_gateway, wait_until_healthy};
 use crate::ops_cli::flashgate_cli;
@@ -36,6 +37,7 @@ async fn keep_ordering(gateway: usize, api: Api, deal: String, stop: Arc<AtomicB
             status: reply.status,
             slug: reply.problem_slug(),
         });
+        // A client's pace: the load, not a wait for an outcome.
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     sent
@@ -78,13 +80,18 @@ async fn pausing_through_the_cli_stops_every_instance_within_a_second() {
             load.spawn(keep_ordering(n, api.clone(), deal.clone(), stop.clone()));
         }
     }
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    wait_until("the load to sell", Duration::from_secs(10), || async {
+        orders_in_db(&db).await >= 30
+    })
+    .await;
 
     // Act: pause through the CLI while the load runs.
     let paused = flashgate_cli(&settings, &["deals", "pause", &deal]).await;
     let paused_at = Instant::now();
     assert!(paused.success, "deals pause failed: {}", paused.stderr);
     assert_eq!(paused.json()["paused"], json!(true), "{}", paused.stdout);
+    // The promise spans time: a second for the pause to reach every instance, then a while
+    // in which nothing sells.
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let orders_a_second_after = orders_in_db(&db).await;
     tokio::time::sleep(Duration::from_millis(700)).await;

@@ -81,6 +81,7 @@ async fn draining_a_line_tells_every_waiting_buyer_and_admits_nobody_afterwards(
     order_with_pass(&app, first, &deal, Some(&first_pass))
         .await
         .expect(201);
+    // Nothing to wait for: the outcome is that several advancer steps admit nobody.
     tokio::time::sleep(Duration::from_millis(600)).await;
     for (user, ticket) in &tickets[1..] {
         let body = poll(&app, user, &deal, ticket).await.expect(200);

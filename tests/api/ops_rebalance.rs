@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::helpers::{Api, assert_invariants, buckets, send, spawn_app_with, unique_suffix};
+use crate::helpers::{
+    Api, assert_invariants, buckets, send, spawn_app_with, unique_suffix, wait_until,
+};
 use crate::ops_cli::flashgate_cli;
 
 const STOCK: i64 = 1000;
@@ -35,6 +37,7 @@ async fn shop(api: Api, deal: String, stop: Arc<AtomicBool>, placed: Arc<AtomicI
             }
             _ => {
                 reply.expect_problem(409, "sold-out");
+                // A shopper's pause before trying again: load, not a wait for an outcome.
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
@@ -61,9 +64,20 @@ async fn watch(api: Api, deal: String, stop: Arc<AtomicBool>) -> usize {
         .expect(200);
         assert_eq!(audit["findings"], json!([]), "{audit}");
         samples += 1;
+        // Sampled at a steady pace for as long as the sale runs.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     samples
+}
+
+/// Waits until the shoppers have placed a few more orders, so each rebalance meets a sale
+/// in progress.
+async fn orders_go_through(placed: &AtomicI64) {
+    let before = placed.load(Ordering::Relaxed);
+    wait_until("more orders placed", Duration::from_secs(10), || async {
+        placed.load(Ordering::Relaxed) >= before + 5
+    })
+    .await;
 }
 
 async fn rebalance_via_api(api: &Api, deal: &str, buckets: i64) -> serde_json::Value {
@@ -102,13 +116,13 @@ async fn rebalancing_8_to_32_and_back_under_load_keeps_every_unit() {
     // Act: 8 → 32 through the admin API, 32 → 8 through the CLI, twice.
     let mut moved = Vec::new();
     for _ in 0..2 {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        orders_go_through(&placed).await;
         let grown = rebalance_via_api(&app.api, &deal, 32).await;
         assert_eq!(grown["buckets_before"], json!(8));
         assert_eq!(grown["buckets_after"], json!(32));
         moved.push(grown["units_moved"].as_i64().unwrap());
         assert_eq!(buckets(&app.db, &deal).await.len(), 32);
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        orders_go_through(&placed).await;
         let shrunk = flashgate_cli(
             &app.settings,
             &["deals", "rebalance", &deal, "--buckets", "8"],
@@ -118,7 +132,7 @@ async fn rebalancing_8_to_32_and_back_under_load_keeps_every_unit() {
         assert_eq!(shrunk.json()["buckets_before"], json!(32));
         assert_eq!(shrunk.json()["buckets_after"], json!(8));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    orders_go_through(&placed).await;
     stop.store(true, Ordering::Relaxed);
     shoppers.join_all().await;
     let samples = watcher.await.expect("the invariant held at every sample");

@@ -5,7 +5,7 @@ use serde_json::json;
 
 use crate::helpers::{
     SETTLE, attempts_of, new_deal, order_status, payment_events, refunds, send, spawn_pay_app,
-    stock, unique_suffix,
+    stock, unique_suffix, wait_until,
 };
 
 #[tokio::test(flavor = "multi_thread")]
@@ -126,18 +126,15 @@ async fn webhooks_delivered_three_times_and_out_of_order_take_effect_once() {
     app.wait_for_order(&alice, a_id, &["PAID"], SETTLE).await;
     app.wait_for_order(&bob, b_id, &["CANCELLED"], SETTLE).await;
     // Every copy of every event has been answered 2xx before the books are checked.
-    let deadline = std::time::Instant::now() + SETTLE;
-    let events = loop {
+    let events = wait_until("every copy to be accepted", SETTLE, || async {
         let events = app.sim.events().await;
         if events.iter().all(|e| e["successful_deliveries"] == 3) {
-            break events;
+            Ok(events)
+        } else {
+            Err(format!("{events:#?}"))
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not every copy was accepted: {events:#?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     assert_eq!(events.len(), 3, "{events:#?}");
 
     let consumed = payment_events(&app.db).await;

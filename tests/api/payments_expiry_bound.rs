@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use crate::helpers::{
     PayApp, Reply, SETTLE, attempts_of, new_deal, order_status, send, spawn_pay_app_with, stock,
+    wait_until,
 };
 
 async fn start_payment(app: &PayApp, token: &str, order_id: &str, key: &str) -> Reply {
@@ -62,6 +63,7 @@ async fn payment_attempts_stop_at_expiry_and_cannot_hold_units_past_it() {
             );
             refused_after_expiry += 1;
         }
+        // Attempts at a steady pace across the expiry: each is a sample of the outcome.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(refused_after_expiry >= 10, "{refused_after_expiry}");
@@ -150,8 +152,17 @@ async fn expiry_reads_expired_whichever_of_sweeper_and_cancel_webhook_lands_firs
         for task in tasks {
             batch_orders.push(task.await.expect("order task"));
         }
-        // Let this batch expire under its faults before the next one starts.
-        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        // This batch expires under its faults before the next one starts.
+        wait_until("the batch to end", SETTLE, || async {
+            for (_, order_id) in &batch_orders {
+                let status = order_status(&app.db, order_id).await;
+                if !matches!(status.as_str(), "EXPIRED" | "CANCELLED") {
+                    return Err(format!("{order_id} {status}"));
+                }
+            }
+            Ok(())
+        })
+        .await;
         placed.extend(batch_orders);
     }
     let orders_total = placed.len();
@@ -169,7 +180,17 @@ async fn expiry_reads_expired_whichever_of_sweeper_and_cancel_webhook_lands_firs
     }
     app.sim.reset_faults().await;
     app.sim.flush_webhooks().await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The late webhooks land (each answered by the gateway), and change nothing.
+    wait_until("every held webhook to be answered", SETTLE, || async {
+        let events = app.sim.events().await;
+        let pending = events.iter().filter(|e| e["delivered"] != true).count();
+        if pending == 0 {
+            Ok(())
+        } else {
+            Err(format!("{pending} not delivered"))
+        }
+    })
+    .await;
     for (_, order_id) in &placed {
         assert_eq!(
             order_status(&app.db, order_id).await,

@@ -2,12 +2,11 @@
 //! its order in MANUAL_REVIEW holding no units, an operator sees the queue (admin API, CLI)
 //! and fulfils (only while units are left) or refunds, each through the guarded moves.
 
-use std::time::{Duration, Instant};
-
 use serde_json::{Value, json};
 
 use crate::helpers::{
     PayApp, SETTLE, attempts_of, metric_value, new_deal, refunds, send, spawn_pay_app, stock,
+    wait_until,
 };
 use crate::ops_cli::flashgate_cli;
 
@@ -48,18 +47,19 @@ async fn queue(app: &PayApp) -> Vec<Value> {
 
 /// Waits until the review gauge reads `wanted`.
 async fn wait_review_gauge(app: &PayApp, wanted: f64) -> String {
-    let deadline = Instant::now() + SETTLE;
-    loop {
-        let metrics = app.metrics().await;
-        if metric_value(&metrics, "flashgate_manual_review_orders", "") == wanted {
-            return metrics;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "review gauge never {wanted}:\n{metrics}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until(
+        &format!("the review gauge to read {wanted}"),
+        SETTLE,
+        || async {
+            let metrics = app.metrics().await;
+            if metric_value(&metrics, "flashgate_manual_review_orders", "") == wanted {
+                Ok(metrics)
+            } else {
+                Err(metrics)
+            }
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]

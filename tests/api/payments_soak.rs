@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    Api, SETTLE, SimClient, all_attempts, new_deal, refunds, spawn_pay_app, stock,
+    Api, SETTLE, SimClient, all_attempts, new_deal, poll_every, refunds, spawn_pay_app, stock,
 };
 
 const USERS: usize = 150;
@@ -40,22 +40,22 @@ fn plan_of(user: usize) -> Plan {
 async fn buy(api: Api, sim: SimClient, user: usize, deal: String) -> Option<(Plan, Value)> {
     let plan = plan_of(user);
     let token = api.token(&format!("soak{user}"));
-    let deadline = Instant::now() + SHOPPING;
-    let order = loop {
+    // A sold-out answer is not stored under the key; a later try may succeed.
+    let every = Duration::from_millis(100 + (user as u64 % 7) * 30);
+    let bought = poll_every(every, SHOPPING, || async {
         let reply = api
             .place_order_retrying(&token, &deal, &format!("soak-{user}"), 1)
             .await;
         if reply.status == 201 {
-            break reply.json();
+            return Some(reply.json());
         }
         reply.expect_problem(409, "sold-out");
-        if Instant::now() >= deadline {
-            return None;
-        }
-        // A sold-out answer is not stored under the key; a later try may succeed.
-        tokio::time::sleep(Duration::from_millis(100 + (user as u64 % 7) * 30)).await;
-    };
+        None
+    })
+    .await;
+    let order = bought.ok()?;
     let intent_id = crate::helpers::intent_id(&order);
+    // Payers take their time, each a little differently: load spread over the expiry.
     tokio::time::sleep(Duration::from_millis((user as u64 % 5) * 40)).await;
     match plan {
         Plan::Pay => {
@@ -71,6 +71,7 @@ async fn buy(api: Api, sim: SimClient, user: usize, deal: String) -> Option<(Pla
         Plan::LateSuccess => {
             let expires_at: chrono::DateTime<chrono::Utc> =
                 order["expires_at"].as_str().unwrap().parse().unwrap();
+            // Paid after the reservation ran out, on purpose: late money is the case here.
             let after = expires_at + chrono::Duration::milliseconds(700);
             tokio::time::sleep((after - chrono::Utc::now()).to_std().unwrap_or_default()).await;
             sim.force_succeed(&intent_id).await;
@@ -134,7 +135,8 @@ async fn a_bounded_soak_keeps_money_and_stock_in_agreement() {
         open == 0
     })
     .await;
-    // One more reconciler pass after everything looked settled.
+    // One more reconciler pass after everything looked settled; it leaves no trace to
+    // wait for when it finds nothing, and finding nothing is the outcome.
     tokio::time::sleep(Duration::from_millis(700)).await;
 
     let attempts = all_attempts(&app.db).await;

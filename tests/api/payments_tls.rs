@@ -3,12 +3,11 @@
 //! `payments.ca_file`. A certificate the gateway does not trust is a connection refused:
 //! nothing was created, nothing is sent in cleartext, and the order expires as usual.
 
-use std::time::Duration;
-
 use serde_json::json;
 
 use crate::helpers::{
     SETTLE, Sim, TestCerts, attempts_of, metric_value, new_deal, spawn_pay_app_at, stock,
+    wait_until,
 };
 
 #[tokio::test(flavor = "multi_thread")]
@@ -40,11 +39,10 @@ async fn payments_create_pay_and_void_over_tls_with_a_generated_certificate() {
     let open_id = open["order_id"].as_str().unwrap();
     let open_intent = crate::helpers::intent_id(&open);
     app.cancel_order(&alice, open_id).await.expect(200);
-    let deadline = std::time::Instant::now() + SETTLE;
-    while app.sim.intent(&open_intent).await["status"] != "canceled" {
-        assert!(std::time::Instant::now() < deadline, "session never voided");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until("the session to be voided", SETTLE, || async {
+        app.sim.intent(&open_intent).await["status"] == "canceled"
+    })
+    .await;
     assert_eq!(stock(&app.db, &deal).await, (9, 0, 1));
     let metrics = app.metrics().await;
     let refused = metric_value(&metrics, "flashgate_provider_errors_total", "");

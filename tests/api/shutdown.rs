@@ -4,7 +4,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use crate::helpers::{new_deal, order_count, spawn_app, spawn_app_with};
+use crate::helpers::{EVENTUALLY, new_deal, order_count, spawn_app, spawn_app_with, wait_until};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn request_in_flight_at_shutdown_still_completes() {
@@ -29,9 +29,13 @@ async fn request_in_flight_at_shutdown_still_completes() {
     // Nothing observable says the server has parsed the head; give it a moment.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    // Act: shut down, then finish the request.
+    // Act: shut down, then finish the request once the server accepts no more connections.
     app.begin_shutdown();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let addr = app.addr;
+    wait_until("the listener to close", EVENTUALLY, || async {
+        TcpStream::connect(addr).is_err()
+    })
+    .await;
     let response = tokio::task::spawn_blocking(move || {
         stream.write_all(&body[5..])?;
         let mut response = String::new();
@@ -89,12 +93,18 @@ async fn readiness_fails_at_once_while_requests_are_still_served() {
 
     // Act
     app.begin_shutdown();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let ready = app.get("/readyz").await;
+    let ready = wait_until("readiness to fail", Duration::from_millis(500), || async {
+        let ready = app.get("/readyz").await;
+        if ready.status == 503 {
+            Ok(ready)
+        } else {
+            Err(ready.text)
+        }
+    })
+    .await;
     let served = app.get_deal(&deal).await;
 
     // Assert: not ready, still serving, each answer closing its connection.
-    assert_eq!(ready.status, 503, "{}", ready.text);
     assert_eq!(ready.json()["shutting_down"], true);
     served.expect(200);
     assert_eq!(served.header("connection"), Some("close"));

@@ -8,7 +8,7 @@ use flashgate::waiting_room::Passes;
 use flashgate::waiting_room::shuffle;
 use serde_json::{Value, json};
 
-use crate::helpers::{Api, Reply, TestApp, send, spawn_app_with, unique_suffix};
+use crate::helpers::{Api, Reply, TestApp, send, spawn_app_with, unique_suffix, wait_until};
 
 /// A deal with a waiting room (open now unless `extra` says otherwise).
 pub fn room_deal(id: &str, stock: i64, room: Value, extra: Value) -> Value {
@@ -70,18 +70,16 @@ pub async fn poll_until(
     states: &[&str],
     timeout: Duration,
 ) -> Value {
-    let deadline = Instant::now() + timeout;
-    loop {
+    let what = format!("{user} to reach {states:?}");
+    wait_until(&what, timeout, || async {
         let body = poll(api, user, deal, ticket).await.expect(200);
         if states.contains(&body["state"].as_str().unwrap_or_default()) {
-            return body;
+            Ok(body)
+        } else {
+            Err(body)
         }
-        assert!(
-            Instant::now() < deadline,
-            "{user} never reached {states:?}: {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 fn fast_room(s: &mut Settings) {
@@ -275,6 +273,7 @@ async fn sold_out_reaches_waiting_users_and_returning_stock_resumes_the_line() {
     }
     assert!(waiting.len() >= 4, "most of the line was told sold_out");
     assert_eq!(line(&app, &deal).await["state"], "sold_out");
+    // Nothing to wait for: the outcome is that nothing changes while the line keeps moving.
     tokio::time::sleep(Duration::from_millis(500)).await;
     for (user, ticket) in &waiting {
         assert_eq!(
@@ -317,6 +316,7 @@ async fn abandoned_tickets_are_skipped() {
         let body = poll(&app, "keen", &deal, &keen).await.expect(200);
         assert_eq!(body["state"], "waiting", "the slot is still taken: {body}");
         assert_eq!(body["ahead"], 1);
+        // The grace period runs on the gateway's clock; keen polls at a client's pace.
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     order_with_pass(&app, "first", &deal, pass["pass"].as_str())
@@ -380,15 +380,19 @@ async fn random_order_is_a_permutation_reproducible_from_the_published_seed() {
         .expect_problem(409, "sale-not-open");
 
     // Act: the sale opens.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let after = loop {
-        let body = line(&app, &deal).await;
-        if body.get("seed").is_some() {
-            break body;
-        }
-        assert!(Instant::now() < deadline, "seed never published: {body}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let after = wait_until(
+        "the seed to be published",
+        Duration::from_secs(10),
+        || async {
+            let body = line(&app, &deal).await;
+            if body.get("seed").is_some() {
+                Ok(body)
+            } else {
+                Err(body)
+            }
+        },
+    )
+    .await;
 
     // Assert: the seed matches the commitment and explains every new position.
     let seed = after["seed"].as_str().unwrap();

@@ -1,6 +1,7 @@
 //! The waiting room beyond the basics, on one gateway: the first-second burst, the sold-out
 //! admission bound over a crowd much larger than the stock, and honest odds.
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -9,7 +10,7 @@ use chrono::Utc;
 use flashgate::config::Settings;
 use serde_json::{Value, json};
 
-use crate::helpers::{Reply, TestApp, spawn_app_with};
+use crate::helpers::{Reply, TestApp, poll_every, spawn_app_with, wait_until};
 use crate::waiting_room::{join, line, poll, poll_until, room_deal};
 
 pub const EVENTUALLY: Duration = Duration::from_secs(5);
@@ -49,27 +50,25 @@ async fn the_sale_opens_with_a_burst_not_a_second_late() {
     }
     assert_eq!(line(&app, &deal).await["admitted_through"], 0);
 
-    // Act: wait for the opening, then watch the line.
+    // Act: watch the line through the opening.
     let until_open = (starts - Utc::now()).to_std().unwrap_or_default();
-    tokio::time::sleep(until_open).await;
-    let opened = Instant::now();
-    let (mut first, mut four) = (None, None);
-    while four.is_none() && opened.elapsed() < Duration::from_secs(5) {
+    let opened = Instant::now() + until_open;
+    let first = Cell::new(None);
+    let four = wait_until("four admitted", until_open + EVENTUALLY, || async {
         let through = line(&app, &deal).await["admitted_through"]
             .as_u64()
             .unwrap();
-        if through >= 1 && first.is_none() {
-            first = Some(opened.elapsed());
+        let since_opening = Instant::now().saturating_duration_since(opened);
+        if through >= 1 && first.get().is_none() {
+            first.set(Some(since_opening));
         }
-        if through >= 4 {
-            four = Some(opened.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        (through >= 4).then_some(since_opening)
+    })
+    .await;
 
     // Assert: the burst (2/s × 2 s = 4) is admitted at the opening; at the bare rate the
     // fourth admission would take two seconds and the first half a second.
-    let (first, four) = (first.expect("admitted"), four.expect("four admitted"));
+    let first = first.get().expect("admitted");
     eprintln!("burst: first admission {first:?}, fourth {four:?} after the opening");
     assert!(
         four < Duration::from_millis(900),
@@ -193,22 +192,27 @@ async fn buyer(
     while Instant::now() < deadline {
         // A loaded machine may drop a connection or answer 503: poll again.
         let reply = app.client.get(&url).bearer_auth(&token).send().await;
-        let Some(body) = ok_json(reply).await else {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            continue;
-        };
-        match body["state"].as_str().unwrap_or_default() {
-            "admitted" => return act(app, i, user, deal, &body, tally).await,
-            "expired" => return,
-            "sold_out" if finished.load(Ordering::SeqCst) => {
-                tally.told_sold_out.fetch_add(1, Ordering::SeqCst);
-                return;
+        let pause = match ok_json(reply).await {
+            // A loaded machine may drop a connection or answer 503: poll again soon.
+            None => Duration::from_millis(200),
+            Some(body) => {
+                match body["state"].as_str().unwrap_or_default() {
+                    "admitted" => return act(app, i, user, deal, &body, tally).await,
+                    "expired" => return,
+                    "sold_out" if finished.load(Ordering::SeqCst) => {
+                        tally.told_sold_out.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    }
+                    _ => {}
+                }
+                // When the answer asks, a little early, as the waiting page does.
+                let refresh = body["refresh_after_seconds"].as_u64().unwrap_or(1);
+                let jitter = (i % 10) as u64 * 30;
+                Duration::from_millis(refresh * 800 + jitter)
             }
-            _ => {}
-        }
-        let refresh = body["refresh_after_seconds"].as_u64().unwrap_or(1);
-        let jitter = (i % 10) as u64 * 30;
-        tokio::time::sleep(Duration::from_millis(refresh * 800 + jitter)).await;
+        };
+        // A buyer's own pace, as a browser keeps it: the polls' load is part of the test.
+        tokio::time::sleep(pause).await;
     }
     panic!("{user} was never decided");
 }
@@ -217,23 +221,27 @@ async fn buyer(
 /// machine's pool is briefly exhausted).
 async fn order_retrying(app: &TestApp, user: &str, deal: &str, pass: &str) -> Reply {
     let key = crate::helpers::unique_suffix();
-    for _ in 0..40 {
-        let request = app
-            .client
-            .post(app.url(&format!("/v1/deals/{deal}/orders")))
-            .bearer_auth(app.token(user))
-            .header("Idempotency-Key", &key)
-            .header("Flashgate-Pass", pass)
-            .json(&json!({ "quantity": 1 }));
-        if let Ok(response) = request.send().await {
-            let reply = Reply::from(response).await;
-            if reply.status != 503 {
-                return reply;
+    let sent = poll_every(
+        Duration::from_millis(200),
+        Duration::from_secs(8),
+        || async {
+            let request = app
+                .client
+                .post(app.url(&format!("/v1/deals/{deal}/orders")))
+                .bearer_auth(app.token(user))
+                .header("Idempotency-Key", &key)
+                .header("Flashgate-Pass", pass)
+                .json(&json!({ "quantity": 1 }));
+            let reply = Reply::from(request.send().await.map_err(|e| e.to_string())?).await;
+            if reply.status == 503 {
+                Err(reply.text)
+            } else {
+                Ok(reply)
             }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("{user}: the order never reached the gateway");
+        },
+    )
+    .await;
+    sent.unwrap_or_else(|seen| panic!("{user}: the order never reached the gateway: {seen}"))
 }
 
 async fn ok_json(reply: Result<reqwest::Response, reqwest::Error>) -> Option<Value> {
@@ -318,6 +326,7 @@ async fn watch_bound(app: Arc<TestApp>, deal: String, finished: Arc<AtomicBool>)
             eprintln!("crowd: the line read sold_out {told_at:?} after the last unit was taken");
             return over_max.load(Ordering::SeqCst);
         }
+        // Sampled at a steady pace: the largest excess over the whole sale is the outcome.
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     panic!("the sale never finished");

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use flashgate::config::Settings;
 use serde_json::json;
 
-use crate::helpers::{TestRedis, redis_connection, spawn_app_with};
+use crate::helpers::{TestRedis, redis_connection, spawn_app_with, wait_until};
 use crate::redis_outage::start_redis;
 use crate::waiting_room::{join, poll_until, room_deal};
 
@@ -78,8 +78,18 @@ async fn an_idle_gateway_leaves_redis_alone_and_wakes_when_someone_joins() {
     poll_until(&app, "early", &deals[0], &ticket, &states, WINDOW).await;
     // Its pass runs out; after that nothing is left to do anywhere.
     poll_until(&app, "early", &deals[0], &ticket, &["expired"], WINDOW).await;
+    let asleep = format!("{}wr:{{advancer}}:asleep", app.settings.redis.key_prefix);
+    wait_until("the advancer to fall asleep", WINDOW, || async {
+        let mut redis = redis_connection(&url).await.unwrap();
+        let marked: i64 = redis::cmd("EXISTS")
+            .arg(&asleep)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        marked == 1
+    })
+    .await;
     let mut redis = redis_connection(&url).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
 
     // Act 1: watch the idle gateway.
     let _: () = redis::cmd("CONFIG")
@@ -88,6 +98,7 @@ async fn an_idle_gateway_leaves_redis_alone_and_wakes_when_someone_joins() {
         .await
         .unwrap();
     let started = Instant::now();
+    // Watched for a fixed window: the command rate over it is the outcome.
     tokio::time::sleep(WINDOW).await;
     let sent = commands(&mut redis).await;
     let rate = sent.values().sum::<u64>() as f64 / started.elapsed().as_secs_f64();

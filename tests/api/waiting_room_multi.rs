@@ -13,13 +13,17 @@ use serde_json::{Value, json};
 
 use crate::helpers::{
     Api, ChildGuard, Reply, TestDb, TestRedis, assert_invariants, delete_redis_keys, metric_value,
-    redis_connection, test_settings, unique_suffix,
+    poll_every, redis_connection, test_settings, unique_suffix, wait_until,
 };
 use crate::multi_process::wait_until_healthy;
 use crate::waiting_room::{line, room_deal};
 
 /// Longest a request is answered 503 overloaded before the test gives up on it.
 const OVERLOADED_FOR_MAX: Duration = Duration::from_secs(30);
+
+/// How long a refused request waits before it is sent again: long enough to give a gateway
+/// that shed load the moment it asked for.
+const RESEND_EVERY: Duration = Duration::from_millis(200);
 
 /// Sends the request `make` builds, again after a transport error (under full CPU a pooled
 /// keep-alive connection can be closed by the server just as it is reused) and, as its
@@ -28,27 +32,19 @@ const OVERLOADED_FOR_MAX: Duration = Duration::from_secs(30);
 /// is safe to repeat: joining and polling are idempotent, orders carry one
 /// `Idempotency-Key` across attempts.
 async fn resend(make: impl Fn() -> reqwest::RequestBuilder) -> Reply {
-    let deadline = Instant::now() + OVERLOADED_FOR_MAX;
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        match make().send().await {
-            Ok(response) => {
-                let reply = Reply::from(response).await;
-                if reply.status != 503 || Instant::now() >= deadline {
-                    return reply;
-                }
-                let problem = reply.expect_problem(503, "overloaded");
-                eprintln!("retrying after 503 overloaded: {}", problem["detail"]);
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(error) if attempt < 5 => {
-                eprintln!("retrying after a transport error: {error}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(error) => panic!("request reaches the server: {error}"),
+    let sent = poll_every(RESEND_EVERY, OVERLOADED_FOR_MAX, || async {
+        let reply = match make().send().await {
+            Ok(response) => Reply::from(response).await,
+            Err(error) => return Err(format!("a transport error: {error}")),
+        };
+        if reply.status != 503 {
+            return Ok(reply);
         }
-    }
+        let problem = reply.expect_problem(503, "overloaded");
+        Err(format!("503 overloaded: {}", problem["detail"]))
+    })
+    .await;
+    sent.unwrap_or_else(|seen| panic!("still {seen} after {OVERLOADED_FOR_MAX:?}"))
 }
 
 pub(crate) async fn join(api: &Api, user: &str, deal: &str) -> Reply {
@@ -321,19 +317,16 @@ async fn three_processes_share_one_fair_line() {
 
     // Act 2: open line A, then watch both lines for five seconds.
     set_paused(&apis[0], &a, false).await;
-    let opened = Instant::now();
-    while admitted_through(&apis[0], &a).await == 0 {
-        assert!(
-            opened.elapsed() < Duration::from_secs(5),
-            "line A never moved"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until("line A to move", Duration::from_secs(5), || async {
+        admitted_through(&apis[0], &a).await > 0
+    })
+    .await;
     let mut redis = cluster.redis().await;
     let (a_meta, b_adm) = (cluster.key(&a, "meta"), cluster.key(&b, "t_adm"));
     let started = Instant::now();
     let sample_start = through_at(&mut redis, &a_meta).await;
     let mut outstanding_max = 0;
+    // Sampled for a fixed window: the rate over it and the peak within it are the outcome.
     while started.elapsed() < Duration::from_secs(5) {
         outstanding_max = outstanding_max.max(passes_outstanding(&mut redis, &b_adm).await);
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -373,23 +366,24 @@ async fn three_processes_share_one_fair_line() {
     let survivor = &apis[(holder + 1) % 3];
     let killed_at = Instant::now();
     let through_killed = admitted_through(survivor, &a).await;
-    let resumed = loop {
-        let through = admitted_through(survivor, &a).await;
-        if through > through_killed + 20 {
-            break killed_at.elapsed();
-        }
-        assert!(
-            killed_at.elapsed() < Duration::from_secs(10),
-            "the line stalled after the advancer died"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let what = "the line to move on after the advancer died";
+    wait_until(what, Duration::from_secs(10), || async {
+        admitted_through(survivor, &a).await > through_killed + 20
+    })
+    .await;
+    let resumed = killed_at.elapsed();
 
     // Assert 3: another process took over within a few seconds, at the same rate.
     assert!(resumed < Duration::from_secs(4), "stalled for {resumed:?}");
     let from = through_at(&mut redis, &a_meta).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let rate = rate_between(from, through_at(&mut redis, &a_meta).await);
+    // The rate over the next 400 admissions: two seconds at the configured 200/s.
+    let what = "400 admissions after the takeover";
+    let to = wait_until(what, Duration::from_secs(4), || async {
+        let now = through_at(&mut cluster.redis().await, &a_meta).await;
+        (now.0 >= from.0 + 400).then_some(now)
+    })
+    .await;
+    let rate = rate_between(from, to);
     assert!(
         (170.0..=230.0).contains(&rate),
         "rate after takeover {rate:.1}/s"
@@ -577,26 +571,26 @@ async fn flash_sale_of_500_units_to_20000_queued_users() {
 
 /// Polls one user's ticket until it is decided; orders when admitted.
 async fn serve_fan(api: &Api, other: &Api, user: &str, deal: &str, ticket: &str) -> Outcome {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let what = format!("{user}'s place to be decided");
+    let body = wait_until(&what, Duration::from_secs(60), || async {
         let body: Value = poll(api, user, deal, ticket).await.expect(200);
         match body["state"].as_str().unwrap_or_default() {
-            "admitted" => {
-                let reply = order_with_pass(other, user, deal, body["pass"].as_str()).await;
-                return match reply.status {
-                    201 => Outcome::Ordered,
-                    409 => {
-                        reply.expect_problem(409, "sold-out");
-                        Outcome::AdmittedTooLate
-                    }
-                    status => panic!("order with a pass: {status} {}", reply.text),
-                };
-            }
-            "sold_out" => return Outcome::ToldSoldOut,
-            "waiting" => {}
+            "admitted" | "sold_out" => Ok(body),
+            "waiting" => Err(body),
             other => panic!("{user}: unexpected state {other}: {body}"),
         }
-        assert!(Instant::now() < deadline, "{user} waited too long: {body}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    })
+    .await;
+    if body["state"] == "sold_out" {
+        return Outcome::ToldSoldOut;
+    }
+    let reply = order_with_pass(other, user, deal, body["pass"].as_str()).await;
+    match reply.status {
+        201 => Outcome::Ordered,
+        409 => {
+            reply.expect_problem(409, "sold-out");
+            Outcome::AdmittedTooLate
+        }
+        status => panic!("order with a pass: {status} {}", reply.text),
     }
 }

@@ -6,16 +6,17 @@
 //! line again on request. A screenshot of each state is kept in `target/artefacts/`. Needs
 //! `scripts/browser.sh` (run by `scripts/test.sh`).
 
+use std::cell::RefCell;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::{Value, json};
 
-use crate::helpers::{ChildGuard, TestApp, free_port, spawn_app_with, wait_for_port};
+use crate::helpers::{ChildGuard, TestApp, free_port, spawn_app_with, wait_for_port, wait_until};
 use crate::waiting_room::{join, order_with_pass, poll, room_deal};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -177,18 +178,15 @@ impl Browser {
     }
 
     async fn wait_for(&self, what: &str, timeout: Duration, done: impl Fn(&str, &str) -> bool) {
-        let deadline = Instant::now() + timeout;
-        loop {
+        wait_until(what, timeout, || async {
             let (state, text, href) = self.read().await;
             if done(&state, &href) {
-                return;
+                Ok(())
+            } else {
+                Err(format!("{state} {text} {href}"))
             }
-            assert!(
-                Instant::now() < deadline,
-                "never {what}: {state} {text} {href}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await
     }
 
     /// The progress bar as assistive technology reads it, with the page's state.
@@ -236,9 +234,8 @@ impl Browser {
 /// Reads the progress bar until the buyer is admitted; checks it reads as a labelled
 /// percentage that only grows while waiting, grows at least once, and is full at the turn.
 async fn progress_until_admitted(browser: &Browser, timeout: Duration) -> Vec<u64> {
-    let deadline = Instant::now() + timeout;
-    let mut readings: Vec<u64> = Vec::new();
-    loop {
+    let readings: RefCell<Vec<u64>> = RefCell::default();
+    wait_until("admitted", timeout, || async {
         let bar = browser.progress().await;
         assert!(bar.shown, "{bar:?}");
         assert_eq!(
@@ -250,9 +247,10 @@ async fn progress_until_admitted(browser: &Browser, timeout: Duration) -> Vec<u6
         assert!(bar.text.starts_with(&format!("{} %", bar.now)), "{bar:?}");
         if bar.state == "admitted" {
             assert_eq!(bar.now, 100, "{bar:?}");
-            break;
+            return Ok(());
         }
         assert!(bar.now < 100, "{bar:?}");
+        let mut readings = readings.borrow_mut();
         if readings.last() != Some(&bar.now) {
             assert!(
                 readings.last() < Some(&bar.now),
@@ -260,9 +258,10 @@ async fn progress_until_admitted(browser: &Browser, timeout: Duration) -> Vec<u6
             );
             readings.push(bar.now);
         }
-        assert!(Instant::now() < deadline, "never admitted: {bar:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        Err(format!("{bar:?}"))
+    })
+    .await;
+    let readings = readings.into_inner();
     assert!(
         readings.len() >= 2,
         "the bar moved while waiting: {readings:?}"
@@ -270,12 +269,22 @@ async fn progress_until_admitted(browser: &Browser, timeout: Duration) -> Vec<u6
     readings
 }
 
-/// A crowd member: polls and buys when admitted, until `stop`.
-async fn crowd_member(app: Arc<TestApp>, user: String, deal: String, stop: Arc<AtomicBool>) {
-    let ticket = join(&app, &user, &deal).await.expect(201)["ticket"]
+/// A place in line for `user`.
+async fn ticket(app: &TestApp, user: &str, deal: &str) -> String {
+    join(app, user, deal).await.expect(201)["ticket"]
         .as_str()
         .unwrap()
-        .to_owned();
+        .to_owned()
+}
+
+/// A crowd member in line with `ticket`: polls and buys when admitted, until `stop`.
+async fn crowd_member(
+    app: Arc<TestApp>,
+    user: String,
+    deal: String,
+    ticket: String,
+    stop: Arc<AtomicBool>,
+) {
     while !stop.load(Ordering::SeqCst) {
         let body = poll(&app, &user, &deal, &ticket).await.json();
         if body["state"] == "admitted" {
@@ -284,6 +293,7 @@ async fn crowd_member(app: Arc<TestApp>, user: String, deal: String, stop: Arc<A
                 .expect(201);
             return;
         }
+        // A buyer's own pace between polls: the crowd's load is part of the sale.
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
@@ -318,9 +328,10 @@ async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_
     let stop = Arc::new(AtomicBool::new(false));
     let mut crowd = Vec::new();
     for i in 0..6 {
-        let member = crowd_member(app.clone(), format!("a{i}"), deal.clone(), stop.clone());
+        let user = format!("a{i}");
+        let ticket = ticket(&app, &user, &deal).await;
+        let member = crowd_member(app.clone(), user, deal.clone(), ticket, stop.clone());
         crowd.push(tokio::spawn(member));
-        tokio::time::sleep(Duration::from_millis(30)).await;
     }
 
     // Act: the buyer opens the page the shop links to, the token in the fragment.
@@ -329,8 +340,12 @@ async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_
         .open(&app.url(&format!("/wait/{deal}#token={token}")))
         .await;
     for i in 0..6 {
-        let member = crowd_member(app.clone(), format!("z{i}"), deal.clone(), stop.clone());
-        crowd.push(tokio::spawn(member));
+        let (app, deal, stop) = (app.clone(), deal.clone(), stop.clone());
+        crowd.push(tokio::spawn(async move {
+            let user = format!("z{i}");
+            let ticket = ticket(&app, &user, &deal).await;
+            crowd_member(app, user, deal, ticket, stop).await;
+        }));
     }
 
     // Assert: first the place in line, then the admission, then the checkout with the pass.
@@ -407,18 +422,21 @@ async fn without_a_checkout_url_the_page_shows_the_order_api_counts_down_and_rej
         .await;
     let admitted = admitted_view(&browser).await;
     let admitted_png = browser.screenshot("wait-page-no-checkout.png").await;
-    let mut countdowns = Vec::new();
-    let expired = loop {
+    let countdowns = RefCell::new(Vec::new());
+    let expired = wait_until("the pass to run out", minute, || async {
         let view = admitted_view(&browser).await;
         if view["state"] != "admitted" {
-            break view;
+            return Ok(view);
         }
         let text = view["countdown"].as_str().unwrap_or_default().to_owned();
+        let mut countdowns = countdowns.borrow_mut();
         if countdowns.last() != Some(&text) {
             countdowns.push(text);
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        Err(view)
+    })
+    .await;
+    let countdowns = countdowns.into_inner();
     let expired_png = browser.screenshot("wait-page-expired.png").await;
     let (_, expired_text, _) = browser.read().await;
 

@@ -16,6 +16,8 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 use tokio::sync::Notify;
 
+use crate::wait::poll;
+
 pub const API_KEY: &str = "test-api-key";
 pub const SECRET: &str = "test-webhook-secret";
 
@@ -136,13 +138,14 @@ impl Sim {
     /// The `/control/events` records of one event type once `settled` holds for them (the
     /// simulator records an attempt's outcome only after the receiver has answered).
     pub async fn events_when(&self, kind: &str, settled: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-        let deadline = Instant::now() + ARRIVAL;
-        loop {
+        let looked = poll(ARRIVAL, || async {
             let records = self.events_of(kind).await;
-            if settled(&records) || Instant::now() >= deadline {
-                return records;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            settled(&records).then_some(records)
+        })
+        .await;
+        match looked {
+            Ok(records) => records,
+            Err(_) => self.events_of(kind).await,
         }
     }
 

@@ -6,6 +6,11 @@
 //! simulator's logs.
 
 mod helpers;
+/// The gateway tests' wait helper, so both suites poll and fail alike; this one needs only
+/// part of it.
+#[allow(dead_code)]
+#[path = "../../../tests/api/helpers/wait.rs"]
+mod wait;
 
 mod api;
 mod api_faults;

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::helpers::{ARRIVAL, QUIET, Receiver, Sim, assert_event};
+use crate::wait::wait_until;
 
 async fn paid_intent(sim: &Sim, key: &str) -> String {
     let id = sim.create_ok(key, json!({})).await["id"]
@@ -139,7 +140,11 @@ async fn an_unreachable_endpoint_is_retried_until_it_answers() {
         .port();
     let sim = Sim::start(Some(&format!("http://127.0.0.1:{port}/hook"))).await;
     let id = paid_intent(&sim, "late-endpoint").await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    wait_until("a delivery to the closed port", ARRIVAL, || async {
+        let records = sim.events_of("payment_intent.succeeded").await;
+        records.first().is_some_and(|e| e["deliveries"] != 0)
+    })
+    .await;
     let receiver = Receiver::start().await;
     sim.post("/control/webhook_url", json!({"url": receiver.url}))
         .await;

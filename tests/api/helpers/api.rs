@@ -1,13 +1,10 @@
 //! A client for one gateway: the requests tests send, and how they read `/readyz`.
-
-use std::time::{Duration, Instant};
-
 use flashgate::config::Settings;
 use serde_json::{Value, json};
 
 use super::{
-    EVENTUALLY, POLL_INTERVAL, Reply, eventually, http_client, http_client_from, send,
-    unique_suffix,
+    EVENTUALLY, Reply, eventually, http_client, http_client_from, poll, send, unique_suffix,
+    wait_until,
 };
 
 /// A client for one gateway; cheap to clone into tasks.
@@ -153,7 +150,8 @@ impl Api {
             .await
     }
 
-    /// Places an order, retrying with the same key while the gateway answers 503 overloaded.
+    /// Places an order, retrying with the same key while the gateway answers 503 overloaded;
+    /// once `EVENTUALLY` has passed, the answer of one last try.
     pub async fn place_order_retrying(
         &self,
         token: &str,
@@ -161,12 +159,10 @@ impl Api {
         key: &str,
         quantity: i64,
     ) -> Reply {
-        let mut attempts = 0;
-        loop {
+        let placed = poll(EVENTUALLY, || async {
             let reply = self.place_order(token, deal, key, quantity).await;
-            attempts += 1;
-            if reply.status != 503 || attempts >= 30 {
-                return reply;
+            if reply.status != 503 {
+                return Some(reply);
             }
             assert_eq!(
                 reply.problem_slug().as_deref(),
@@ -174,25 +170,30 @@ impl Api {
                 "503: {}",
                 reply.text
             );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            None
+        })
+        .await;
+        match placed {
+            Ok(reply) => reply,
+            Err(_) => self.place_order(token, deal, key, quantity).await,
         }
     }
 
     /// Orders until one succeeds while stock comes back; every miss must be 409 sold-out.
     pub async fn order_eventually(&self, user: &str, deal: &str, quantity: i64) -> Value {
-        let deadline = Instant::now() + EVENTUALLY;
-        loop {
-            let reply = self.order(user, deal, quantity).await;
-            if reply.status == 201 {
-                return reply.json();
-            }
-            reply.expect_problem(409, "sold-out");
-            assert!(
-                Instant::now() < deadline,
-                "deal {deal} still sold out after {EVENTUALLY:?}"
-            );
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
+        wait_until(
+            &format!("stock of {deal} to come back"),
+            EVENTUALLY,
+            || async {
+                let reply = self.order(user, deal, quantity).await;
+                if reply.status == 201 {
+                    return Some(reply.json());
+                }
+                reply.expect_problem(409, "sold-out");
+                None
+            },
+        )
+        .await
     }
 
     pub async fn get_order(&self, token: &str, order_id: &str) -> Reply {

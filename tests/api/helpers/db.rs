@@ -8,7 +8,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 use uuid::Uuid;
 
-use super::{Api, base_database_url, unique_suffix};
+use super::{Api, base_database_url, unique_suffix, wait_until};
 
 /// The connection string of `base` with its database name replaced by `name`.
 pub fn with_database(base: &str, name: &str) -> String {
@@ -67,19 +67,13 @@ impl TestDb {
             .await
             .expect("connect to the base test database (set DATABASE_URL)");
         // Parallel CREATE DATABASE can collide on the template; a retry settles it.
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let sql = format!("CREATE DATABASE \"{name}\"");
-            match sqlx::query(AssertSqlSafe(sql)).execute(&mut conn).await {
-                Ok(_) => break,
-                Err(e) if attempt < 5 => {
-                    eprintln!("CREATE DATABASE failed ({e}), retrying");
-                    tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
-                }
-                Err(e) => panic!("CREATE DATABASE {name}: {e}"),
-            }
-        }
+        let sql = format!("CREATE DATABASE \"{name}\"");
+        wait_until(&sql, Duration::from_secs(2), || async {
+            let mut conn = PgConnection::connect(&base_database_url()).await?;
+            let created = sqlx::query(AssertSqlSafe(sql.clone()));
+            created.execute(&mut conn).await.map(drop)
+        })
+        .await;
         drop_abandoned_databases(&mut conn).await;
         let _ = conn.close().await;
         let url = with_database(&base_database_url(), &name);

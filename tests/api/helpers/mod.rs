@@ -7,10 +7,11 @@ mod process;
 mod psp;
 mod redis_server;
 mod source;
+mod wait;
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use flashgate::app::Application;
 use flashgate::config::Settings;
@@ -25,12 +26,10 @@ pub use process::*;
 pub use psp::*;
 pub use redis_server::*;
 pub use source::*;
+pub use wait::*;
 
 /// How long a test waits for something the gateway promises "within about a second".
 pub const EVENTUALLY: Duration = Duration::from_secs(3);
-
-/// How often a condition is re-checked while waiting for it.
-pub const POLL_INTERVAL: Duration = Duration::from_millis(25);
 
 /// A rate so high that no limiter ever triggers, for tests that are not about limits.
 const UNLIMITED: u32 = 100_000;
@@ -311,19 +310,9 @@ pub fn new_deal(id: &str, stock: i64, buckets: i64) -> Value {
 }
 
 /// Calls `check` until it returns `Some` or `timeout` passes.
-pub async fn eventually<T, F, Fut>(timeout: Duration, mut check: F) -> Option<T>
+pub async fn eventually<T, F>(timeout: Duration, check: impl FnMut() -> F) -> Option<T>
 where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
+    F: Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return Some(value);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(POLL_INTERVAL).await;
-    }
+    poll(timeout, check).await.ok()
 }

@@ -1,8 +1,8 @@
 //! Child processes (redis-server, flashgate serve) and the ports they listen on.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::{POLL_INTERVAL, eventually};
+use super::{eventually, poll};
 
 /// A port nothing listens on right now, for a child process to listen on.
 ///
@@ -81,16 +81,11 @@ impl ChildGuard {
             .expect("run kill");
         assert!(sent.success(), "kill -TERM {} failed", self.pid());
         let child = &mut self.child;
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = child.try_wait().expect("wait for child") {
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
+        poll(timeout, || {
+            std::future::ready(child.try_wait().expect("wait for child"))
+        })
+        .await
+        .ok()
     }
 
     pub fn kill(&mut self) {

@@ -8,7 +8,7 @@
 //! where to send webhooks (`POST /control/webhook_url`), so neither side needs a port
 //! picked in advance.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use flashgate::config::Settings;
 use serde_json::{Value, json};
@@ -16,7 +16,7 @@ use sqlx::postgres::PgPool;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use uuid::Uuid;
 
-use super::{POLL_INTERVAL, TestApp, spawn_app_with};
+use super::{TestApp, spawn_app_with, wait_until};
 
 /// At least 32 bytes and not the development defaults, as `serve` requires.
 pub const SIM_API_KEY: &str = "test-psp-api-key-0123456789abcdef";
@@ -343,19 +343,17 @@ impl PayApp {
         wanted: &[&str],
         timeout: Duration,
     ) -> Value {
-        let deadline = Instant::now() + timeout;
-        loop {
+        let what = format!("order {order_id} to reach {wanted:?}");
+        wait_until(&what, timeout, || async {
             let body = self.get_order(token, order_id).await.expect(200);
             let status = body["status"].as_str().unwrap_or_default();
             if wanted.contains(&status) {
-                return body;
+                Ok(body)
+            } else {
+                Err(body)
             }
-            assert!(
-                Instant::now() < deadline,
-                "order {order_id} never reached {wanted:?} within {timeout:?}; last: {body}"
-            );
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
+        })
+        .await
     }
 
     /// Polls the database until `check` holds; panics with `what` after `timeout`.
@@ -364,14 +362,7 @@ impl PayApp {
         F: FnMut(PgPool) -> Fut,
         Fut: std::future::Future<Output = bool>,
     {
-        let deadline = Instant::now() + timeout;
-        while !check(self.db.clone()).await {
-            assert!(
-                Instant::now() < deadline,
-                "{what}: not reached within {timeout:?}"
-            );
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
+        wait_until(what, timeout, || check(self.db.clone())).await
     }
 
     /// The value of one labelled series of a counter in `/metrics` (0 when absent).

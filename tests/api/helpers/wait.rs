@@ -1,0 +1,90 @@
+//! Waiting for an outcome: poll it against a deadline instead of sleeping a fixed time.
+//!
+//! A fixed sleep is too short on a busy runner and time thrown away on an idle one; a poll
+//! returns as soon as the outcome holds and, when it never does, fails naming what it
+//! awaited and what it saw last. Every wait in the tests goes through here, so there is one
+//! poll interval and one failure message to read.
+
+use std::fmt::Display;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// How often a condition is re-checked while waiting for it.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(25);
+
+/// What one look at an awaited outcome found: reached (with a value for the caller), or not
+/// yet (with what was seen instead, for the failure message).
+pub trait Outcome {
+    type Value;
+    fn reached(self) -> Result<Self::Value, String>;
+}
+
+impl Outcome for bool {
+    type Value = ();
+    fn reached(self) -> Result<(), String> {
+        if self { Ok(()) } else { Err(String::new()) }
+    }
+}
+
+impl<T> Outcome for Option<T> {
+    type Value = T;
+    fn reached(self) -> Result<T, String> {
+        self.ok_or_else(String::new)
+    }
+}
+
+/// `Err` carries what was seen instead; the last one goes into the failure message.
+impl<T, E: Display> Outcome for Result<T, E> {
+    type Value = T;
+    fn reached(self) -> Result<T, String> {
+        self.map_err(|seen| seen.to_string())
+    }
+}
+
+/// Looks at `condition` until it holds and returns its value; panics naming `what` (and the
+/// last thing seen) once `limit` has passed without it.
+pub async fn wait_until<O, F>(what: &str, limit: Duration, condition: impl FnMut() -> F) -> O::Value
+where
+    O: Outcome,
+    F: Future<Output = O>,
+{
+    match poll(limit, condition).await {
+        Ok(value) => value,
+        Err(seen) if seen.is_empty() => panic!("waited {limit:?} for {what} in vain"),
+        Err(seen) => panic!("waited {limit:?} for {what} in vain; last seen: {seen}"),
+    }
+}
+
+/// Looks at `condition` until it holds; `Err` with the last thing seen once `limit` has
+/// passed, for a caller whose failure is an outcome of its own.
+pub async fn poll<O, F>(limit: Duration, condition: impl FnMut() -> F) -> Result<O::Value, String>
+where
+    O: Outcome,
+    F: Future<Output = O>,
+{
+    poll_every(POLL_INTERVAL, limit, condition).await
+}
+
+/// `poll`, looking again only every `every`: for a look that costs the server work it asked
+/// to be spared (a retry after 503 overloaded).
+pub async fn poll_every<O, F>(
+    every: Duration,
+    limit: Duration,
+    mut condition: impl FnMut() -> F,
+) -> Result<O::Value, String>
+where
+    O: Outcome,
+    F: Future<Output = O>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        let seen = match condition().await.reached() {
+            Ok(value) => return Ok(value),
+            Err(seen) => seen,
+        };
+        if Instant::now() >= deadline {
+            return Err(seen);
+        }
+        tokio::time::sleep(every).await;
+    }
+}
