@@ -29,7 +29,7 @@ mod settings;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
@@ -37,6 +37,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
 use redis::{AsyncConnectionConfig, Client, Cmd, FromRedisValue, RedisResult, ToRedisArgs, Value};
 use tokio::sync::RwLock;
+// Tokio's clock (the same as std's unless a test pauses it), so tests can advance it.
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::settings::redact_url;
@@ -565,5 +567,43 @@ mod tests {
         );
         assert!(!redis.breaks_connection(&RedisError::Command(script_failed.into())));
         assert!(!redis.breaks_connection(&RedisError::Disconnected));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timeout_drops_the_connection_once_unresponsive_after_passed_without_an_answer() {
+        let redis = handle(Duration::from_secs(5));
+        redis.answered();
+        tokio::time::advance(Duration::from_millis(4_999)).await;
+        assert!(
+            !redis.breaks_connection(&RedisError::Timeout),
+            "answered 4.999 s ago"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(
+            redis.breaks_connection(&RedisError::Timeout),
+            "nothing for 5 s"
+        );
+        redis.answered();
+        assert!(
+            !redis.breaks_connection(&RedisError::Timeout),
+            "an answer starts it again"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_outage_is_announced_then_reminded_at_most_once_an_interval() {
+        let redis = handle(Duration::from_secs(3600));
+        let interval = redis.inner.outage_log_interval;
+        redis.lost(&"refused");
+        let announced = redis.outage().warned_at.expect("announced at once");
+        tokio::time::advance(interval - Duration::from_millis(1)).await;
+        redis.lost(&"refused");
+        assert_eq!(redis.outage().warned_at, Some(announced), "no reminder yet");
+        assert_eq!(redis.outage().failures, 1, "kept for the reminder");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        redis.lost(&"refused");
+        let outage = redis.outage();
+        assert_eq!(outage.warned_at, Some(announced + interval), "reminded");
+        assert_eq!(outage.failures, 0, "the reminder reported them");
     }
 }

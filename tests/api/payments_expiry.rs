@@ -159,6 +159,7 @@ async fn webhooks_racing_the_sweeper_leave_each_order_in_one_state_consistent_wi
         let offset_ms = (i as i64 % 7) * 60 - 180;
         tasks.push(tokio::spawn(async move {
             let at = expires_at + chrono::Duration::milliseconds(offset_ms);
+            // Paying just before or just after the expiry is the race under test.
             let wait = (at - chrono::Utc::now()).to_std().unwrap_or_default();
             tokio::time::sleep(wait).await;
             if i % 2 == 0 {

@@ -469,11 +469,13 @@ async fn losing_and_regaining_redis_is_logged_once_each_time() {
     assert!(wait_for(LOST, 1).await, "{:#?}", lines.lock().unwrap());
     let mut redis = redis_on(redis_port);
     assert!(wait_for(BACK, 1).await, "{:#?}", lines.lock().unwrap());
+    // The log interval runs on the gateway's clock: the second outage must begin after it.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     redis.kill();
     assert!(wait_for(LOST, 2).await, "{:#?}", lines.lock().unwrap());
     let redis = redis_on(redis_port);
     assert!(wait_for(BACK, 2).await, "{:#?}", lines.lock().unwrap());
+    // Nothing to wait for: the outcome is that no further line is logged.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let log = lines.lock().unwrap().clone();

@@ -1,9 +1,12 @@
 //! A client for one gateway: the requests tests send, and how they read `/readyz`.
+
+use std::time::Duration;
+
 use flashgate::config::Settings;
 use serde_json::{Value, json};
 
 use super::{
-    EVENTUALLY, Reply, eventually, http_client, http_client_from, poll, send, unique_suffix,
+    EVENTUALLY, Reply, eventually, http_client, http_client_from, poll_every, send, unique_suffix,
     wait_until,
 };
 
@@ -159,7 +162,7 @@ impl Api {
         key: &str,
         quantity: i64,
     ) -> Reply {
-        let placed = poll(EVENTUALLY, || async {
+        let placed = poll_every(Duration::from_millis(50), EVENTUALLY, || async {
             let reply = self.place_order(token, deal, key, quantity).await;
             if reply.status != 503 {
                 return Some(reply);

@@ -2,8 +2,9 @@
 //!
 //! A fixed sleep is too short on a busy runner and time thrown away on an idle one; a poll
 //! returns as soon as the outcome holds and, when it never does, fails naming what it
-//! awaited and what it saw last. Every wait in the tests goes through here, so there is one
-//! poll interval and one failure message to read.
+//! awaited and what it saw last. The tests' waits go through here, so there is one poll
+//! interval and one failure message to read; a fixed sleep is left only where elapsed time
+//! is itself the input or the measurement.
 
 use std::fmt::Display;
 use std::future::Future;
