@@ -11,21 +11,20 @@
 //! idempotent replays of an order they hold, so those (and only those) are let through to
 //! PostgreSQL, where the stored order is found and replayed.
 //!
-//! The request path reads a copy of the mirror, made after every change, through each
-//! thread's own reference to the latest copy (`Published`): reading the shared map takes
-//! a lock whose word every core writes, and under a flood of refusals that cache line
-//! would travel between the cores on every request.
+//! The request path reads a copy of the mirror, made after every change and swapped in
+//! whole (`Published`): reading the shared map takes a lock whose word every core writes,
+//! and under a flood of refusals that cache line would travel between the cores on every
+//! request. Loading the latest copy writes only to the reading thread's own slot.
 
-use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use dashmap::mapref::entry::Entry;
 use dashmap::{DashMap, DashSet};
 use sqlx::PgPool;
-use thread_local::ThreadLocal;
 use tokio_util::sync::CancellationToken;
 
 use crate::inventory;
@@ -62,40 +61,32 @@ pub enum Flag {
 /// A copy of the mirror: the flagged deals and who ordered each (`None`: not read yet).
 type Snapshot = HashMap<Box<str>, Option<Arc<HashSet<String>>>>;
 
-/// The latest copy of the mirror, and each thread's reference to the copy it last read.
+/// The latest copy of the mirror, swapped in whole; readers never wait for a writer.
 #[derive(Default)]
 struct Published {
-    /// Moves after every new copy: a thread that saw another version takes the latest.
-    version: AtomicU64,
-    latest: Mutex<Arc<Snapshot>>,
-    seen: ThreadLocal<RefCell<(u64, Arc<Snapshot>)>>,
+    latest: ArcSwap<Snapshot>,
+    /// Copies are made one at a time, each after the change it follows, so the last one
+    /// stored holds every change.
+    publishing: Mutex<()>,
 }
 
 impl Published {
-    /// Copies `mirror` and makes the copy the latest. Copies are made one at a time, each
-    /// after the change it follows, so the last one made holds every change.
+    /// Copies `mirror` and makes the copy the latest.
     fn publish(&self, mirror: &DashMap<Box<str>, Holders>) {
-        let mut latest = self.latest.lock().unwrap_or_else(PoisonError::into_inner);
+        let _turn = self
+            .publishing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let copy = mirror
             .iter()
             .map(|entry| (entry.key().clone(), entry.users.clone()))
             .collect();
-        *latest = Arc::new(copy);
-        self.version.fetch_add(1, Ordering::Release);
+        self.latest.store(Arc::new(copy));
     }
 
     /// `read` applied to the latest copy; `read` must not read the mirror again.
     fn read<R>(&self, read: impl FnOnce(&Snapshot) -> R) -> R {
-        let version = self.version.load(Ordering::Acquire);
-        let cell = self
-            .seen
-            .get_or(|| RefCell::new((u64::MAX, Arc::default())));
-        let mut seen = cell.borrow_mut();
-        if seen.0 != version {
-            let latest = self.latest.lock().unwrap_or_else(PoisonError::into_inner);
-            *seen = (version, latest.clone());
-        }
-        read(&seen.1)
+        read(&self.latest.load())
     }
 }
 
