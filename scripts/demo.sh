@@ -48,7 +48,7 @@ fi
 if [[ -x target/release/flashgate ]]; then
     say "building flashgate (release; only what changed since the last build)"
 else
-    say "building flashgate in release mode: about 7 min on 2 cores the first time"
+    say "building flashgate in release mode: about 4 min on 2 cores the first time"
 fi
 cargo build --release --bin flashgate
 
