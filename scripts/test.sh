@@ -310,7 +310,8 @@ nextest() { cargo nextest run --workspace --no-fail-fast "$@"; }
 pgbouncer_pass() {
     local port=$1 dir
     dir=$(mktemp -d /tmp/flashgate-pgbouncer.XXXXXX)
-    trap 'bash scripts/scale.sh stop "$dir"' EXIT
+    # Expanded now: the trap runs after this function's locals are gone.
+    trap "bash scripts/scale.sh stop '$dir'" EXIT
     bash scripts/scale.sh pgbouncer start "$dir" "$port"
     DATABASE_POOLER_URL="postgres://postgres@127.0.0.1:${port}/test" nextest -E \
         "$kept & binary_id(flashgate::api) & (test(/^concurrency::/) | test(/^orders::/) | test(/^payments_/) | test(/^pooled_writes::/))"
@@ -323,7 +324,8 @@ redis_cluster_pass() {
     local ports=("$@") urls=() port dir
     dir=$(mktemp -d /tmp/flashgate-redis-cluster.XXXXXX)
     for port in "${ports[@]}"; do urls+=("redis://127.0.0.1:$port"); done
-    trap 'bash scripts/scale.sh stop "$dir"' EXIT
+    # Expanded now: the trap runs after this function's locals are gone.
+    trap "bash scripts/scale.sh stop '$dir'" EXIT
     bash scripts/scale.sh redis-cluster start "$dir" "${ports[@]}"
     REDIS_URL=$(IFS=,; printf '%s' "${urls[*]}") nextest -E \
         "$kept & binary_id(flashgate::api) & (test(/^waiting_room/) | test(/^global_limits::/) | test(/^rate_limits::/) | test(/sold_out/))"
