@@ -188,7 +188,7 @@ print_plan() {
     printf '%s\n' "$(private_engines)" | sed '/^$/d; s/^/test:   - /'
     printf 'test:   steps: %s\n' "$(planned_steps "$@")"
     if ((full_run)); then
-        printf 'test:   about 9 min on 2 cores from a clean clone, 2 of them compiling\n'
+        printf 'test:   about 8 min on 2 cores from a clean clone, 2 of them compiling\n'
     else
         printf 'test:   compiling takes about 2 min on 2 cores from a clean clone, then the matching tests run\n'
     fi
