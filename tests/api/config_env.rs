@@ -3,7 +3,7 @@
 //! `FLASHGATE_` name refused with the closest known one, the names in `--help`, and
 //! `flashgate config` telling every effective value and where it came from.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use figment::Figment;
 use figment::providers::{Format, Toml};
@@ -18,26 +18,18 @@ const EXIT_BAD_CONFIG: i32 = 64;
 /// Runs `flashgate args` with nothing in its environment but `PATH` and `vars`, and
 /// PostgreSQL somewhere nothing answers: a command that dials it fails fast.
 fn flashgate(args: &[&str], vars: &[(&str, &str)]) -> Run {
-    let started = std::time::Instant::now();
-    let output = Command::new("timeout")
-        .args(["60", env!("CARGO_BIN_EXE_flashgate")])
-        .args(args)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env(
-            "DATABASE_URL",
-            format!("postgres://postgres@127.0.0.1:{}/none", free_port()),
-        )
-        .envs(vars.iter().copied())
-        .stdin(Stdio::null())
-        .output()
-        .expect("run flashgate");
-    Run {
-        code: output.status.code(),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        took: started.elapsed(),
-    }
+    Run::of(
+        Command::new("timeout")
+            .args(["60", env!("CARGO_BIN_EXE_flashgate")])
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env(
+                "DATABASE_URL",
+                format!("postgres://postgres@127.0.0.1:{}/none", free_port()),
+            )
+            .envs(vars.iter().copied()),
+    )
 }
 
 /// The line `flashgate config` printed for `key`.

@@ -23,6 +23,22 @@ pub struct Run {
 }
 
 impl Run {
+    /// Runs `command` with nothing on its stdin, and keeps what it printed and how long it
+    /// took.
+    pub fn of(command: &mut Command) -> Run {
+        let started = Instant::now();
+        let output = command
+            .stdin(Stdio::null())
+            .output()
+            .expect("run flashgate");
+        Run {
+            code: output.status.code(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+            took: started.elapsed(),
+        }
+    }
+
     /// The lines of stderr that contain `needle`: a message printed once has one.
     pub fn lines_with(&self, needle: &str) -> usize {
         self.stderr.lines().filter(|l| l.contains(needle)).count()
@@ -69,7 +85,6 @@ pub fn flashgate(args: &[&str], env: &[(&str, &str)]) -> Run {
 
 /// As [`flashgate`], with the variables `unset` left out of the environment.
 pub fn flashgate_without(args: &[&str], env: &[(&str, &str)], unset: &[&str]) -> Run {
-    let started = Instant::now();
     let mut command = Command::new("timeout");
     command
         .args(["60", env!("CARGO_BIN_EXE_flashgate")])
@@ -91,16 +106,7 @@ pub fn flashgate_without(args: &[&str], env: &[(&str, &str)], unset: &[&str]) ->
     for name in unset {
         command.env_remove(name);
     }
-    let output = command
-        .stdin(Stdio::null())
-        .output()
-        .expect("run flashgate");
-    Run {
-        code: output.status.code(),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        took: started.elapsed(),
-    }
+    Run::of(&mut command)
 }
 
 /// Every command that needs PostgreSQL.
