@@ -188,7 +188,7 @@ print_plan() {
     printf '%s\n' "$(private_engines)" | sed '/^$/d; s/^/test:   - /'
     printf 'test:   steps: %s\n' "$(planned_steps "$@")"
     if ((full_run)); then
-        printf 'test:   about 8 min on 2 cores from a clean clone, 2 of them compiling\n'
+        printf 'test:   about 9 min on 2 cores from a clean clone, 2 of them compiling\n'
     else
         printf 'test:   compiling takes about 2 min on 2 cores from a clean clone, then the matching tests run\n'
     fi
@@ -203,7 +203,7 @@ planned_steps() {
     elif ((full_run)); then
         steps+=("build once" "clippy alongside the tests" "fast tier" "rest tier" doctests)
         ((skip_pgbouncer)) || steps+=("PgBouncer pass")
-        steps+=("Redis Cluster pass (side by side with the PgBouncer pass)")
+        steps+=("Redis Cluster pass")
     else
         steps+=("build once" "clippy alongside the tests" "tests matching: $*" doctests)
     fi
@@ -305,65 +305,32 @@ kept=$(kept_tests)
 nextest() { cargo nextest run --workspace --no-fail-fast "$@"; }
 
 # The oversell and payment tests again, with the gateway reaching PostgreSQL through a
-# private PgBouncer 1.18 in transaction pooling mode (installed by scripts/scale.sh) on
-# PORT. Runs in a subshell of its own, which stops its PgBouncer when it ends.
+# private PgBouncer 1.18 in transaction pooling mode (installed by scripts/scale.sh).
 pgbouncer_pass() {
-    local port=$1 dir
-    dir=$(mktemp -d /tmp/flashgate-pgbouncer.XXXXXX)
-    # Expanded now: the trap runs after this function's locals are gone.
-    trap "bash scripts/scale.sh stop '$dir'" EXIT
-    bash scripts/scale.sh pgbouncer start "$dir" "$port"
+    pgbouncer_dir=$(mktemp -d /tmp/flashgate-pgbouncer.XXXXXX)
+    local port
+    port=$(bash scripts/scale.sh free-port)
+    trap 'bash scripts/scale.sh stop "$pgbouncer_dir"; print_timings' EXIT
+    bash scripts/scale.sh pgbouncer start "$pgbouncer_dir" "$port"
     DATABASE_POOLER_URL="postgres://postgres@127.0.0.1:${port}/test" nextest -E \
         "$kept & binary_id(flashgate::api) & (test(/^concurrency::/) | test(/^orders::/) | test(/^payments_/) | test(/^pooled_writes::/))"
+    bash scripts/scale.sh stop "$pgbouncer_dir"
+    trap print_timings EXIT
 }
 
 # The tests of everything kept in Redis (waiting room, sold-out flags, limits) again, on a
-# private three-primary Redis Cluster on the three PORTS (REDIS_URL listing its nodes
-# selects cluster mode). Runs in a subshell of its own, which stops the cluster when it ends.
+# private three-primary Redis Cluster (REDIS_URL listing its nodes selects cluster mode).
 redis_cluster_pass() {
-    local ports=("$@") urls=() port dir
-    dir=$(mktemp -d /tmp/flashgate-redis-cluster.XXXXXX)
+    cluster_dir=$(mktemp -d /tmp/flashgate-redis-cluster.XXXXXX)
+    local ports=() urls=() port
+    for _ in 1 2 3; do ports+=("$(bash scripts/scale.sh free-port)"); done
     for port in "${ports[@]}"; do urls+=("redis://127.0.0.1:$port"); done
-    # Expanded now: the trap runs after this function's locals are gone.
-    trap "bash scripts/scale.sh stop '$dir'" EXIT
-    bash scripts/scale.sh redis-cluster start "$dir" "${ports[@]}"
+    trap 'bash scripts/scale.sh stop "$cluster_dir"; print_timings' EXIT
+    bash scripts/scale.sh redis-cluster start "$cluster_dir" "${ports[@]}"
     REDIS_URL=$(IFS=,; printf '%s' "${urls[*]}") nextest -E \
         "$kept & binary_id(flashgate::api) & (test(/^waiting_room/) | test(/^global_limits::/) | test(/^rate_limits::/) | test(/sold_out/))"
-}
-
-# N distinct free ports for private engines, one per line.
-distinct_ports() {
-    local -A taken=()
-    local port
-    while ((${#taken[@]} < $1)); do
-        port=$(bash scripts/scale.sh free-port)
-        taken[$port]=1
-    done
-    printf '%s\n' "${!taken[@]}"
-}
-
-# The two passes side by side: their engines are private and their tests mostly wait. Each
-# writes to a log of its own, printed when both have ended; the run fails if either did.
-# Without pgbouncer only the Redis Cluster pass runs.
-engine_passes() {
-    local ports logs=target/passes pgbouncer_pid="" cluster_pid status=0
-    mapfile -t ports < <(distinct_ports 4)
-    mkdir -p "$logs"
-    if ! ((skip_pgbouncer)); then
-        (pgbouncer_pass "${ports[0]}") >"$logs/pgbouncer.log" 2>&1 &
-        pgbouncer_pid=$!
-    fi
-    (redis_cluster_pass "${ports[@]:1}") >"$logs/redis-cluster.log" 2>&1 &
-    cluster_pid=$!
-    if [[ -n $pgbouncer_pid ]]; then
-        wait "$pgbouncer_pid" || status=$?
-        note "through PgBouncer (transaction pooling): oversell and payment tests ($logs/pgbouncer.log)"
-        cat "$logs/pgbouncer.log" >&2
-    fi
-    wait "$cluster_pid" || status=$?
-    note "on a Redis Cluster: waiting-room, sold-out and limit tests ($logs/redis-cluster.log)"
-    cat "$logs/redis-cluster.log" >&2
-    return "$status"
+    bash scripts/scale.sh stop "$cluster_dir"
+    trap print_timings EXIT
 }
 
 if ! have_nextest; then
@@ -403,10 +370,14 @@ else
     cargo test --workspace --doc
 
     if ((full_run)); then
-        ((skip_pgbouncer)) &&
+        if ((skip_pgbouncer)); then
             note "skipped: the PgBouncer pass (needs pgbouncer: scripts/scale.sh install)"
-        begin "side by side: oversell and payment tests through PgBouncer (transaction pooling), Redis tests on a Redis Cluster"
-        engine_passes
+        else
+            begin "through PgBouncer (transaction pooling): oversell and payment tests"
+            pgbouncer_pass
+        fi
+        begin "on a Redis Cluster: waiting-room, sold-out and limit tests"
+        redis_cluster_pass
     fi
 fi
 
