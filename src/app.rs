@@ -270,6 +270,10 @@ fn spawn_background(
         state.pools.background.clone(),
         shutdown.clone(),
     ));
+    tasks.spawn(crate::waiting_room::health::run(
+        state.admission.waiting_room().clone(),
+        shutdown.clone(),
+    ));
     tasks.spawn(crate::waiting_room::revocation::follow(
         state.admission.waiting_room().clone(),
         shutdown.clone(),

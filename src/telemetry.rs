@@ -66,6 +66,8 @@ pub const AUDIT_RUNS: &str = "flashgate_audit_runs_total";
 pub const WAITING_ROOM_QUEUE_LENGTH: &str = "flashgate_waiting_room_queue_length";
 pub const WAITING_ROOM_ADMITTED: &str = "flashgate_waiting_room_admitted_total";
 pub const WAITING_ROOM_ADMISSION_RATE: &str = "flashgate_waiting_room_admission_rate";
+pub const WAITING_ROOM_OUTFLOW: &str = "flashgate_waiting_room_outflow_per_second";
+pub const WAITING_ROOM_HEALTH_P99: &str = "flashgate_waiting_room_health_p99_seconds";
 pub const WAITING_ROOM_PASSES_ACTIVE: &str = "flashgate_waiting_room_passes_active";
 pub const WAITING_ROOM_ABANDONED: &str = "flashgate_waiting_room_abandoned_total";
 pub const WAITING_ROOM_ESTIMATED_WAIT: &str = "flashgate_waiting_room_estimated_wait_seconds";
@@ -392,6 +394,14 @@ fn describe_waiting_room() {
     describe_gauge!(
         WAITING_ROOM_ADMISSION_RATE,
         "Tickets admitted per second over the last second, by deal."
+    );
+    describe_gauge!(
+        WAITING_ROOM_OUTFLOW,
+        "The rate a deal's line admits at: admit_per_second, or the adaptive loop's decision."
+    );
+    describe_gauge!(
+        WAITING_ROOM_HEALTH_P99,
+        "The worst instance's order p99 for a deal's pass holders, as the adaptive loop saw it."
     );
     describe_gauge!(
         WAITING_ROOM_PASSES_ACTIVE,

@@ -15,7 +15,7 @@ use chrono::Duration;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::admission::Admission;
+use crate::admission::{Admission, Rejection};
 use crate::domain::{DealId, IdempotencyKey, InvalidInput, OrderStatus, Quantity, UserId};
 use crate::inventory::{StockChange, StockEvents};
 use crate::orders::lanes::Engine;
@@ -24,6 +24,7 @@ use crate::payments::Payments;
 use crate::payments::attempts::{self, Attempt};
 use crate::payments::webhook::Received;
 use crate::store::Pools;
+use crate::waiting_room::health::Served;
 
 pub use error::SaleError;
 
@@ -91,6 +92,26 @@ impl Sale {
 
     /// Admits, reserves, releases the waiting-room pass and opens the payment.
     pub async fn place(&self, request: OrderRequest<'_>) -> Result<OrderOutcome, SaleError> {
+        let timing = request.pass.is_some().then(|| {
+            self.admission
+                .waiting_room()
+                .health()
+                .begin(request.deal.as_str())
+        });
+        let placed = self.place_timed(request).await;
+        if let Some(timing) = timing {
+            if let Some(payments) = &self.payments {
+                let room = self.admission.waiting_room();
+                room.health()
+                    .set_breaker_open(payments.provider.breaker_open());
+            }
+            timing.finish(served(&placed));
+        }
+        placed
+    }
+
+    /// Places the order; `place` times it for the waiting room's health.
+    async fn place_timed(&self, request: OrderRequest<'_>) -> Result<OrderOutcome, SaleError> {
         // Admission does not depend on the quantity: a quantity out of range is refused
         // after it, so that its key check is held to the same limits.
         let asked = request.quantity.as_ref().map_or(Quantity::ONE, |q| *q);
@@ -231,5 +252,18 @@ impl Sale {
             replayed,
             hold_grace,
         }
+    }
+}
+
+/// How a placement counts for the waiting room's health: a database error (answered 503,
+/// retry later) is a signal of its own; every other answer counts by its latency.
+fn served(placed: &Result<OrderOutcome, SaleError>) -> Served {
+    match placed {
+        Err(
+            SaleError::Store(_)
+            | SaleError::Order(OrderError::Store(_))
+            | SaleError::Rejected(Rejection::Store(_)),
+        ) => Served::Overloaded,
+        _ => Served::Answered,
     }
 }
