@@ -26,6 +26,7 @@ import http.client
 import json
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -444,6 +445,10 @@ def main():
     args = parser.parse_args()
     if args.before + args.slow + args.after > 150:
         sys.exit("adaptive_run: at most 150 s per run")
+    for tool in ("pgbench", "psql", args.bin):
+        if not shutil.which(tool):
+            sys.exit(f"adaptive_run: {tool} is missing (bash scripts/services.sh installs "
+                     "PostgreSQL with pgbench; build the gateway with cargo build)")
     command = "python3 loadtest/adaptive_run.py " + " ".join(sys.argv[1:])
     runs = [one_run(args, "adaptive"), one_run(args, "fixed")]
     svg(args, runs[0], args.svg)

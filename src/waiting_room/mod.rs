@@ -1,8 +1,9 @@
 //! The waiting room: a fair line in front of a deal, admitting buyers at a controlled rate.
 //!
 //! A buyer takes a ticket (one per user per deal) and polls it; an advancer moves the line
-//! at the deal's `admit_per_second`, never letting more than `max_active` passes (or a
-//! multiple of the stock left) be outstanding, and a buyer at the front gets a signed pass
+//! at the deal's `admit_per_second` (or, for an adaptive line, at the outflow `controller`
+//! decides from the health the instances report through Redis, `health`), never letting
+//! more than `max_active` passes (or a multiple of the stock left) be outstanding, and a buyer at the front gets a signed pass
 //! to order with. All state lives in Redis under `redis.key_prefix`, each change one Lua
 //! script (`scripts`), so every instance serves one shared line; polls never touch
 //! PostgreSQL. Passes are checked in memory (`pass`). One instance at a time advances the

@@ -8,7 +8,8 @@
 //! each deal with a waiting room: pass expiry frees slots, the deal is marked sold out (from
 //! the shared sold-out flag, or the stock read through `inventory` at most every
 //! `stock_refresh_ms`, and at once when a new line takes its first ticket) or resumed, and
-//! up to `admit_per_second × elapsed` tickets are taken from the front (a line that could
+//! up to `outflow × elapsed` tickets are taken from the front (the outflow is the deal's
+//! `admit_per_second` or an adaptive line's decision, see `outflow`; a line that could
 //! not admit starts with a full `burst_ms` budget), skipping abandoned ones, while
 //! outstanding passes stay within `max_active` and the units that can still be bought:
 //! passes outstanding plus passes that ordered since the stock snapshot never exceed
