@@ -287,6 +287,12 @@ def audit(fleet, deal):
             "findings": len(findings)}
 
 
+def outflow_at(samples, t):
+    """The outflow last sampled before `t`."""
+    before = [outflow for when, outflow, _, _ in samples if when <= t]
+    return before[-1] if before else 0.0
+
+
 def p99(values):
     if not values:
         return 0.0
@@ -308,12 +314,19 @@ def summarize(args, mode, record, samples, verdict):
                    if t >= start and outflow < 0.9 * reference), None)
     back_at = next((t for t, outflow, _, _ in samples
                     if t >= end and outflow >= 0.8 * args.max), None)
+    windows = {}
+    for o in created:
+        windows.setdefault(int(o[0]), []).append(o[1])
+    over = [sec for sec in sorted(windows) if start <= sec < end and p99(windows[sec]) > target]
+    crossed = over[0] if over else None
+    if cut_at is not None and crossed is not None:
+        cut_at = next((t for t, outflow, _, _ in samples
+                       if t >= crossed and outflow < 0.9 * outflow_at(samples, crossed)), cut_at)
+    # After the p99 first went over the target: the first one-second window back under it.
     recovered = None
-    for second in range(int(start), int(end) + 1):
-        window = [o[1] for o in created if second <= o[0] < second + 1]
-        if window and p99(window) <= target:
-            recovered = second + 1 - start
-            break
+    if crossed is not None:
+        recovered = next((sec + 1 - crossed for sec in sorted(windows)
+                          if sec > crossed and p99(windows[sec]) <= target), None)
     acked = len(created)
     return {
         "mode": mode, "orders": len(orders), "created": acked, "errors": len(errors),
@@ -321,6 +334,8 @@ def summarize(args, mode, record, samples, verdict):
         "p99_s": p99([o[1] for o in created]),
         "p99_slow_s": p99([o[1] for o in created if start <= o[0] < end]),
         "cut_after_s": None if cut_at is None else cut_at - start,
+        "crossed_after_s": None if crossed is None else crossed - start,
+        "cut_after_cross_s": None if cut_at is None or crossed is None else cut_at - crossed,
         "p99_under_after_s": recovered,
         "climb_after_s": None if back_at is None else back_at - end,
         "sold": verdict["sold"], "acked_in_db": verdict["sold"] >= acked,
@@ -344,9 +359,11 @@ def table(args, runs, command):
         ("201 p99 over the run", f"{a['p99_s'] * 1000:.0f} ms", f"{f['p99_s'] * 1000:.0f} ms"),
         ("201 p99 while slowed", f"{a['p99_slow_s'] * 1000:.0f} ms",
          f"{f['p99_slow_s'] * 1000:.0f} ms"),
-        ("outflow cut (below 90% of its value) after the slowdown began",
-         fmt(a["cut_after_s"]), "fixed"),
-        ("201 p99 back under target (1 s windows) after it began",
+        ("first 1 s window with the 201 p99 over the target, after the load began",
+         fmt(a["crossed_after_s"]), fmt(f["crossed_after_s"])),
+        ("outflow cut (below 90%) after that window began", fmt(a["cut_after_cross_s"]),
+         "fixed"),
+        ("201 p99 back under the target (1 s windows) after that window began",
          fmt(a["p99_under_after_s"]), fmt(f["p99_under_after_s"])),
         ("outflow within 20% of max after it ended", fmt(a["climb_after_s"]), "fixed"),
         ("units sold or reserved (PostgreSQL)", a["sold"], f["sold"]),
