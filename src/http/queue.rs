@@ -357,3 +357,21 @@ pub async fn revoke(state: &State, request: Request<Incoming>, raw_id: &str) -> 
     };
     Ok(body::respond(StatusCode::OK, &view, Caching::Private))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_estimated_wait_follows_the_published_outflow() {
+        let terms = WaitingRoomTerms {
+            admit_per_second: 100,
+            ..WaitingRoomTerms::default()
+        };
+        assert_eq!(wait_seconds(199, None, &terms), 2);
+        assert_eq!(wait_seconds(199, Some(100.0), &terms), 2);
+        assert_eq!(wait_seconds(199, Some(25.0), &terms), 8);
+        assert_eq!(wait_seconds(0, Some(0.5), &terms), 2);
+        assert_eq!(wait_seconds(9, Some(0.0), &terms), 10_000);
+    }
+}
