@@ -15,7 +15,7 @@ use chrono::Duration;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::admission::{Admission, Rejection};
+use crate::admission::{Admission, Admitted, Rejection};
 use crate::domain::{DealId, IdempotencyKey, InvalidInput, OrderStatus, Quantity, UserId};
 use crate::inventory::{StockChange, StockEvents};
 use crate::orders::lanes::Engine;
@@ -92,26 +92,7 @@ impl Sale {
 
     /// Admits, reserves, releases the waiting-room pass and opens the payment.
     pub async fn place(&self, request: OrderRequest<'_>) -> Result<OrderOutcome, SaleError> {
-        let timing = request.pass.is_some().then(|| {
-            self.admission
-                .waiting_room()
-                .health()
-                .begin(request.deal.as_str())
-        });
-        let placed = self.place_timed(request).await;
-        if let Some(timing) = timing {
-            if let Some(payments) = &self.payments {
-                let room = self.admission.waiting_room();
-                room.health()
-                    .set_breaker_open(payments.provider.breaker_open());
-            }
-            timing.finish(served(&placed));
-        }
-        placed
-    }
-
-    /// Places the order; `place` times it for the waiting room's health.
-    async fn place_timed(&self, request: OrderRequest<'_>) -> Result<OrderOutcome, SaleError> {
+        let started = tokio::time::Instant::now();
         // Admission does not depend on the quantity: a quantity out of range is refused
         // after it, so that its key check is held to the same limits.
         let asked = request.quantity.as_ref().map_or(Quantity::ONE, |q| *q);
@@ -134,8 +115,32 @@ impl Sale {
                     .await);
             }
         };
+        // Only orders that came with a verified pass count for the line's health, timed
+        // from when the request reached the sale.
+        let room = self.admission.waiting_room();
+        let timing = admitted
+            .pass
+            .as_ref()
+            .map(|_| room.health().begin_at(&admitted.deal.id, started));
+        let placed = self.place_admitted(admitted, request.key).await;
+        if let Some(timing) = timing {
+            if let Some(payments) = &self.payments {
+                room.health()
+                    .set_breaker_open(payments.provider.breaker_open());
+            }
+            timing.finish(served(&placed));
+        }
+        placed
+    }
+
+    /// Reserves, releases the pass and opens the payment of an admitted order.
+    async fn place_admitted(
+        &self,
+        admitted: Admitted,
+        key: IdempotencyKey,
+    ) -> Result<OrderOutcome, SaleError> {
         let pass = admitted.pass.clone();
-        let placed = self.orders.place(admitted, request.key).await?;
+        let placed = self.orders.place(admitted, key).await?;
         if let Some(pass) = pass.as_ref().filter(|_| !placed.replayed) {
             let room = self.admission.waiting_room();
             Box::pin(room.release(&placed.order.deal_id, &pass.pass_id)).await;

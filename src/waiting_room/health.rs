@@ -108,10 +108,14 @@ const LATENCIES_MAX: usize = 100_000;
 impl Recorder {
     /// Starts timing an order of `deal` placed with a pass.
     pub fn begin(self: &Arc<Self>, deal: &str) -> Timing {
+        self.begin_at(deal, Instant::now())
+    }
+
+    /// Times an order of `deal` placed with a pass, from when it `started`.
+    pub fn begin_at(self: &Arc<Self>, deal: &str, started: Instant) -> Timing {
         let id = self
             .next_id
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let started = Instant::now();
         self.with(deal, |window| {
             window.in_flight.insert(id, started);
         });
