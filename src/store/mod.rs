@@ -193,7 +193,10 @@ impl Pools {
                 .connect_lazy_with(primary.options())
         };
         Ok(Self {
-            request: pool(settings.request_pool_max, settings.acquire_timeout_ms),
+            request: pool(
+                settings.request_pool_size(crate::settings::cores()),
+                settings.acquire_timeout_ms,
+            ),
             background: pool(settings.background_pool_max, settings.acquire_timeout_ms),
             admin: pool(settings.admin_pool_max, settings.admin_acquire_timeout_ms),
             webhook: pool(settings.webhook_pool_max, settings.admin_acquire_timeout_ms),
