@@ -446,12 +446,13 @@ mod tests {
         let (server, database, orders) = (&settings.server, &settings.database, &settings.orders);
         let chosen = |cores| {
             let pool = database.request_pool_size(cores);
-            (server.runtime_threads(cores), pool, orders.lanes_for(cores, pool))
+            (server.runtime_threads(cores, true), pool, orders.lanes_for(cores, pool))
         };
         assert_eq!(chosen(1), (1, 16, 4));
         assert_eq!(chosen(2), (1, 16, 4));
         assert_eq!(chosen(4), (3, 32, 8));
         assert_eq!(chosen(64), (63, 64, 16));
+        assert_eq!(server.runtime_threads(2, false), 2, "every core when alone");
     }
 
     #[test]
@@ -460,7 +461,7 @@ mod tests {
         settings.server.worker_threads = 2;
         settings.database.request_pool_max = 3;
         settings.orders.lanes = 2;
-        assert_eq!(settings.server.runtime_threads(8), 2);
+        assert_eq!(settings.server.runtime_threads(8, true), 2);
         assert_eq!(settings.database.request_pool_size(8), 3);
         assert_eq!(settings.orders.lanes_for(8, 3), 2);
         settings.orders.lanes = 0;

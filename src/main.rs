@@ -167,9 +167,10 @@ fn main() -> ExitCode {
         };
     }
     telemetry::init_logging(&settings.telemetry);
-    let threads = settings
-        .server
-        .runtime_threads(flashgate::settings::cores());
+    let threads = settings.server.runtime_threads(
+        flashgate::settings::cores(),
+        store::database_on_this_machine(&settings.database),
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .enable_all()

@@ -108,14 +108,15 @@ impl ServerSettings {
         self.validate_connections()
     }
 
-    /// The runtime's worker threads on `cores` cores: `worker_threads` when set, else one
-    /// fewer than the cores (at least one). The spare core is PostgreSQL's, Redis's and the
-    /// kernel's network work: a thread on every core makes the gateway's tasks wake each
-    /// other across cores and take turns with the database, which costs more CPU per
-    /// purchase and a longer tail.
-    pub fn runtime_threads(&self, cores: usize) -> usize {
+    /// The runtime's worker threads on `cores` cores: `worker_threads` when set, else one a
+    /// core, or one fewer (at least one) when PostgreSQL runs `beside_database` on this
+    /// machine. The spare core is the database's: a thread on every core makes the
+    /// gateway's tasks wake each other across cores and take turns with PostgreSQL, which
+    /// costs more CPU per purchase and a longer tail.
+    pub fn runtime_threads(&self, cores: usize, beside_database: bool) -> usize {
         match self.worker_threads {
-            0 => cores.saturating_sub(1).max(1),
+            0 if beside_database => cores.saturating_sub(1).max(1),
+            0 => cores.max(1),
             threads => threads,
         }
     }
