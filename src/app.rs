@@ -174,7 +174,9 @@ impl Application {
 /// the cores when the settings leave them to 0.
 fn record_capacity(settings: &Settings) {
     let workers = tokio::runtime::Handle::current().metrics().num_workers();
-    let pool = settings.database.request_pool_size(crate::settings::cores());
+    let pool = settings
+        .database
+        .request_pool_size(crate::settings::cores());
     let lanes = settings.lanes().lanes;
     for (of, value) in [
         ("runtime_workers", workers as f64),

@@ -446,7 +446,11 @@ mod tests {
         let (server, database, orders) = (&settings.server, &settings.database, &settings.orders);
         let chosen = |cores| {
             let pool = database.request_pool_size(cores);
-            (server.runtime_threads(cores, true), pool, orders.lanes_for(cores, pool))
+            (
+                server.runtime_threads(cores, true),
+                pool,
+                orders.lanes_for(cores, pool),
+            )
         };
         assert_eq!(chosen(1), (1, 16, 4));
         assert_eq!(chosen(2), (1, 16, 4));
@@ -465,7 +469,11 @@ mod tests {
         assert_eq!(settings.database.request_pool_size(8), 3);
         assert_eq!(settings.orders.lanes_for(8, 3), 2);
         settings.orders.lanes = 0;
-        assert_eq!(settings.orders.lanes_for(8, 3), 2, "chosen lanes stay below the pool");
+        assert_eq!(
+            settings.orders.lanes_for(8, 3),
+            2,
+            "chosen lanes stay below the pool"
+        );
     }
 
     #[test]

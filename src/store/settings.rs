@@ -53,7 +53,9 @@ impl DatabaseSettings {
     /// PostgreSQL memory and lock contention without serving more.
     pub fn request_pool_size(&self, cores: usize) -> u32 {
         match self.request_pool_max {
-            0 => u32::try_from(cores.saturating_mul(8)).unwrap_or(u32::MAX).clamp(16, 64),
+            0 => u32::try_from(cores.saturating_mul(8))
+                .unwrap_or(u32::MAX)
+                .clamp(16, 64),
             size => size,
         }
     }
