@@ -75,6 +75,7 @@ pub const WAITING_ROOM_PASS_REJECTIONS: &str = "flashgate_waiting_room_pass_reje
 pub const WAITING_ROOM_REVOKED: &str = "flashgate_waiting_room_passes_revoked_total";
 pub const WAITING_ROOM_CHALLENGES: &str = "flashgate_waiting_room_challenges_total";
 pub const BUILD_INFO: &str = "flashgate_build_info";
+pub const CAPACITY: &str = "flashgate_capacity";
 pub const RESERVATION_TRANSACTION: &str = "flashgate_reservation_transaction_seconds";
 pub const DB_RETRIES: &str = "flashgate_db_retries_total";
 pub const DB_POOL_WAIT: &str = "flashgate_db_pool_wait_seconds";
@@ -354,6 +355,10 @@ fn describe_database() {
     describe_gauge!(
         BUILD_INFO,
         "Always 1; the version and git commit this gateway was built from, as labels."
+    );
+    describe_gauge!(
+        CAPACITY,
+        "What this instance runs with, chosen from its cores or set: runtime worker threads, request pool connections, lanes per deal."
     );
     describe_histogram!(
         RESERVATION_TRANSACTION,
