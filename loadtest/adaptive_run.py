@@ -115,6 +115,8 @@ class Fleet:
             "FLASHGATE__LIMITS__PER_DEAL__BURST": "1000000",
             "RUST_LOG": "warn",
         })
+        if args.cut_to_percent is not None:
+            env["FLASHGATE__WAITING_ROOM__ADAPTIVE_CUT_TO_PERCENT"] = str(args.cut_to_percent)
         subprocess.run([args.bin, "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
         self.logs = tempfile.NamedTemporaryFile("w+", prefix="adaptive-gw-", delete=False)
         self.procs, self.ports = [], []
@@ -425,7 +427,9 @@ def table(args, runs, command):
              f"{args.before} s healthy, {args.slow} s with a competing writer holding the "
              f"deal's stock rows {args.hold_ms} ms at a time ({args.load_clients} pgbench "
              f"client), {args.after} s after; adaptive between {args.min} and {args.max}/s, "
-             f"target p99 {args.target_ms} ms, against fixed at {args.max}/s. "
+             f"target p99 {args.target_ms} ms, "
+             f"`waiting_room.adaptive_cut_to_percent` {args.cut_to_percent or 'at its default'}, "
+             f"against fixed at {args.max}/s. "
              f"Chart: `{args.svg}`.", "",
              "| | adaptive | fixed |", "|---|---|---|"]
     lines += [f"| {name} | {x} | {y} |" for name, x, y in rows]
@@ -522,6 +526,9 @@ def main():
     parser.add_argument("--batch-max", type=int, default=1)
     parser.add_argument("--load-clients", type=int, default=1)
     parser.add_argument("--hold-ms", type=int, default=80)
+    parser.add_argument("--cut-to-percent", type=int, default=None,
+                        help="waiting_room.adaptive_cut_to_percent of the gateways, "
+                             "else their default")
     parser.add_argument("--before", type=int, default=15)
     parser.add_argument("--slow", type=int, default=20)
     parser.add_argument("--after", type=int, default=20)
@@ -535,7 +542,8 @@ def main():
         if not shutil.which(tool):
             sys.exit(f"adaptive_run: {tool} is missing (bash scripts/services.sh installs "
                      "PostgreSQL with pgbench; build the gateway with cargo build)")
-    command = "python3 loadtest/adaptive_run.py " + " ".join(sys.argv[1:])
+    shown = [a for a in sys.argv[1:] if a != "--raw" and a != args.raw]
+    command = "python3 loadtest/adaptive_run.py " + " ".join(shown)
     runs = [one_run(args, "adaptive"), one_run(args, "fixed")]
     svg(args, runs, args.svg)
     if args.raw:
