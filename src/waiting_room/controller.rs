@@ -2,7 +2,10 @@
 //!
 //! Additive increase while the admitted buyers are served well, multiplicative cut when
 //! they are not (AIMD, as TCP finds a path's capacity): the back end's capacity is found
-//! by probing it, not guessed before the sale. A cut is followed by a cool-down, so the
+//! by probing it, not guessed before the sale. A cut for slowness goes as deep as the
+//! overshoot (a p99 four times the target keeps at most a quarter): orders admitted
+//! past capacity queue, and a cut that only halves leaves the queue growing for several
+//! cool-downs while every buyer in it waits. A cut is followed by a cool-down, so the
 //! next decision sees the health of the lower rate rather than the queue the higher one
 //! left behind. The outflow never leaves the deal's `[min_per_second, max_per_second]`.
 //! The advancer feeds it (`advancer`), the instances' reports come through Redis
@@ -121,7 +124,8 @@ pub fn decide(
         if cooling {
             return (next(state.outflow, state.cut_at_ms), Reason::Cooling);
         }
-        return (next(state.outflow * bounds.cut_keep, Some(now_ms)), signal);
+        let keep = cut_keep(health, bounds, signal);
+        return (next(state.outflow * keep, Some(now_ms)), signal);
     }
     if cooling {
         return (next(state.outflow, state.cut_at_ms), Reason::Cooling);
@@ -147,6 +151,17 @@ fn trouble(health: &Health, bounds: &Bounds) -> Option<Reason> {
         .p99_seconds
         .filter(|p99| *p99 > bounds.target_p99_seconds)
         .map(|_| Reason::P99)
+}
+
+/// What a cut for `signal` keeps of the outflow: `cut_keep`, or less for a p99 further past
+/// the target than that, in proportion (the rate the back end served within the target).
+fn cut_keep(health: &Health, bounds: &Bounds, signal: Reason) -> f64 {
+    match (signal, health.p99_seconds) {
+        (Reason::P99, Some(p99)) if p99 > 0.0 => {
+            bounds.cut_keep.min(bounds.target_p99_seconds / p99)
+        }
+        _ => bounds.cut_keep,
+    }
 }
 
 fn clamp(outflow: f64, bounds: &Bounds) -> f64 {
@@ -194,6 +209,29 @@ mod tests {
         assert_eq!(reason, Reason::P99);
         assert_eq!(after.outflow, 100.0);
         assert_eq!(after.cut_at_ms, Some(100));
+    }
+
+    #[test]
+    fn a_p99_far_past_the_target_cuts_in_proportion() {
+        let b = bounds();
+        let state = Control::resume(Some(200.0), &b, 0);
+        let far = Health {
+            p99_seconds: Some(4.0),
+            ..Health::default()
+        };
+        let (after, reason) = decide(state, Some(&far), &b, 100);
+        assert_eq!(reason, Reason::P99);
+        assert_eq!(after.outflow, 25.0);
+        let (floor, _) = decide(
+            state,
+            Some(&Health {
+                p99_seconds: Some(100.0),
+                ..far
+            }),
+            &b,
+            100,
+        );
+        assert_eq!(floor.outflow, b.min_per_second);
     }
 
     #[test]
@@ -310,7 +348,9 @@ mod tests {
                     Some(_) => prop_assert!(next.outflow >= state.outflow),
                 }
                 if reason.is_cut() {
-                    let expected = (state.outflow * b.cut_keep).max(b.min_per_second);
+                    let keep = cut_keep(&health.unwrap_or_default(), &b, reason);
+                    prop_assert!(keep <= b.cut_keep && keep > 0.0);
+                    let expected = (state.outflow * keep).max(b.min_per_second);
                     prop_assert!((next.outflow - expected).abs() < 1e-9);
                     prop_assert!(state.cut_at_ms.is_none_or(|at| now - at >= b.cut_cooldown_ms));
                 }
