@@ -14,11 +14,17 @@
 # order for a sold-out deal (409) and over the per-IP limit (429), each next to a bare
 # hyper server replaying the very answer captured from the gateway to the very same
 # request (body unread), alternated, with requests/s and process CPU per request.
-# Writes the results into docs/PERFORMANCE.md between the COMPARISON markers and the
-# REFUSALS markers. Loopback only; every step is bounded in time.
+# Then a flood of a million distinct users (tokens of their own, addresses of their own
+# through a trusted proxy's header) against a sold-out deal and against an open one, each
+# on a gateway of its own with the shipped settings, with the gateway's resident memory
+# read from /proc during the flood and after its limiters' idle keys and caches expired.
+# Writes the results into docs/PERFORMANCE.md between the COMPARISON, REFUSALS and FLOOD
+# markers. Loopback only; every step is bounded in time.
 #
-# Usage: loadtest/compare.sh [--refusals | --purchases] [seconds per measurement, default 10]
+# Usage: loadtest/compare.sh [--refusals | --purchases | --flood] [seconds per measurement, default 10]
 #   --refusals: only the refusal comparison (and only its block of the document).
+#   --flood: only the flood (and only its block); FLOOD_USERS=N floods fewer users, and
+#   then writes nothing.
 #   --purchases: only (c) and the open loop, printed and not written anywhere: the quick
 #   check of a change to the purchase path. Settings of the gateway can be passed in the
 #   environment (FLASHGATE__ORDERS__LANES=2 loadtest/compare.sh --purchases 10).
@@ -27,7 +33,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 MODE=all
 case "${1:-}" in
-    --refusals | --purchases)
+    --refusals | --purchases | --flood)
         MODE=${1#--}
         shift
         ;;
@@ -216,6 +222,58 @@ PY
 )
 }
 
+# --- a flood of distinct users, resident memory -------------------------------------
+# Each flood gets a fresh gateway with the shipped settings, trusting loopback as its
+# proxy so that every user comes from an address of its own (X-Forwarded-For). Sold out:
+# a deal with no stock, every user refused. Open: a deal with a unit for every user, each
+# user ordering once, so that every request goes the whole way (token, per-user limit,
+# idempotency key, a durable order). Memory is sampled every half second, at the flood's
+# end, and after FLOOD_SETTLE seconds: longer than `limits.retain_interval_ms` (the idle
+# sweep of the limiters) and the deal cache's and sold-out holders' refresh.
+FLOOD_USERS=${FLOOD_USERS:-1000000}
+FLOOD_SETTLE=${FLOOD_SETTLE:-30}
+flood() {
+    local db kind stock pid port ops
+    : >"$WORK/flood"
+    for kind in sold-out open; do
+        db=$(fresh_db "flood_${kind//-/_}")
+        read -r pid port ops < <(start_gateway "$db" FLASHGATE__SERVER__TRUSTED_PROXIES='["127.0.0.1/32"]')
+        PIDS+=("$pid")
+        stock=0
+        [ "$kind" = open ] && stock=$FLOOD_USERS
+        checkpoint
+        log "flood, $kind deal: $FLOOD_USERS distinct users, one order each, then ${FLOOD_SETTLE}s to settle"
+        target/release/flashgate-loadtest flood --base-url "http://127.0.0.1:$port" --ops-url "http://127.0.0.1:$ops" \
+            --users "$FLOOD_USERS" --stock "$stock" --concurrency 128 --duration-max-seconds 300 \
+            --distinct-addresses --gateway-pid "$pid" --settle-seconds "$FLOOD_SETTLE" \
+            --out "$WORK/flood-$kind.json" >/dev/null 2>"$WORK/flood-$kind.log"
+        kill "$pid" 2>/dev/null || true
+        echo "$kind $WORK/flood-$kind.json" >>"$WORK/flood"
+    done
+    FLOOD_TABLE=$(python3 - "$WORK" "$FLOOD_USERS" "$FLOOD_SETTLE" "$(date -u +%Y-%m-%d)" "$MACHINE_SHORT" "$COMMAND" <<'PY'
+import json, sys
+work, users, settle, day, machine, command = sys.argv[1:]
+mib = lambda kib: f"{kib / 1024:.0f} MiB"
+out = [f"Measured {day} by `{command}` on {machine}; {int(users):,} distinct users (a token and an "
+       "address each), one order each, 128 in flight, against a fresh gateway with the shipped "
+       "settings (loopback trusted as the proxy) per deal. Resident memory of the gateway from "
+       f"`/proc/<pid>/status`; settled: {settle} s after the flood.", "",
+       "| deal | answers | requests/s | VmRSS before | VmHWM (peak) | VmRSS at the flood's end | VmRSS settled | settled ≤ 256 MiB |",
+       "|---|---|---|---|---|---|---|---|"]
+for line in open(f"{work}/flood"):
+    kind, path = line.split()
+    r = json.load(open(path))
+    answers = ", ".join(f"{n:,} × {s}" for s, n in sorted(r["statuses"].items()))
+    before, end, after = r["memory_before"], r["memory_at_end"], r["memory_after_settle"]
+    peak = max(end["hwm_kib"], after["hwm_kib"])
+    out.append(f"| {kind} | {answers} | {r['requests_per_second']:,.0f} | {mib(before['rss_kib'])} | "
+               f"{mib(peak)} | {mib(end['rss_kib'])} | {mib(after['rss_kib'])} | "
+               f"{'yes' if peak <= 256 * 1024 and after['rss_kib'] <= 256 * 1024 else 'no'} |")
+print("\n".join(out))
+PY
+)
+}
+
 # Writes $2 between the $1 markers of docs/PERFORMANCE.md (appending the block when missing).
 write_block() {
     python3 - "$1" "$2" <<'PY'
@@ -239,6 +297,15 @@ if [ "$MODE" = refusals ]; then
     echo "$REFUSALS_TABLE"
     write_block REFUSALS "$REFUSALS_TABLE"
     log "docs/PERFORMANCE.md updated (refusals)"
+    exit 0
+fi
+if [ "$MODE" = flood ]; then
+    flood
+    echo "$FLOOD_TABLE"
+    if [ "$FLOOD_USERS" = 1000000 ]; then
+        write_block FLOOD "$FLOOD_TABLE"
+        log "docs/PERFORMANCE.md updated (flood)"
+    fi
     exit 0
 fi
 
@@ -431,6 +498,7 @@ SELLOUT=$(json "$WORK/sellout.json" '"%d orders for 100,000 units from %d reques
 
 kill "$GW_PID" 2>/dev/null || true
 refusals
+flood
 
 ratio() { python3 -c "print(f'{float($1)/float($2):.2f}')"; }
 CA=$(ratio "$C" "$A"); CB=$(ratio "$C" "$B")
@@ -478,7 +546,9 @@ MD
 )
 echo "$TABLE"
 echo "$REFUSALS_TABLE"
+echo "$FLOOD_TABLE"
 write_block COMPARISON "$TABLE"
 write_block REFUSALS "$REFUSALS_TABLE"
+if [ "$FLOOD_USERS" = 1000000 ]; then write_block FLOOD "$FLOOD_TABLE"; fi
 log "docs/PERFORMANCE.md updated"
 [ "$FAILED_VERDICTS" = 0 ] || { log "$FAILED_VERDICTS sale verdict(s) failed; see the table"; exit 2; }
