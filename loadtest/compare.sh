@@ -244,7 +244,7 @@ flood() {
         checkpoint
         log "flood, $kind deal: $FLOOD_USERS distinct users, one order each, then ${FLOOD_SETTLE}s to settle"
         target/release/flashgate-loadtest flood --base-url "http://127.0.0.1:$port" --ops-url "http://127.0.0.1:$ops" \
-            --users "$FLOOD_USERS" --stock "$stock" --concurrency 128 --duration-max-seconds 300 \
+            --users "$FLOOD_USERS" --stock "$stock" --concurrency 128 --duration-max-seconds 600 \
             --distinct-addresses --gateway-pid "$pid" --settle-seconds "$FLOOD_SETTLE" \
             --out "$WORK/flood-$kind.json" >/dev/null 2>"$WORK/flood-$kind.log"
         kill "$pid" 2>/dev/null || true
