@@ -40,6 +40,7 @@ case "${1:-}" in
 esac
 SECONDS_EACH=${1:-10}
 COMMAND="loadtest/compare.sh $([ "$MODE" = all ] || echo "--$MODE ")$SECONDS_EACH"
+[ "$MODE" = flood ] && COMMAND="loadtest/compare.sh --flood"
 # Rounds of the refusal comparison; each round measures gateway then baseline.
 ROUNDS=2
 CLIENTS=64
@@ -258,16 +259,18 @@ out = [f"Measured {day} by `{command}` on {machine}; {int(users):,} distinct use
        "address each), one order each, 128 in flight, against a fresh gateway with the shipped "
        "settings (loopback trusted as the proxy) per deal. Resident memory of the gateway from "
        f"`/proc/<pid>/status`; settled: {settle} s after the flood.", "",
-       "| deal | answers | requests/s | VmRSS before | VmHWM (peak) | VmRSS at the flood's end | VmRSS settled | settled ≤ 256 MiB |",
-       "|---|---|---|---|---|---|---|---|"]
+       "| deal | answers | requests/s | VmRSS before | VmHWM (peak) | VmRSS at the flood's end | VmRSS while settling, least / most | VmRSS settled | ≤ 256 MiB |",
+       "|---|---|---|---|---|---|---|---|---|"]
 for line in open(f"{work}/flood"):
     kind, path = line.split()
     r = json.load(open(path))
     answers = ", ".join(f"{n:,} × {s}" for s, n in sorted(r["statuses"].items()))
     before, end, after = r["memory_before"], r["memory_at_end"], r["memory_after_settle"]
     peak = max(end["hwm_kib"], after["hwm_kib"])
+    settling = [kib for at, kib in r["rss_samples"] if at > r["elapsed_seconds"]] or [after["rss_kib"]]
     out.append(f"| {kind} | {answers} | {r['requests_per_second']:,.0f} | {mib(before['rss_kib'])} | "
-               f"{mib(peak)} | {mib(end['rss_kib'])} | {mib(after['rss_kib'])} | "
+               f"{mib(peak)} | {mib(end['rss_kib'])} | {mib(min(settling))} / {mib(max(settling))} | "
+               f"{mib(after['rss_kib'])} | "
                f"{'yes' if peak <= 256 * 1024 and after['rss_kib'] <= 256 * 1024 else 'no'} |")
 print("\n".join(out))
 PY
