@@ -15,7 +15,7 @@ use std::io::{self, IoSlice, Read};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
@@ -134,11 +134,26 @@ impl SharedStream {
 pub struct Rewind {
     read: Bytes,
     stream: SharedStream,
+    left: Arc<AtomicUsize>,
 }
 
 impl Rewind {
-    pub fn new(read: Bytes, stream: SharedStream) -> Self {
-        Self { read, stream }
+    /// Also returns how the drain sees what hyper has not taken of `read` yet.
+    pub fn new(read: Bytes, stream: SharedStream) -> (Self, Leftover) {
+        let left = Arc::new(AtomicUsize::new(read.len()));
+        let leftover = Leftover(left.clone());
+        (Self { read, stream, left }, leftover)
+    }
+}
+
+/// The bytes the front read that hyper has not taken yet: requests that arrived before the
+/// drain, which it lets hyper answer as it does those still in the socket.
+#[derive(Clone, Default)]
+pub struct Leftover(Arc<AtomicUsize>);
+
+impl Leftover {
+    fn any(&self) -> bool {
+        self.0.load(Ordering::Relaxed) > 0
     }
 }
 
@@ -154,6 +169,7 @@ impl AsyncRead for Rewind {
         }
         let taken = this.read.split_to(this.read.len().min(buf.remaining()));
         buf.put_slice(&taken);
+        this.left.store(this.read.len(), Ordering::Relaxed);
         Poll::Ready(Ok(()))
     }
 }
@@ -303,12 +319,13 @@ impl Future for Cancelled<'_> {
     }
 }
 
-/// Serves `connection` (hyper's, over `stream`) until it ends, or until its client has
-/// kept it waiting for a request head for `head_timeout`; once the drain closes, lets
+/// Serves `connection` (hyper's, over `leftover` and then `stream`) until it ends, or until
+/// its client has kept it waiting for a request head for `head_timeout`; once the drain closes, lets
 /// every request whose bytes already arrived be answered, then closes.
 pub async fn drive<C>(
     connection: C,
     stream: SharedStream,
+    leftover: Leftover,
     drain: Drain,
     heads: Arc<HeadClock>,
     head_timeout: Duration,
@@ -335,7 +352,7 @@ pub async fn drive<C>(
     }
     // Leave hyper running while bytes wait in the socket: it will read the request, answer
     // it with `Connection: close` and end the connection itself.
-    while stream.has_unread_bytes() {
+    while leftover.any() || stream.has_unread_bytes() {
         tokio::select! {
             biased;
             ended = connection.as_mut() => return report(ended),
@@ -541,6 +558,7 @@ mod tests {
         let driven = tokio::spawn(drive(
             Silent,
             stream,
+            Leftover::default(),
             Drain::default(),
             heads.clone(),
             timeout,

@@ -186,9 +186,9 @@ impl Accepter {
             if let Handoff::Hyper { read, admitted } = handoff {
                 let shared = Arc::new(ForConnection::new(state, heads.clone(), admitted));
                 let service = service_fn(move |request| shared.respond(peer, face, request));
-                let io = TokioIo::new(Rewind::new(read, stream.clone()));
-                let connection = builder.serve_connection(io, service);
-                connection::drive(connection, stream, drain, heads, head_timeout).await;
+                let (rewind, leftover) = Rewind::new(read, stream.clone());
+                let connection = builder.serve_connection(TokioIo::new(rewind), service);
+                connection::drive(connection, stream, leftover, drain, heads, head_timeout).await;
             }
             drop(permits);
         });
