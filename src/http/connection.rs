@@ -575,6 +575,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn hyper_reads_what_the_front_left_before_the_socket() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let stream = SharedStream::new(listener.accept().await.unwrap().0);
+        let (mut rewind, leftover) = Rewind::new(Bytes::from_static(b"abc"), stream);
+        let mut two = [0; 2];
+
+        rewind.read_exact(&mut two).await.unwrap();
+        assert_eq!((&two, leftover.any()), (b"ab", true));
+        client.write_all(b"de").await.unwrap();
+        let mut rest = [0; 3];
+        rewind.read_exact(&mut rest).await.unwrap();
+
+        assert_eq!((&rest, leftover.any()), (b"cde", false));
+    }
+
+    #[tokio::test]
     async fn a_moment_wakes_its_watchers_once_reached() {
         let moment = Moment::default();
         let watcher = {
