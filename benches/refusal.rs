@@ -186,7 +186,7 @@ fn state(runtime: &tokio::runtime::Runtime, per_ip_limited: bool) -> Arc<State> 
         holders.drop().await;
         State::new(
             settings.handlers(),
-            settings.orders.lanes(settings.database.transaction_pooler),
+            settings.lanes(),
             pools,
             redis,
             admission,

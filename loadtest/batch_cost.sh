@@ -11,13 +11,15 @@
 # batches do for a while after one met a known key or buyer, instead of inserting them
 # plainly.
 #
-# Usage: [PAYMENTS=1] [CAREFUL=1] loadtest/batch_cost.sh [seconds per size, default 10] [batch sizes, default "1 8 24 64"]
+# Usage: [PAYMENTS=1] [CAREFUL=1] [LANES=n] loadtest/batch_cost.sh [seconds per size, default 10] [batch sizes, default "1 8 24 64"]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 SECONDS_EACH=${1:-10}
 SIZES=${2:-1 8 24 64}
-LANES=4
+# One client per lane, as many lanes as the gateway chooses on this machine when
+# `orders.lanes` is 0 (two a core, between 4 and 16); LANES=n measures another count.
+LANES=${LANES:-$(( $(nproc) * 2 < 4 ? 4 : ($(nproc) * 2 > 16 ? 16 : $(nproc) * 2) ))}
 if [ "${PAYMENTS:-0}" = 1 ]; then
     HOOK="'payments_open_initial_attempts', 'fake'"
 else

@@ -21,23 +21,43 @@
 # Writes the results into docs/PERFORMANCE.md between the COMPARISON, REFUSALS and FLOOD
 # markers. Loopback only; every step is bounded in time.
 #
-# Usage: loadtest/compare.sh [--refusals | --purchases | --flood] [seconds per measurement, default 10]
+# Usage: loadtest/compare.sh [--bin DIR] [--refusals | --purchases | --flood] [seconds per measurement, default 10]
 #   --refusals: only the refusal comparison (and only its block of the document).
 #   --flood: only the flood (and only its block); FLOOD_USERS=N floods fewer users, and
 #   then writes nothing.
 #   --purchases: only (c) and the open loop, printed and not written anywhere: the quick
-#   check of a change to the purchase path. Settings of the gateway can be passed in the
-#   environment (FLASHGATE__ORDERS__LANES=2 loadtest/compare.sh --purchases 10).
+#   check of a change to the purchase path. The gateway runs with the shipped
+#   config/default.toml; a setting can be tried in the environment
+#   (FLASHGATE__ORDERS__LANES=2 loadtest/compare.sh --purchases 10), but the figures the
+#   docs report are the defaults'.
+#   --bin DIR: run the flashgate and flashgate-loadtest binaries found in DIR instead of
+#   building this tree's, to alternate two builds side by side (a copy of an earlier
+#   target/release, say). Only with --purchases, --refusals or --flood: the full run writes the docs
+#   of this tree.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 MODE=all
-case "${1:-}" in
-    --refusals | --purchases | --flood)
-        MODE=${1#--}
-        shift
-        ;;
-esac
+BIN=target/release
+BIN_GIVEN=
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --refusals | --purchases | --flood)
+            MODE=${1#--}
+            shift
+            ;;
+        --bin)
+            BIN=${2:?--bin needs a directory}
+            BIN_GIVEN=1
+            shift 2
+            ;;
+        *) break ;;
+    esac
+done
+if [ -n "$BIN_GIVEN" ] && [ "$MODE" = all ]; then
+    echo "compare: --bin goes with --purchases, --refusals or --flood" >&2
+    exit 64
+fi
 SECONDS_EACH=${1:-10}
 COMMAND="loadtest/compare.sh $([ "$MODE" = all ] || echo "--$MODE ")$SECONDS_EACH"
 [ "$MODE" = flood ] && COMMAND="loadtest/compare.sh --flood"
@@ -82,8 +102,13 @@ if ! command -v wrk >/dev/null; then
 fi
 command -v pgbench >/dev/null || { log "pgbench is missing (Debian package postgresql-client)"; exit 1; }
 
-log "building release binaries"
-cargo build --release -q --workspace
+if [ -z "$BIN_GIVEN" ]; then
+    log "building release binaries"
+    cargo build --release -q --workspace
+fi
+for binary in flashgate flashgate-loadtest; do
+    [ -x "$BIN/$binary" ] || { log "$BIN/$binary is missing"; exit 1; }
+done
 
 psql_base() { psql "$BASE_URL_DB" -qAt "$@"; }
 # Every measured run starts from a checkpoint with the kernel's dirty pages on disk: what an
@@ -108,7 +133,7 @@ start_gateway() {
     ops=$(free_port)
     env "$@" DATABASE_URL="$db" FLASHGATE_LISTEN="127.0.0.1:$port" FLASHGATE_OPS_LISTEN="127.0.0.1:$ops" \
         RUST_LOG=warn FLASHGATE__REDIS__KEY_PREFIX="cmp${RUN_ID}:" \
-        target/release/flashgate serve >>"$WORK/gateway.log" 2>&1 &
+        "$BIN/flashgate" serve >>"$WORK/gateway.log" 2>&1 &
     local pid=$!
     for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
     echo "$pid $port $ops"
@@ -146,7 +171,7 @@ refusals() {
     PIDS+=("$GW429_PID")
     curl -sf -X POST "http://127.0.0.1:$GW409_OPS/admin/deals" -H "Authorization: Bearer $FLASHGATE_ADMIN_TOKEN" \
         -d '{"id":"sold-out","name":"Sold out","stock":0,"buckets":1,"unit_price_minor":100,"currency":"EUR","per_user_limit":1,"reservation_ttl_seconds":60}' >/dev/null
-    TOKEN=$(target/release/flashgate token --user wrk-user)
+    TOKEN=$("$BIN/flashgate" token --user wrk-user)
     gw409="http://127.0.0.1:$GW409_PORT$REFUSAL_URL_PATH"
     gw429="http://127.0.0.1:$GW429_PORT$REFUSAL_URL_PATH"
     capture() { # $1: url, $2: file; the same request as refusal.lua
@@ -167,7 +192,7 @@ refusals() {
     local code port pid
     for code in 409 429; do
         port=$(free_port)
-        target/release/flashgate-loadtest bare-server --listen "127.0.0.1:$port" --answer "$WORK/answer$code" \
+        "$BIN/flashgate-loadtest" bare-server --listen "127.0.0.1:$port" --answer "$WORK/answer$code" \
             >"$WORK/bare$code.log" 2>&1 &
         pid=$!
         PIDS+=("$pid")
@@ -244,7 +269,7 @@ flood() {
         [ "$kind" = open ] && stock=$FLOOD_USERS
         checkpoint
         log "flood, $kind deal: $FLOOD_USERS distinct users, one order each, then ${FLOOD_SETTLE}s to settle"
-        target/release/flashgate-loadtest flood --base-url "http://127.0.0.1:$port" --ops-url "http://127.0.0.1:$ops" \
+        "$BIN/flashgate-loadtest" flood --base-url "http://127.0.0.1:$port" --ops-url "http://127.0.0.1:$ops" \
             --users "$FLOOD_USERS" --stock "$stock" --concurrency 128 --duration-max-seconds 600 \
             --distinct-addresses --gateway-pid "$pid" --settle-seconds "$FLOOD_SETTLE" \
             --out "$WORK/flood-$kind.json" >/dev/null 2>"$WORK/flood-$kind.log"
@@ -346,11 +371,9 @@ B=$(pgbench_tps "$WORK/buckets.sql")
 fi
 
 # --- (c): flashgate end to end ------------------------------------------------------
-# The gateway shares two cores with PostgreSQL, Redis and the load generator, and has about
-# one of them to itself: one runtime thread (`server.worker_threads`), sized as an operator
-# would size it on such a machine, instead of one per core, whose threads wake each other
-# and take turns with PostgreSQL. Set FLASHGATE__SERVER__WORKER_THREADS to measure another.
-GW_THREADS=${FLASHGATE__SERVER__WORKER_THREADS:-1}
+# The gateway runs with the shipped defaults: its runtime threads, pools and lanes are the
+# ones it chooses from the cores (config/default.toml). Only the rate limits are lifted, as
+# 400,000 buyers come from one address.
 GW_URL=$(fresh_db gateway)
 GW_PORT=$(free_port)
 OPS_PORT=$(free_port)
@@ -359,11 +382,20 @@ FLASHGATE__REDIS__KEY_PREFIX="cmp${RUN_ID}:" \
 FLASHGATE__LIMITS__PER_IP__RATE_PER_SECOND=1000000 FLASHGATE__LIMITS__PER_IP__BURST=1000000 \
 FLASHGATE__LIMITS__PER_USER__RATE_PER_SECOND=1000000 FLASHGATE__LIMITS__PER_USER__BURST=1000000 \
 FLASHGATE__LIMITS__PER_DEAL__RATE_PER_SECOND=1000000 FLASHGATE__LIMITS__PER_DEAL__BURST=1000000 \
-FLASHGATE__SERVER__WORKER_THREADS=$GW_THREADS \
-    target/release/flashgate serve >"$WORK/gateway.log" 2>&1 &
+    "$BIN/flashgate" serve >"$WORK/gateway.log" 2>&1 &
 GW_PID=$!
 PIDS+=("$GW_PID")
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$GW_PORT/healthz" >/dev/null && break; sleep 0.1; done
+# What the gateway chose from the cores (or was told), as it reports it.
+capacity() {
+    local value
+    value=$(curl -sf "http://127.0.0.1:$OPS_PORT/metrics" | awk -v of="$1" '$1 == "flashgate_capacity{of=\"" of "\"}" {print $2}' || true)
+    echo "${value:-?}"
+}
+GW_THREADS=$(capacity runtime_workers)
+GW_CAPACITY="$GW_THREADS runtime thread(s), $(capacity request_pool_connections) request connections, $(capacity lanes) lanes"
+GW_SETTINGS=$(env | grep '^FLASHGATE__' | grep -v -e '__LIMITS__' -e '__REDIS__KEY_PREFIX' -e '__WAITING_ROOM__PASS_SECRET' | sort | tr '\n' ' ' || true)
+GW_SETTINGS=${GW_SETTINGS:-shipped defaults}
 
 pg_pids() {
     psql_base -c "SELECT pid FROM pg_stat_activity WHERE datname = '${GW_URL##*/}'
@@ -395,7 +427,7 @@ sale() {
     local line
     line=$(printf '%q ' "${args[@]}")
     SALE_COMMANDS+=("flashgate-loadtest ${line% }")
-    target/release/flashgate-loadtest "${args[@]}" || rc=$?
+    "$BIN/flashgate-loadtest" "${args[@]}" || rc=$?
     if [ "$rc" = 2 ]; then
         FAILED_VERDICTS=$((FAILED_VERDICTS + 1))
         log "a sale's verdict failed: $*"
@@ -482,7 +514,7 @@ OPEN_P99=$(json "$WORK/open.json" 'round(r["latency_by_outcome"]["201"]["p99_us"
 
 if [ "$MODE" = purchases ]; then
     cat <<TXT
-(c) $C purchases/s (201 p50 ${C_P50} ms, p99 ${C_P99} ms), $C_CREATED in ${C_ELAPSED} s, verdict $C_OK, gateway threads $GW_THREADS
+(c) $C purchases/s (201 p50 ${C_P50} ms, p99 ${C_P99} ms), $C_CREATED in ${C_ELAPSED} s, verdict $C_OK, gateway: ${GW_SETTINGS% }, $GW_CAPACITY
 gateway CPU ${GW_CPU} s (${GW_US} µs per purchase), PostgreSQL CPU ${PG_CPU} s (${PG_US} µs), together ${ALL_US} µs
 machine busy ${BUSY} %, load generator CPU ${LG_CPU} s
 batch size mean ${BATCH_MEAN}, p99 ${BATCH_P99}; batches in flight mean ${LANES_MEAN}; decided again ${RECHECKED} of ${BATCHES}
@@ -514,7 +546,7 @@ gateway and PostgreSQL share the machine. $CLIENTS clients or connections, ${SEC
 |---|---|---|
 | (a) | seed design, one hot row (pgbench) | $A purchases/s |
 | (b) | seed design over 32 bucket rows (pgbench) | $B purchases/s |
-| (c) | flashgate end to end (HTTP, JWT, limits, reservation, order; durable), gateway on $GW_THREADS runtime thread(s) | $C purchases/s (201 p50 ${C_P50} ms, p99 ${C_P99} ms) |
+| (c) | flashgate end to end (HTTP, JWT, limits, reservation, order; durable), ${GW_SETTINGS% } ($GW_CAPACITY) | $C purchases/s (201 p50 ${C_P50} ms, p99 ${C_P99} ms) |
 
 | ratio | value |
 |---|---|

@@ -87,6 +87,7 @@ impl Application {
         let (public, local_addr) = bind(Listener::Public, settings.server.listen).await?;
         let (ops, ops_addr) = bind(Listener::Ops, settings.server.ops_listen).await?;
         telemetry::prometheus();
+        record_capacity(&settings);
         crate::waiting_room::challenge::export_zeroes();
         crate::payments::export_zeroes();
         if settings.database.migrate_on_start {
@@ -107,7 +108,7 @@ impl Application {
         let stock_events = subscribe_stock_events(&admission, &pools);
         let state = State::new(
             settings.handlers(),
-            settings.orders.lanes(settings.database.transaction_pooler),
+            settings.lanes(),
             pools,
             redis,
             admission,
@@ -166,6 +167,23 @@ impl Application {
         }
         tracing::info!("stopped");
         Ok(())
+    }
+}
+
+/// What this instance runs with, for operators and the load scripts: the figures chosen from
+/// the cores when the settings leave them to 0.
+fn record_capacity(settings: &Settings) {
+    let workers = tokio::runtime::Handle::current().metrics().num_workers();
+    let pool = settings
+        .database
+        .request_pool_size(crate::settings::cores());
+    let lanes = settings.lanes().lanes;
+    for (of, value) in [
+        ("runtime_workers", workers as f64),
+        ("request_pool_connections", f64::from(pool)),
+        ("lanes", lanes as f64),
+    ] {
+        metrics::gauge!(telemetry::CAPACITY, "of" => of).set(value);
     }
 }
 
@@ -268,6 +286,10 @@ fn spawn_background(
     tasks.spawn(crate::waiting_room::advancer::run(
         state.admission.waiting_room().clone(),
         state.pools.background.clone(),
+        shutdown.clone(),
+    ));
+    tasks.spawn(crate::waiting_room::health::run(
+        state.admission.waiting_room().clone(),
         shutdown.clone(),
     ));
     tasks.spawn(crate::waiting_room::revocation::follow(

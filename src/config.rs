@@ -23,6 +23,7 @@ use crate::http::{HandlerSettings, ServerSettings};
 use crate::ops::OpsSettings;
 use crate::ops::audit;
 use crate::ops::cli::CliSettings;
+use crate::orders::lanes::LaneSettings;
 use crate::orders::{OrderSettings, SweeperSettings};
 use crate::payments::PaymentSettings;
 use crate::redis_link::RedisSettings;
@@ -158,8 +159,9 @@ impl Settings {
             self.database.acquire_timeout_ms < request_timeout_ms,
             "database.acquire_timeout_ms must be below server.request_timeout_ms",
         )?;
+        let cores = crate::settings::cores();
         require(
-            self.orders.lanes < self.database.request_pool_max as usize,
+            self.orders.lanes < self.database.request_pool_size(cores) as usize,
             "orders.lanes must be below database.request_pool_max, so reads still get connections",
         )?;
         let p = &self.payments;
@@ -167,6 +169,14 @@ impl Settings {
             p.request_timeout_ms * u64::from(p.retries_max + 1) < request_timeout_ms,
             "payments.request_timeout_ms × (retries_max + 1) must fit in server.request_timeout_ms",
         )
+    }
+
+    /// The order engine's batching, its lanes chosen with the request pool they draw on.
+    pub fn lanes(&self) -> LaneSettings {
+        let cores = crate::settings::cores();
+        let pool = self.database.request_pool_size(cores);
+        let lanes = self.orders.lanes_for(cores, pool);
+        self.orders.lanes(lanes, self.database.transaction_pooler)
     }
 
     /// The sections admission is built from.
@@ -428,6 +438,42 @@ mod tests {
         let mut settings = Settings::defaults();
         settings.soldout.refresh_interval_ms = 5000;
         assert!(settings.validate().is_err());
+    }
+
+    #[test]
+    fn settings_left_to_zero_follow_the_cores() {
+        let settings = Settings::defaults();
+        let (server, database, orders) = (&settings.server, &settings.database, &settings.orders);
+        let chosen = |cores| {
+            let pool = database.request_pool_size(cores);
+            (
+                server.runtime_threads(cores, true),
+                pool,
+                orders.lanes_for(cores, pool),
+            )
+        };
+        assert_eq!(chosen(1), (1, 16, 4));
+        assert_eq!(chosen(2), (1, 16, 4));
+        assert_eq!(chosen(4), (3, 32, 8));
+        assert_eq!(chosen(64), (63, 64, 16));
+        assert_eq!(server.runtime_threads(2, false), 2, "every core when alone");
+    }
+
+    #[test]
+    fn settings_given_win_over_the_cores() {
+        let mut settings = Settings::defaults();
+        settings.server.worker_threads = 2;
+        settings.database.request_pool_max = 3;
+        settings.orders.lanes = 2;
+        assert_eq!(settings.server.runtime_threads(8, true), 2);
+        assert_eq!(settings.database.request_pool_size(8), 3);
+        assert_eq!(settings.orders.lanes_for(8, 3), 2);
+        settings.orders.lanes = 0;
+        assert_eq!(
+            settings.orders.lanes_for(8, 3),
+            2,
+            "chosen lanes stay below the pool"
+        );
     }
 
     #[test]

@@ -27,7 +27,8 @@
 //!   what the sections' checks share.
 //! - [`ops`]: operator tools: pause/resume, bucket rebalance, the invariant audit, the CLI.
 //! - [`waiting_room`]: the per-deal line in Redis, signed passes checked by admission, and
-//!   the advancer that admits buyers at a controlled rate.
+//!   the advancer that admits buyers at a controlled rate: the deal's fixed
+//!   `admit_per_second`, or an adaptive outflow set from the health every instance reports.
 //! - [`payments`]: payment attempts at a provider, signed webhooks, the outbox, late
 //!   payments, refunds and the reconciler. The provider simulator to run against is a
 //!   workspace crate of its own (`psp-sim`), spoken to only over HTTP.

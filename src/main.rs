@@ -167,11 +167,15 @@ fn main() -> ExitCode {
         };
     }
     telemetry::init_logging(&settings.telemetry);
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if settings.server.worker_threads > 0 {
-        runtime.worker_threads(settings.server.worker_threads);
-    }
-    let runtime = match runtime.enable_all().build() {
+    let threads = settings.server.runtime_threads(
+        flashgate::settings::cores(),
+        store::database_on_this_machine(&settings.database),
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build();
+    let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("flashgate: cannot start the runtime: {error}");

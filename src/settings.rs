@@ -2,6 +2,13 @@
 //! connection URLs shown without their password. Each module declares its own section in a
 //! `settings.rs` beside its code; `config` assembles the sections into one tree.
 
+/// The cores this process may run on: its CPU affinity and its cgroup's CPU quota, as the
+/// standard library reads them, so settings left to 0 fit a container as well as a whole
+/// machine; 1 when neither can be read.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
 /// `Ok` when `ok`, else `message`: the message names the setting by its key and says
 /// what it must be, and `config` turns it into the start-up error.
 pub fn require(ok: bool, message: &str) -> Result<(), String> {

@@ -66,6 +66,8 @@ pub const AUDIT_RUNS: &str = "flashgate_audit_runs_total";
 pub const WAITING_ROOM_QUEUE_LENGTH: &str = "flashgate_waiting_room_queue_length";
 pub const WAITING_ROOM_ADMITTED: &str = "flashgate_waiting_room_admitted_total";
 pub const WAITING_ROOM_ADMISSION_RATE: &str = "flashgate_waiting_room_admission_rate";
+pub const WAITING_ROOM_OUTFLOW: &str = "flashgate_waiting_room_outflow_per_second";
+pub const WAITING_ROOM_HEALTH_P99: &str = "flashgate_waiting_room_health_p99_seconds";
 pub const WAITING_ROOM_PASSES_ACTIVE: &str = "flashgate_waiting_room_passes_active";
 pub const WAITING_ROOM_ABANDONED: &str = "flashgate_waiting_room_abandoned_total";
 pub const WAITING_ROOM_ESTIMATED_WAIT: &str = "flashgate_waiting_room_estimated_wait_seconds";
@@ -73,6 +75,7 @@ pub const WAITING_ROOM_PASS_REJECTIONS: &str = "flashgate_waiting_room_pass_reje
 pub const WAITING_ROOM_REVOKED: &str = "flashgate_waiting_room_passes_revoked_total";
 pub const WAITING_ROOM_CHALLENGES: &str = "flashgate_waiting_room_challenges_total";
 pub const BUILD_INFO: &str = "flashgate_build_info";
+pub const CAPACITY: &str = "flashgate_capacity";
 pub const RESERVATION_TRANSACTION: &str = "flashgate_reservation_transaction_seconds";
 pub const DB_RETRIES: &str = "flashgate_db_retries_total";
 pub const DB_POOL_WAIT: &str = "flashgate_db_pool_wait_seconds";
@@ -353,6 +356,10 @@ fn describe_database() {
         BUILD_INFO,
         "Always 1; the version and git commit this gateway was built from, as labels."
     );
+    describe_gauge!(
+        CAPACITY,
+        "What this instance runs with, chosen from its cores or set: runtime worker threads, request pool connections, lanes per deal."
+    );
     describe_histogram!(
         RESERVATION_TRANSACTION,
         metrics::Unit::Seconds,
@@ -392,6 +399,14 @@ fn describe_waiting_room() {
     describe_gauge!(
         WAITING_ROOM_ADMISSION_RATE,
         "Tickets admitted per second over the last second, by deal."
+    );
+    describe_gauge!(
+        WAITING_ROOM_OUTFLOW,
+        "The rate a deal's line admits at: admit_per_second, or the adaptive loop's decision."
+    );
+    describe_gauge!(
+        WAITING_ROOM_HEALTH_P99,
+        "The worst instance's order p99 for a deal's pass holders, as the adaptive loop saw it."
     );
     describe_gauge!(
         WAITING_ROOM_PASSES_ACTIVE,

@@ -14,7 +14,7 @@ use sqlx::{PgConnection, PgPool};
 
 pub use cache::DealCache;
 pub use settings::DealSettings;
-pub use waiting_room::WaitingRoomTerms;
+pub use waiting_room::{ADMIT_PER_SECOND_MAX, AdmissionMode, AdmissionTerms, WaitingRoomTerms};
 
 use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};
 use crate::store::StoreError;
@@ -169,7 +169,8 @@ pub use crate::inventory::split_evenly;
 const SELECT_DEAL: &str = "SELECT id, name, stock_total, bucket_count, unit_price_minor, currency,
         per_user_limit, reservation_ttl_seconds, starts_at, ends_at, paused,
         late_payment_policy, capture_method, wr_enabled, wr_admit_per_second, wr_max_active,
-        wr_pass_ttl_seconds, wr_queue_order, wr_prequeue_opens_at, wr_pow_bits, wr_checkout_url
+        wr_pass_ttl_seconds, wr_queue_order, wr_prequeue_opens_at, wr_pow_bits, wr_checkout_url, wr_admission_mode, wr_min_per_second,
+        wr_max_per_second, wr_target_p99_ms
     FROM deals WHERE id = $1";
 
 pub async fn load(pool: &PgPool, id: &str) -> Result<Option<Deal>, StoreError> {
@@ -198,9 +199,10 @@ pub async fn create(pool: &PgPool, new: &NewDeal) -> Result<Deal, DealError> {
              per_user_limit, reservation_ttl_seconds, starts_at, ends_at,
              late_payment_policy, capture_method, wr_enabled, wr_admit_per_second,
              wr_max_active, wr_pass_ttl_seconds, wr_queue_order, wr_prequeue_opens_at,
-             wr_pow_bits, wr_checkout_url)
+             wr_pow_bits, wr_checkout_url, wr_admission_mode, wr_min_per_second,
+             wr_max_per_second, wr_target_p99_ms)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
-                 $13, $14, $15, $16, $17, $18, $19, $20)
+                 $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24)
          ON CONFLICT (id) DO NOTHING",
     )
     .bind(new.id.as_str())
@@ -223,6 +225,10 @@ pub async fn create(pool: &PgPool, new: &NewDeal) -> Result<Deal, DealError> {
     .bind(new.waiting_room.prequeue_opens_at)
     .bind(new.waiting_room.pow_bits)
     .bind(&new.waiting_room.checkout_url)
+    .bind(new.waiting_room.admission.mode.as_str())
+    .bind(new.waiting_room.admission.min_per_second)
+    .bind(new.waiting_room.admission.max_per_second)
+    .bind(new.waiting_room.admission.target_p99_ms)
     .execute(&mut *tx)
     .await
     .map_err(StoreError::from)?;
@@ -257,6 +263,47 @@ pub async fn set_paused(
     }
     changes::announce(tx, deal_id).await?;
     Ok(true)
+}
+
+/// Hands the deal's outflow to the operator at `admit_per_second` (`fixed`) or back to
+/// the controller (`adaptive`), and announces the change; `None` when there is no such
+/// deal with a waiting room.
+pub async fn set_admission(
+    pool: &PgPool,
+    deal_id: &str,
+    mode: AdmissionMode,
+    admit_per_second: Option<i32>,
+) -> Result<Option<Deal>, DealError> {
+    if let Some(rate) = admit_per_second
+        && !(1..=ADMIT_PER_SECOND_MAX).contains(&rate)
+    {
+        return Err(DealError::Invalid(
+            "waiting_room.admit_per_second must be 1-100000".into(),
+        ));
+    }
+    let mut tx = pool.begin().await.map_err(StoreError::from)?;
+    let updated = sqlx::query(
+        "UPDATE deals SET wr_admission_mode = $2,
+                wr_admit_per_second = COALESCE($3, wr_admit_per_second)
+          WHERE id = $1 AND wr_enabled",
+    )
+    .bind(deal_id)
+    .bind(mode.as_str())
+    .bind(admit_per_second)
+    .execute(&mut *tx)
+    .await
+    .map_err(StoreError::from)?;
+    if updated.rows_affected() == 0 {
+        return Ok(None);
+    }
+    changes::announce(&mut tx, deal_id).await?;
+    let deal = sqlx::query_as::<_, Deal>(SELECT_DEAL)
+        .bind(deal_id)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(StoreError::from)?;
+    tx.commit().await.map_err(StoreError::from)?;
+    Ok(Some(deal))
 }
 
 /// Records the deal's new bucket count and announces it, in the transaction that moved

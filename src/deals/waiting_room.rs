@@ -2,7 +2,7 @@
 //! and how fast and how fairly the line moves. The line itself lives in Redis.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Bounds on what a waiting room may be configured with.
 pub const ADMIT_PER_SECOND_MAX: i32 = 100_000;
@@ -10,6 +10,95 @@ pub const MAX_ACTIVE_MAX: i32 = 10_000_000;
 pub const PASS_TTL_SECONDS_MAX: i32 = 86_400;
 pub const POW_BITS_MAX: i32 = 32;
 pub const CHECKOUT_URL_CHARS_MAX: usize = 2000;
+/// Highest `target_p99_ms`: a target past a minute is no target for a buyer.
+pub const TARGET_P99_MS_MAX: i32 = 60_000;
+
+/// Who sets a line's outflow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AdmissionMode {
+    /// The operator: `admit_per_second`, as typed.
+    #[default]
+    Fixed,
+    /// The advancer, from the health the instances report, within the deal's bounds.
+    Adaptive,
+}
+
+impl AdmissionMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdmissionMode::Fixed => "fixed",
+            AdmissionMode::Adaptive => "adaptive",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "fixed" => Some(AdmissionMode::Fixed),
+            "adaptive" => Some(AdmissionMode::Adaptive),
+            _ => None,
+        }
+    }
+}
+
+impl TryFrom<String> for AdmissionMode {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        Self::parse(&text).ok_or_else(|| format!("unknown admission mode {text}"))
+    }
+}
+
+/// How the line's outflow is set; stored in `wr_admission_mode`, `wr_min_per_second`,
+/// `wr_max_per_second` and `wr_target_p99_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct AdmissionTerms {
+    /// `fixed` admits `admit_per_second`; `adaptive` follows the measured health.
+    #[sqlx(rename = "wr_admission_mode", try_from = "String")]
+    pub mode: AdmissionMode,
+    /// Adaptive: the outflow never goes below this, however bad the health looks, so the
+    /// line always moves.
+    #[sqlx(rename = "wr_min_per_second")]
+    pub min_per_second: i32,
+    /// Adaptive: the outflow never goes above this, however good the health looks.
+    #[sqlx(rename = "wr_max_per_second")]
+    pub max_per_second: i32,
+    /// Adaptive: the admitted buyers' order p99 above which the outflow is cut.
+    #[sqlx(rename = "wr_target_p99_ms")]
+    pub target_p99_ms: i32,
+}
+
+impl Default for AdmissionTerms {
+    fn default() -> Self {
+        Self {
+            mode: AdmissionMode::Fixed,
+            min_per_second: 1,
+            max_per_second: 100,
+            target_p99_ms: 500,
+        }
+    }
+}
+
+impl AdmissionTerms {
+    pub fn is_adaptive(&self) -> bool {
+        self.mode == AdmissionMode::Adaptive
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if !(1..=ADMIT_PER_SECOND_MAX).contains(&self.min_per_second) {
+            return Err("waiting_room.admission.min_per_second must be 1-100000".into());
+        }
+        if !(self.min_per_second..=ADMIT_PER_SECOND_MAX).contains(&self.max_per_second) {
+            return Err(
+                "waiting_room.admission.max_per_second must be min_per_second-100000".into(),
+            );
+        }
+        if !(1..=TARGET_P99_MS_MAX).contains(&self.target_p99_ms) {
+            return Err("waiting_room.admission.target_p99_ms must be 1-60000".into());
+        }
+        Ok(())
+    }
+}
 
 /// How a deal's line behaves; stored in the `wr_*` columns of `deals`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
@@ -40,6 +129,9 @@ pub struct WaitingRoomTerms {
     /// Where the waiting page sends an admitted buyer, with the pass in the fragment.
     #[sqlx(rename = "wr_checkout_url")]
     pub checkout_url: Option<String>,
+    /// Who sets the outflow: the operator's `admit_per_second`, or the measured health.
+    #[sqlx(flatten)]
+    pub admission: AdmissionTerms,
 }
 
 impl Default for WaitingRoomTerms {
@@ -53,6 +145,7 @@ impl Default for WaitingRoomTerms {
             prequeue_opens_at: None,
             pow_bits: 0,
             checkout_url: None,
+            admission: AdmissionTerms::default(),
         }
     }
 }
@@ -95,7 +188,7 @@ impl WaitingRoomTerms {
         {
             return Err("waiting_room.prequeue_opens_at must not be after starts_at".into());
         }
-        Ok(())
+        self.admission.validate()
     }
 
     /// Whether tickets may be taken at `now` (the sale's end is checked by the caller).
@@ -138,6 +231,21 @@ mod tests {
             },
             WaitingRoomTerms {
                 checkout_url: Some("javascript:alert(1)".into()),
+                ..Default::default()
+            },
+            WaitingRoomTerms {
+                admission: AdmissionTerms {
+                    min_per_second: 10,
+                    max_per_second: 9,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            WaitingRoomTerms {
+                admission: AdmissionTerms {
+                    target_p99_ms: 0,
+                    ..Default::default()
+                },
                 ..Default::default()
             },
             WaitingRoomTerms {

@@ -14,7 +14,9 @@ use super::State;
 use super::body::{self, Caching};
 use super::guard::require_admin;
 use super::problem::Problem;
-use crate::deals::{self, Deal, NewDeal, PaymentTerms, WaitingRoomTerms};
+use crate::deals::{
+    self, AdmissionMode, AdmissionTerms, Deal, NewDeal, PaymentTerms, WaitingRoomTerms,
+};
 use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};
 use crate::inventory;
 use crate::telemetry;
@@ -142,11 +144,39 @@ pub(super) struct AdminDealView<'a> {
     starts_at: Option<DateTime<Utc>>,
     ends_at: Option<DateTime<Utc>>,
     paused: bool,
-    waiting_room: &'a deals::WaitingRoomTerms,
+    waiting_room: AdminWaitingRoom<'a>,
+}
+
+/// The deal's waiting-room terms, with who sets the outflow and the outflow now.
+#[derive(Serialize)]
+struct AdminWaitingRoom<'a> {
+    #[serde(flatten)]
+    terms: &'a deals::WaitingRoomTerms,
+    mode: &'static str,
+    /// The rate the line admits at: as last published by the advancer, or before its first
+    /// step the rate it starts at (`admit_per_second`, or an adaptive line's minimum).
+    outflow_per_second: f64,
+}
+
+impl<'a> AdminWaitingRoom<'a> {
+    fn new(terms: &'a deals::WaitingRoomTerms, published: Option<f64>) -> Self {
+        let admission = &terms.admission;
+        let start = if admission.is_adaptive() {
+            admission.min_per_second
+        } else {
+            terms.admit_per_second
+        };
+        Self {
+            terms,
+            mode: admission.mode.as_str(),
+            outflow_per_second: super::queue::round_rate(published.unwrap_or(f64::from(start))),
+        }
+    }
 }
 
 impl<'a> AdminDealView<'a> {
-    pub(super) fn new(deal: &'a Deal) -> Self {
+    /// The view of `deal`; `outflow` is its line's published outflow, when known.
+    pub(super) fn new(deal: &'a Deal, outflow: Option<f64>) -> Self {
         Self {
             id: &deal.id,
             name: &deal.name,
@@ -160,9 +190,76 @@ impl<'a> AdminDealView<'a> {
             starts_at: deal.starts_at,
             ends_at: deal.ends_at,
             paused: deal.paused,
-            waiting_room: &deal.waiting_room,
+            waiting_room: AdminWaitingRoom::new(&deal.waiting_room, outflow),
         }
     }
+}
+
+/// The outflow the deal's line last published; `None` without a waiting room, before the
+/// advancer's first step, or when Redis does not answer.
+pub(super) async fn published_outflow(state: &State, deal: &Deal) -> Option<f64> {
+    if !deal.waiting_room.enabled {
+        return None;
+    }
+    let room = state.admission.waiting_room();
+    room.line(&deal.id).await.ok()?.outflow_per_second
+}
+
+/// `GET /admin/deals/{id}`: the deal as operators see it, with its line's outflow now.
+pub async fn deal<B>(state: &State, request: &Request<B>, raw_id: &str) -> Reply {
+    require_admin(state, request)?;
+    let id = DealId::parse(raw_id).map_err(|_| Problem::not_found("no such deal"))?;
+    let deal = deals::load(&state.pools.admin, id.as_str())
+        .await?
+        .ok_or_else(|| Problem::not_found("no such deal"))?;
+    let outflow = published_outflow(state, &deal).await;
+    Ok(body::respond(
+        StatusCode::OK,
+        &AdminDealView::new(&deal, outflow),
+        Caching::Private,
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AdmissionChange {
+    mode: String,
+    #[serde(default, deserialize_with = "super::integer::optional")]
+    admit_per_second: Option<i32>,
+}
+
+/// `POST /admin/deals/{id}/admission`: takes manual control of the line's outflow (`fixed`,
+/// at the current outflow unless a rate is given) or hands it back (`adaptive`).
+pub async fn set_admission(state: &State, request: Request<Incoming>, raw_id: &str) -> Reply {
+    let change: AdmissionChange = admin_json(state, request).await?;
+    let mode = AdmissionMode::parse(&change.mode)
+        .ok_or_else(|| Problem::invalid("mode must be fixed or adaptive"))?;
+    let id = DealId::parse(raw_id).map_err(|_| Problem::not_found("no such deal"))?;
+    let room = state.admission.waiting_room();
+    let deal = crate::ops::admission::set_mode(
+        &state.pools.admin,
+        room,
+        id.as_str(),
+        mode,
+        change.admit_per_second,
+    )
+    .await?;
+    state
+        .admission
+        .deals()
+        .put(&deal.id, Some(std::sync::Arc::new(deal.clone())));
+    let outflow = published_outflow(state, &deal).await;
+    tracing::info!(
+        deal = deal.id,
+        mode = mode.as_str(),
+        rate = deal.waiting_room.admit_per_second,
+        "waiting-room admission mode set by an operator"
+    );
+    Ok(body::respond(
+        StatusCode::OK,
+        &AdminDealView::new(&deal, outflow),
+        Caching::Private,
+    ))
 }
 
 /// The JSON body of an authorised admin request.
@@ -191,7 +288,7 @@ pub async fn create_deal(state: &State, request: Request<Incoming>) -> Reply {
         .await;
     Ok(body::respond(
         StatusCode::CREATED,
-        &AdminDealView::new(&deal),
+        &AdminDealView::new(&deal, None),
         Caching::Private,
     ))
 }
@@ -332,6 +429,34 @@ struct WaitingRoomInput {
     pow_bits: Option<i32>,
     #[serde(default)]
     checkout_url: Option<String>,
+    #[serde(default)]
+    admission: Option<AdmissionInput>,
+}
+
+/// The `admission` object of a deal's `waiting_room`; without it the line is `fixed`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AdmissionInput {
+    #[serde(default)]
+    mode: Option<AdmissionMode>,
+    #[serde(default, deserialize_with = "super::integer::optional")]
+    min_per_second: Option<i32>,
+    #[serde(default, deserialize_with = "super::integer::optional")]
+    max_per_second: Option<i32>,
+    #[serde(default, deserialize_with = "super::integer::optional")]
+    target_p99_ms: Option<i32>,
+}
+
+impl AdmissionInput {
+    fn into_terms(self) -> AdmissionTerms {
+        let defaults = AdmissionTerms::default();
+        AdmissionTerms {
+            mode: self.mode.unwrap_or(defaults.mode),
+            min_per_second: self.min_per_second.unwrap_or(defaults.min_per_second),
+            max_per_second: self.max_per_second.unwrap_or(defaults.max_per_second),
+            target_p99_ms: self.target_p99_ms.unwrap_or(defaults.target_p99_ms),
+        }
+    }
 }
 
 impl WaitingRoomInput {
@@ -347,6 +472,9 @@ impl WaitingRoomInput {
             prequeue_opens_at: self.prequeue_opens_at,
             pow_bits: self.pow_bits.unwrap_or(defaults.pow_bits),
             checkout_url: self.checkout_url,
+            admission: self
+                .admission
+                .map_or(defaults.admission, AdmissionInput::into_terms),
         }
     }
 }

@@ -20,7 +20,7 @@ use super::State;
 use super::body::{self, Caching};
 use super::guard::{POW_HEADER, check_ip, require_admin};
 use super::problem::Problem;
-use crate::deals::{Deal, Window};
+use crate::deals::{Deal, WaitingRoomTerms, Window};
 use crate::domain::{DealId, UserId};
 use crate::waiting_room::{QueueError, TicketState, TicketStatus};
 
@@ -65,6 +65,12 @@ struct LineView {
     admitted_through: u64,
     waiting: u64,
     admit_per_second: i32,
+    /// `fixed` or `adaptive`: who sets the rate the line moves at.
+    mode: &'static str,
+    /// The rate the line moves at now (tickets per second): `admit_per_second` in fixed
+    /// mode, the controller's in adaptive mode; absent before the line's first step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    outflow_per_second: Option<f64>,
     max_active: i32,
     state: &'static str,
     queue_order: String,
@@ -184,6 +190,8 @@ pub async fn line(
         admitted_through: line.admitted_through,
         waiting: line.waiting,
         admit_per_second: deal.waiting_room.admit_per_second,
+        mode: deal.waiting_room.admission.mode.as_str(),
+        outflow_per_second: line.outflow_per_second.map(round_rate),
         max_active: deal.waiting_room.max_active,
         state: deal.public_state(Utc::now(), sold_out),
         queue_order: deal.waiting_room.queue_order.clone(),
@@ -197,6 +205,20 @@ pub async fn line(
         &view,
         Caching::Public(max_age),
     ))
+}
+
+/// Seconds until `ahead + 1` tickets are admitted at the current outflow (the deal's
+/// `admit_per_second` before the advancer published one), so the promise moves with it.
+fn wait_seconds(ahead: u64, outflow: Option<f64>, terms: &WaitingRoomTerms) -> u64 {
+    let rate = outflow
+        .unwrap_or_else(|| f64::from(terms.admit_per_second))
+        .max(0.001);
+    ((ahead + 1) as f64 / rate).ceil() as u64
+}
+
+/// An outflow as shown: two decimals are all a person reads.
+pub(super) fn round_rate(rate: f64) -> f64 {
+    (rate * 100.0).round() / 100.0
 }
 
 fn sale_not_open(detail: &str) -> Problem {
@@ -221,9 +243,8 @@ fn ticket_reply(
     if ticket_state == TicketState::Waiting && state.admission.sold_out().is_sold_out(&deal.id) {
         ticket_state = TicketState::SoldOut;
     }
-    let rate = u64::try_from(terms.admit_per_second).unwrap_or(1).max(1);
     let wait = if ticket_state == TicketState::Waiting {
-        (status.ahead + 1).div_ceil(rate)
+        wait_seconds(status.ahead, status.outflow_per_second, terms)
     } else {
         0
     };
@@ -335,4 +356,22 @@ pub async fn revoke(state: &State, request: Request<Incoming>, raw_id: &str) -> 
         revoked: ticket.is_some(),
     };
     Ok(body::respond(StatusCode::OK, &view, Caching::Private))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_estimated_wait_follows_the_published_outflow() {
+        let terms = WaitingRoomTerms {
+            admit_per_second: 100,
+            ..WaitingRoomTerms::default()
+        };
+        assert_eq!(wait_seconds(199, None, &terms), 2);
+        assert_eq!(wait_seconds(199, Some(100.0), &terms), 2);
+        assert_eq!(wait_seconds(199, Some(25.0), &terms), 8);
+        assert_eq!(wait_seconds(0, Some(0.5), &terms), 2);
+        assert_eq!(wait_seconds(9, Some(0.0), &terms), 10_000);
+    }
 }

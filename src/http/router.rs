@@ -51,6 +51,8 @@ pub enum Route<'a> {
     AdjustStock(&'a str),
     Inventory(&'a str),
     PauseDeal(&'a str),
+    AdminDeal(&'a str),
+    SetAdmission(&'a str),
     ResumeDeal(&'a str),
     Rebalance(&'a str),
     Audit,
@@ -139,6 +141,12 @@ impl<'a> Route<'a> {
                 "GET, HEAD",
                 Route::Inventory(id),
             ),
+            ["admin", "deals", id] => ("/admin/deals/{id}", "GET, HEAD", Route::AdminDeal(id)),
+            ["admin", "deals", id, "admission"] => (
+                "/admin/deals/{id}/admission",
+                "POST",
+                Route::SetAdmission(id),
+            ),
             ["admin", "deals", id, "pause"] => {
                 ("/admin/deals/{id}/pause", "POST", Route::PauseDeal(id))
             }
@@ -196,6 +204,8 @@ impl<'a> Route<'a> {
             | Route::AdjustStock(id)
             | Route::Inventory(id)
             | Route::PauseDeal(id)
+            | Route::AdminDeal(id)
+            | Route::SetAdmission(id)
             | Route::ResumeDeal(id)
             | Route::Rebalance(id)
             | Route::QueueChallenge(id)
@@ -223,6 +233,8 @@ impl<'a> Route<'a> {
             Route::AdjustStock(_) => "/admin/deals/{id}/stock",
             Route::Inventory(_) => "/admin/deals/{id}/inventory",
             Route::PauseDeal(_) => "/admin/deals/{id}/pause",
+            Route::AdminDeal(_) => "/admin/deals/{id}",
+            Route::SetAdmission(_) => "/admin/deals/{id}/admission",
             Route::ResumeDeal(_) => "/admin/deals/{id}/resume",
             Route::Rebalance(_) => "/admin/deals/{id}/rebalance",
             Route::Audit => "/admin/audit",
@@ -562,6 +574,8 @@ async fn dispatch(
         Route::AdjustStock(id) => Box::pin(admin::adjust_stock(state, request, id)).await,
         Route::Inventory(id) => Box::pin(admin::inventory(state, &request, id)).await,
         Route::PauseDeal(id) => Box::pin(ops::set_paused(state, &request, id, true)).await,
+        Route::AdminDeal(id) => Box::pin(admin::deal(state, &request, id)).await,
+        Route::SetAdmission(id) => Box::pin(admin::set_admission(state, request, id)).await,
         Route::ResumeDeal(id) => Box::pin(ops::set_paused(state, &request, id, false)).await,
         Route::Rebalance(id) => Box::pin(ops::rebalance(state, request, id)).await,
         Route::Audit => Box::pin(ops::audit(state, &request)).await,

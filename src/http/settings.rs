@@ -36,7 +36,7 @@ pub struct ServerSettings {
     pub listen: SocketAddr,
     /// The operations listener: `/metrics`, `/admin/*`, health. Keep it off the internet.
     pub ops_listen: SocketAddr,
-    /// Runtime worker threads; 0 means one per core.
+    /// Runtime worker threads; 0 chooses them from the cores (see [`Self::runtime_threads`]).
     pub worker_threads: usize,
     /// Largest request head (request line and headers) in bytes; a larger head is refused by
     /// the parser.
@@ -102,10 +102,23 @@ impl ServerSettings {
         require(
             self.worker_threads <= WORKER_THREADS_MAX,
             &format!(
-                "server.worker_threads must be at most {WORKER_THREADS_MAX} (0: one per core)"
+                "server.worker_threads must be at most {WORKER_THREADS_MAX} (0: from the cores)"
             ),
         )?;
         self.validate_connections()
+    }
+
+    /// The runtime's worker threads on `cores` cores: `worker_threads` when set, else one a
+    /// core, or one fewer (at least one) when PostgreSQL runs `beside_database` on this
+    /// machine. The spare core is the database's: a thread on every core makes the
+    /// gateway's tasks wake each other across cores and take turns with PostgreSQL, which
+    /// costs more CPU per purchase and a longer tail.
+    pub fn runtime_threads(&self, cores: usize, beside_database: bool) -> usize {
+        match self.worker_threads {
+            0 if beside_database => cores.saturating_sub(1).max(1),
+            0 => cores.max(1),
+            threads => threads,
+        }
     }
 
     /// Connection counts, the drain and the body's read time.

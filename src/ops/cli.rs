@@ -8,8 +8,10 @@ use clap::{Subcommand, ValueEnum};
 use serde::Serialize;
 use sqlx::PgPool;
 
-use super::{audit, pause, rebalance};
-use crate::deals::{self, Deal, NewDeal, PaymentTerms, WaitingRoomTerms};
+use super::{admission, audit, pause, rebalance};
+use crate::deals::{
+    self, AdmissionMode, AdmissionTerms, Deal, NewDeal, PaymentTerms, WaitingRoomTerms,
+};
 use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};
 use crate::inventory;
 use crate::redis_link::{RedisHandle, RedisSettings};
@@ -35,7 +37,7 @@ pub enum DealsCommand {
     },
     /// Create a deal and its buckets, with a waiting room and payment terms if asked.
     #[command(allow_negative_numbers = true)]
-    Create(CreateArgs),
+    Create(Box<CreateArgs>),
     /// Add (positive) or remove (negative) available units.
     #[command(allow_negative_numbers = true)]
     Stock {
@@ -69,6 +71,19 @@ pub enum DealsCommand {
     DrainQueue {
         /// The deal's id.
         id: String,
+    },
+    /// Set who drives the deal's waiting-room outflow: `fixed` takes manual control at the
+    /// line's current outflow (or `--admit-per-second`), `adaptive` hands it back to the
+    /// loop. Needs Redis to read the current outflow.
+    Admission {
+        /// The deal's id.
+        id: String,
+        /// `fixed` or `adaptive`.
+        #[arg(long, value_parser = ["fixed", "adaptive"])]
+        mode: String,
+        /// Fixed: the rate to admit at, instead of the current outflow.
+        #[arg(long, value_name = "N")]
+        admit_per_second: Option<i32>,
     },
 }
 
@@ -144,6 +159,18 @@ struct WaitingRoomArgs {
     /// Where the waiting page sends an admitted buyer, with the pass in the fragment.
     #[arg(long, requires = "waiting_room", value_name = "URL")]
     checkout_url: Option<String>,
+    /// `fixed` (admit `--admit-per-second`) or `adaptive` (follow the measured health).
+    #[arg(long, requires = "waiting_room", value_parser = ["fixed", "adaptive"])]
+    admission: Option<String>,
+    /// Adaptive: the outflow never goes below this.
+    #[arg(long, requires = "waiting_room", value_name = "N")]
+    min_per_second: Option<i32>,
+    /// Adaptive: the outflow never goes above this.
+    #[arg(long, requires = "waiting_room", value_name = "N")]
+    max_per_second: Option<i32>,
+    /// Adaptive: the admitted buyers' order p99 above which the outflow is cut.
+    #[arg(long, requires = "waiting_room", value_name = "MS")]
+    target_p99_ms: Option<i32>,
 }
 
 impl WaitingRoomArgs {
@@ -158,6 +185,22 @@ impl WaitingRoomArgs {
             prequeue_opens_at: self.prequeue_opens_at,
             pow_bits: self.pow_bits.unwrap_or(defaults.pow_bits),
             checkout_url: self.checkout_url,
+            admission: AdmissionTerms {
+                mode: self
+                    .admission
+                    .as_deref()
+                    .and_then(AdmissionMode::parse)
+                    .unwrap_or_default(),
+                min_per_second: self
+                    .min_per_second
+                    .unwrap_or(defaults.admission.min_per_second),
+                max_per_second: self
+                    .max_per_second
+                    .unwrap_or(defaults.admission.max_per_second),
+                target_p99_ms: self
+                    .target_p99_ms
+                    .unwrap_or(defaults.admission.target_p99_ms),
+            },
         }
     }
 }
@@ -263,9 +306,9 @@ async fn run_deals(
 ) -> Result<(), String> {
     match command {
         DealsCommand::List => print(&list(pool).await.map_err(|e| e.to_string())?),
-        DealsCommand::Show { id } => show(pool, &id).await,
+        DealsCommand::Show { id } => show(settings, pool, &id).await,
         DealsCommand::Create(args) => {
-            let new = args.into_new_deal()?;
+            let new = (*args).into_new_deal()?;
             let deal = deals::create(pool, &new).await.map_err(|e| e.to_string())?;
             print(&deal_json(&deal))
         }
@@ -273,11 +316,16 @@ async fn run_deals(
             super::stock::adjust(pool, &id, delta)
                 .await
                 .map_err(|e| e.to_string())?;
-            show(pool, &id).await
+            show(settings, pool, &id).await
         }
         DealsCommand::Pause { id } => set_paused(pool, &id, true).await,
         DealsCommand::Resume { id } => set_paused(pool, &id, false).await,
         DealsCommand::DrainQueue { id } => drain_queue(settings, pool, &id).await,
+        DealsCommand::Admission {
+            id,
+            mode,
+            admit_per_second,
+        } => set_admission(settings, pool, &id, &mode, admit_per_second).await,
         DealsCommand::Rebalance { id, buckets } => {
             let done = rebalance::rebalance(pool, &id, buckets)
                 .await
@@ -299,8 +347,64 @@ async fn set_paused(pool: &PgPool, id: &str, paused: bool) -> Result<(), String>
     print(&deal_json(&deal))
 }
 
-async fn show(pool: &PgPool, id: &str) -> Result<(), String> {
+/// `flashgate deals admission`: the same call as `POST /admin/deals/{id}/admission`.
+async fn set_admission(
+    settings: &CliSettings,
+    pool: &PgPool,
+    id: &str,
+    mode: &str,
+    admit_per_second: Option<i32>,
+) -> Result<(), String> {
+    let mode = AdmissionMode::parse(mode).ok_or("--mode must be fixed or adaptive")?;
+    let room = connected_room(settings).await;
+    let deal = admission::set_mode(pool, &room, id, mode, admit_per_second)
+        .await
+        .map_err(|e| e.to_string())?;
+    print(&deal_json(&deal))
+}
+
+async fn connected_room(settings: &CliSettings) -> WaitingRoom {
+    let redis = connect_redis(settings);
+    redis.connect().await;
+    WaitingRoom::new(&settings.waiting_room, redis)
+}
+
+/// A deal's waiting room with who drives it and its outflow now (as published by the
+/// advancer; before its first step, or without Redis, the rate the line starts at).
+async fn waiting_room_json(settings: &CliSettings, deal: &Deal) -> serde_json::Value {
+    let terms = &deal.waiting_room;
+    let published = if terms.enabled {
+        let room = connected_room(settings).await;
+        room.line(&deal.id)
+            .await
+            .ok()
+            .and_then(|l| l.outflow_per_second)
+    } else {
+        None
+    };
+    let start = if terms.admission.is_adaptive() {
+        terms.admission.min_per_second
+    } else {
+        terms.admit_per_second
+    };
+    let outflow = published.unwrap_or(f64::from(start));
+    let mut json = serde_json::to_value(terms).unwrap_or_default();
+    if let Some(object) = json.as_object_mut() {
+        object.insert("mode".into(), terms.admission.mode.as_str().into());
+        object.insert(
+            "outflow_per_second".into(),
+            ((outflow * 100.0).round() / 100.0).into(),
+        );
+    }
+    json
+}
+
+async fn show(settings: &CliSettings, pool: &PgPool, id: &str) -> Result<(), String> {
     let snapshot = inventory::snapshot(pool, id)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("deal {id} not found"))?;
+    let deal = deals::load(pool, id)
         .await
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("deal {id} not found"))?;
@@ -314,6 +418,7 @@ async fn show(pool: &PgPool, id: &str) -> Result<(), String> {
             .map(|(bucket, available)| serde_json::json!({"bucket": bucket, "available": available}))
             .collect::<Vec<_>>(),
         "invariant_holds": snapshot.invariant_holds,
+        "waiting_room": waiting_room_json(settings, &deal).await,
     }))
 }
 

@@ -11,6 +11,7 @@
 //! Everything here talks to PostgreSQL (and Redis for the sold-out flag) directly, so the
 //! CLI works without a running gateway and the admin API shares the same code.
 
+pub mod admission;
 pub mod audit;
 pub mod cli;
 pub mod output;

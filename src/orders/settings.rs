@@ -14,8 +14,12 @@ pub const QUANTITY_MAX_RANGE: RangeInclusive<u32> = 1..=1_000_000;
 /// The values `orders.batch_max` may take: one statement carries a batch, so it stays small.
 pub const BATCH_MAX_RANGE: RangeInclusive<usize> = 1..=1024;
 
-/// The values `orders.lanes` may take: each lane in flight holds a request connection.
-pub const LANES_RANGE: RangeInclusive<usize> = 1..=64;
+/// The values `orders.lanes` may take (0: from the cores): each lane in flight holds a
+/// request connection.
+pub const LANES_RANGE: RangeInclusive<usize> = 0..=64;
+
+/// The lanes chosen from the cores: two a core, at least 4 and at most 16.
+pub const LANES_FROM_CORES: RangeInclusive<usize> = 4..=16;
 
 /// The values `orders.idempotency_key_bytes_max` may take: a key is stored with its order.
 pub const IDEMPOTENCY_KEY_BYTES_MAX_RANGE: RangeInclusive<usize> = 1..=255;
@@ -32,7 +36,7 @@ pub struct OrderSettings {
     /// A batch that met a deadlock or serialization failure runs again at most this many times.
     pub retries_max: u32,
     /// Batches of one deal in flight at once on this instance, each with its own share of
-    /// the buckets.
+    /// the buckets; 0 chooses them from the cores (see [`Self::lanes_for`]).
     pub lanes: usize,
     /// Most orders placed in one batch (one statement, one transaction).
     pub batch_max: usize,
@@ -63,10 +67,27 @@ impl OrderSettings {
         )
     }
 
-    /// The engine's batching; `commit_before_answer` when the pool is a transaction pooler.
-    pub fn lanes(&self, commit_before_answer: bool) -> LaneSettings {
+    /// The lanes on `cores` cores beside a request pool of `request_pool` connections:
+    /// `lanes` when set, else two a core within [`LANES_FROM_CORES`], one connection fewer
+    /// than the pool at most. A batch holds a lane's connection while PostgreSQL works on it
+    /// and while it waits for the disk, so two a core keep the cores busy through the commits;
+    /// more split the waiting orders into smaller batches, each paying its fixed cost.
+    pub fn lanes_for(&self, cores: usize, request_pool: u32) -> usize {
+        let below_pool = (request_pool as usize).saturating_sub(1).max(1);
+        match self.lanes {
+            0 => cores
+                .saturating_mul(2)
+                .clamp(*LANES_FROM_CORES.start(), *LANES_FROM_CORES.end())
+                .min(below_pool),
+            lanes => lanes,
+        }
+    }
+
+    /// The engine's batching with `lanes` lanes; `commit_before_answer` when the pool is a
+    /// transaction pooler.
+    pub fn lanes(&self, lanes: usize, commit_before_answer: bool) -> LaneSettings {
         LaneSettings {
-            lanes: self.lanes,
+            lanes,
             batch_max: self.batch_max,
             retries_max: self.retries_max,
             commit_before_answer,

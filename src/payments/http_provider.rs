@@ -252,6 +252,10 @@ impl PaymentProvider for HttpProvider {
         &self.name
     }
 
+    fn breaker_open(&self) -> bool {
+        self.breaker.state() != super::breaker::BreakerState::Closed
+    }
+
     fn create_payment<'a>(
         &'a self,
         request: &'a CreatePayment,

@@ -174,4 +174,9 @@ pub trait PaymentProvider: Send + Sync {
     ) -> Result<(), WebhookError>;
     /// Reads a verified event body.
     fn parse_event(&self, body: &[u8]) -> Result<ProviderEvent, WebhookError>;
+    /// Whether calls are refused at once by an open circuit breaker: an adaptive waiting
+    /// room admits fewer buyers while they could not pay.
+    fn breaker_open(&self) -> bool {
+        false
+    }
 }

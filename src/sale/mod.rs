@@ -15,7 +15,7 @@ use chrono::Duration;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::admission::Admission;
+use crate::admission::{Admission, Admitted, Rejection};
 use crate::domain::{DealId, IdempotencyKey, InvalidInput, OrderStatus, Quantity, UserId};
 use crate::inventory::{StockChange, StockEvents};
 use crate::orders::lanes::Engine;
@@ -24,6 +24,7 @@ use crate::payments::Payments;
 use crate::payments::attempts::{self, Attempt};
 use crate::payments::webhook::Received;
 use crate::store::Pools;
+use crate::waiting_room::health::Served;
 
 pub use error::SaleError;
 
@@ -91,6 +92,7 @@ impl Sale {
 
     /// Admits, reserves, releases the waiting-room pass and opens the payment.
     pub async fn place(&self, request: OrderRequest<'_>) -> Result<OrderOutcome, SaleError> {
+        let started = tokio::time::Instant::now();
         // Admission does not depend on the quantity: a quantity out of range is refused
         // after it, so that its key check is held to the same limits.
         let asked = request.quantity.as_ref().map_or(Quantity::ONE, |q| *q);
@@ -113,8 +115,32 @@ impl Sale {
                     .await);
             }
         };
+        // Only orders that came with a verified pass count for the line's health, timed
+        // from when the request reached the sale.
+        let room = self.admission.waiting_room();
+        let timing = admitted
+            .pass
+            .as_ref()
+            .map(|_| room.health().begin_at(&admitted.deal.id, started));
+        let placed = self.place_admitted(admitted, request.key).await;
+        if let Some(timing) = timing {
+            if let Some(payments) = &self.payments {
+                room.health()
+                    .set_breaker_open(payments.provider.breaker_open());
+            }
+            timing.finish(served(&placed));
+        }
+        placed
+    }
+
+    /// Reserves, releases the pass and opens the payment of an admitted order.
+    async fn place_admitted(
+        &self,
+        admitted: Admitted,
+        key: IdempotencyKey,
+    ) -> Result<OrderOutcome, SaleError> {
         let pass = admitted.pass.clone();
-        let placed = self.orders.place(admitted, request.key).await?;
+        let placed = self.orders.place(admitted, key).await?;
         if let Some(pass) = pass.as_ref().filter(|_| !placed.replayed) {
             let room = self.admission.waiting_room();
             Box::pin(room.release(&placed.order.deal_id, &pass.pass_id)).await;
@@ -231,5 +257,18 @@ impl Sale {
             replayed,
             hold_grace,
         }
+    }
+}
+
+/// How a placement counts for the waiting room's health: a database error (answered 503,
+/// retry later) is a signal of its own; every other answer counts by its latency.
+fn served(placed: &Result<OrderOutcome, SaleError>) -> Served {
+    match placed {
+        Err(
+            SaleError::Store(_)
+            | SaleError::Order(OrderError::Store(_))
+            | SaleError::Rejected(Rejection::Store(_)),
+        ) => Served::Overloaded,
+        _ => Served::Answered,
     }
 }

@@ -103,6 +103,25 @@ fn host_options(
         .collect()
 }
 
+/// Whether every host `database.url` names is this machine (loopback or a Unix socket): the
+/// gateway then shares its cores with PostgreSQL (or its pooler), and leaves one of them to it.
+pub fn database_on_this_machine(settings: &DatabaseSettings) -> bool {
+    primary::split_hosts(&settings.url).iter().all(|url| {
+        url.parse::<PgConnectOptions>()
+            .is_ok_and(|options| is_this_machine(options.get_host()))
+    })
+}
+
+fn is_this_machine(host: &str) -> bool {
+    host.starts_with('/')
+        || host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// Where migrations and LISTEN connect: past a transaction pooler when one is configured.
 pub fn direct_url(settings: &DatabaseSettings) -> &str {
     if settings.direct_url.is_empty() {
@@ -193,7 +212,10 @@ impl Pools {
                 .connect_lazy_with(primary.options())
         };
         Ok(Self {
-            request: pool(settings.request_pool_max, settings.acquire_timeout_ms),
+            request: pool(
+                settings.request_pool_size(crate::settings::cores()),
+                settings.acquire_timeout_ms,
+            ),
             background: pool(settings.background_pool_max, settings.acquire_timeout_ms),
             admin: pool(settings.admin_pool_max, settings.admin_acquire_timeout_ms),
             webhook: pool(settings.webhook_pool_max, settings.admin_acquire_timeout_ms),
@@ -268,4 +290,26 @@ pub async fn migrate(settings: &DatabaseSettings) -> Result<Vec<AppliedMigration
     let mut connection =
         connect::connect_primary(setting, url, &hosts, MIGRATION_CONNECT_TIMEOUT).await?;
     Ok(connect::run_migrations(&mut connection).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_and_sockets_are_this_machine_and_other_hosts_are_not() {
+        let mut settings = crate::config::Settings::defaults().database;
+        for (url, here) in [
+            ("postgres://u@127.0.0.1:5432/db", true),
+            ("postgres://u@localhost/db", true),
+            ("postgres://u@[::1]:5432/db", true),
+            ("postgres://u@127.0.0.1:5432,localhost:5433/db", true),
+            ("postgres://u@db.internal:5432/db", false),
+            ("postgres://u@10.0.0.7:5432/db", false),
+            ("postgres://u@127.0.0.1:5432,10.0.0.7:5432/db", false),
+        ] {
+            settings.url = url.to_owned();
+            assert_eq!(database_on_this_machine(&settings), here, "{url}");
+        }
+    }
 }

@@ -16,7 +16,7 @@ pub struct DatabaseSettings {
     /// The PostgreSQL connection string; with several hosts, the gateway follows the primary.
     pub url: String,
     /// Connections serving user requests; when all are busy for `acquire_timeout_ms`, a request
-    /// is answered 503.
+    /// is answered 503. 0 chooses them from the cores (see [`Self::request_pool_size`]).
     pub request_pool_max: u32,
     /// Connections kept apart for the sweeper, the sold-out mirror and metrics, so sale traffic
     /// cannot starve them.
@@ -47,12 +47,21 @@ pub struct DatabaseSettings {
 }
 
 impl DatabaseSettings {
+    /// The request pool's size on `cores` cores: `request_pool_max` when set, else 8 a core
+    /// between 16 and 64. A purchase holds a connection only for its batch, so a few per core
+    /// keep every lane and the reads beside them supplied; past 64, connections cost
+    /// PostgreSQL memory and lock contention without serving more.
+    pub fn request_pool_size(&self, cores: usize) -> u32 {
+        match self.request_pool_max {
+            0 => u32::try_from(cores.saturating_mul(8))
+                .unwrap_or(u32::MAX)
+                .clamp(16, 64),
+            size => size,
+        }
+    }
+
     /// Checks every limit of the section; the message names the key.
     pub fn validate(&self) -> Result<(), String> {
-        require(
-            self.request_pool_max > 0,
-            "database.request_pool_max must be > 0",
-        )?;
         require(
             self.background_pool_max > 0,
             "database.background_pool_max must be > 0",

@@ -1,8 +1,9 @@
 //! The waiting room: a fair line in front of a deal, admitting buyers at a controlled rate.
 //!
 //! A buyer takes a ticket (one per user per deal) and polls it; an advancer moves the line
-//! at the deal's `admit_per_second`, never letting more than `max_active` passes (or a
-//! multiple of the stock left) be outstanding, and a buyer at the front gets a signed pass
+//! at the deal's `admit_per_second` (or, for an adaptive line, at the outflow `controller`
+//! decides from the health the instances report through Redis, `health`), never letting
+//! more than `max_active` passes (or a multiple of the stock left) be outstanding, and a buyer at the front gets a signed pass
 //! to order with. All state lives in Redis under `redis.key_prefix`, each change one Lua
 //! script (`scripts`), so every instance serves one shared line; polls never touch
 //! PostgreSQL. Passes are checked in memory (`pass`). One instance at a time advances the
@@ -17,6 +18,8 @@
 
 pub mod advancer;
 pub mod challenge;
+pub mod controller;
+pub mod health;
 pub mod pass;
 pub mod revocation;
 mod scripts;
@@ -89,6 +92,9 @@ pub struct TicketStatus {
     /// Units of the last stock snapshot not yet promised to an outstanding pass; `None`
     /// until the advancer has read the deal's stock.
     pub units_left: Option<u64>,
+    /// The rate the advancer last admitted at (tickets per second); `None` before its first
+    /// step.
+    pub outflow_per_second: Option<f64>,
 }
 
 /// A line as the public sees it.
@@ -103,6 +109,8 @@ pub struct LineStatus {
     pub prequeue_size: Option<u64>,
     pub passes_active: u64,
     pub admitted_total: u64,
+    /// The rate the advancer last admitted at; `None` before its first step.
+    pub outflow_per_second: Option<f64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -172,6 +180,10 @@ pub struct WaitingRoom {
     challenges: Challenges,
     /// Wakes this instance's sleeping advancer when a join here puts someone in a line.
     woken: Arc<tokio::sync::Notify>,
+    /// This instance's measurements of pass holders' orders, reported for adaptive lines.
+    health: Arc<health::Recorder>,
+    /// Names this instance's health reports.
+    instance: String,
 }
 
 impl WaitingRoom {
@@ -184,7 +196,14 @@ impl WaitingRoom {
             revoked: Revoked::default(),
             challenges: Challenges::new(&settings.pass_secret, settings.pow_challenge_ttl_seconds),
             woken: Arc::default(),
+            health: Arc::default(),
+            instance: hex::encode(rand::random::<[u8; 8]>()),
         }
+    }
+
+    /// Where the sale times the orders placed with a pass.
+    pub fn health(&self) -> &Arc<health::Recorder> {
+        &self.health
     }
 
     pub fn passes(&self) -> &Passes {
@@ -310,7 +329,18 @@ impl WaitingRoom {
     /// The public view of the line.
     pub async fn line(&self, deal_id: &str) -> Result<LineStatus, QueueError> {
         let m: Vec<String> = self.eval(&self.scripts.public, deal_id, &[]).await?;
-        let [through, waiting, state, hash, seed, size, active, total] = m.as_slice() else {
+        let [
+            through,
+            waiting,
+            state,
+            hash,
+            seed,
+            size,
+            active,
+            total,
+            outflow,
+        ] = m.as_slice()
+        else {
             return Err(QueueError::Unexpected(format!("line status {m:?}")));
         };
         let some = |s: &String| (!s.is_empty()).then(|| s.clone());
@@ -323,6 +353,7 @@ impl WaitingRoom {
             prequeue_size: size.parse().ok(),
             passes_active: active.parse().unwrap_or(0),
             admitted_total: total.parse().unwrap_or(0),
+            outflow_per_second: outflow.parse().ok().filter(|rate: &f64| *rate > 0.0),
         })
     }
 
@@ -473,10 +504,20 @@ fn parse_status(reply: Value) -> Result<Option<TicketStatus>, QueueError> {
     if matches!(reply, Value::Nil) {
         return Ok(None);
     }
-    type Row = (String, u64, u64, u64, String, i64, i64, u64, i64);
-    let (ticket, position, admitted_through, ahead, state, pass_expires_ms, now_ms, _, left): Row =
-        redis::FromRedisValue::from_redis_value(reply)
-            .map_err(|e| QueueError::Unexpected(e.to_string()))?;
+    type Row = (String, u64, u64, u64, String, i64, i64, u64, i64, String);
+    let (
+        ticket,
+        position,
+        admitted_through,
+        ahead,
+        state,
+        pass_expires_ms,
+        now_ms,
+        _,
+        left,
+        outflow,
+    ): Row = redis::FromRedisValue::from_redis_value(reply)
+        .map_err(|e| QueueError::Unexpected(e.to_string()))?;
     Ok(Some(TicketStatus {
         ticket,
         position,
@@ -486,5 +527,6 @@ fn parse_status(reply: Value) -> Result<Option<TicketStatus>, QueueError> {
         pass_expires_ms,
         now_ms,
         units_left: u64::try_from(left).ok(),
+        outflow_per_second: outflow.parse().ok().filter(|rate: &f64| *rate > 0.0),
     }))
 }

@@ -24,7 +24,10 @@
 //! epoch that touched the line, and an older one is refused.
 //!
 //! `meta` also keeps `units_left`: the units of the last stock snapshot not yet promised to
-//! an outstanding pass, which polls report as the buyer's odds.
+//! an outstanding pass, which polls report as the buyer's odds; and `outflow`, the rate the
+//! advancer last admitted at, which polls turn into the estimated wait. One more key of each
+//! line (same hash tag, not among the keys above), `health`, holds the instances' reports;
+//! its scripts are in `health`.
 //!
 //! Times come from Redis (`TIME`), so instances with skewed clocks still agree.
 
@@ -64,7 +67,8 @@ local function status(t, now)
     ahead = redis.call('ZCOUNT', KEYS[9], '-inf', '(' .. pos)
   end
   local left = tonumber(redis.call('HGET', KEYS[1], 'units_left') or '-1')
-  return {t, pos, through, ahead, state, exp, now, redis.call('ZCARD', KEYS[9]), left}
+  local outflow = redis.call('HGET', KEYS[1], 'outflow') or ''
+  return {t, pos, through, ahead, state, exp, now, redis.call('ZCARD', KEYS[9]), left, outflow}
 end
 -- A pass that ran out unused: admitted, expired, and neither ordered with nor ended (both
 -- mark the ticket in `t_skip`). Its holder may take a new place at the back of the line.
@@ -134,10 +138,10 @@ const PUBLIC: &str = r#"
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', now)
 local m = redis.call('HMGET', KEYS[1], 'admitted_through', 'state', 'seed_sha256', 'seed',
-  'shuffled', 'prequeue_size', 'admitted_total')
+  'shuffled', 'prequeue_size', 'admitted_total', 'outflow')
 return {m[1] or '0', tostring(redis.call('ZCARD', KEYS[9])), m[2] or '', m[3] or '',
   (m[5] == '1' and m[4]) or '', m[6] or '', tostring(redis.call('ZCARD', KEYS[10])),
-  m[7] or '0'}
+  m[7] or '0', m[8] or ''}
 "#;
 
 /// ARGV: pass id (its ticket), keys ttl ms. Frees the pass's active slot (it placed an
@@ -206,7 +210,8 @@ if first == 1 then redis.call('HINCRBY', KEYS[1], 'revoked_total', 1) end
 return {t, tostring(math.max(until_ms, now)), first}
 "#;
 
-/// ARGV: lease epoch, flagged sold out (0/1, from the shared sold-out set), admit_per_second, max_active, units available in the last
+/// ARGV: lease epoch, flagged sold out (0/1, from the shared sold-out set), outflow (tickets
+/// per second: `admit_per_second`, or the adaptive loop's; kept in `meta` as `outflow`), max_active, units available in the last
 /// stock snapshot (-1: unknown), pass ttl ms, abandon grace ms, when that snapshot was taken
 /// (Redis ms, read before the query), tickets max, burst ms, may admit (0/1), keys ttl ms,
 /// stock multiple, snapshot age max ms.
@@ -220,6 +225,8 @@ const ADVANCE: &str = r#"
 if not holds_lease(ARGV[1]) then return {-1, 0, 0, 0} end
 local now = now_ms()
 local age_max = tonumber(ARGV[14])
+-- Published for polls' estimates and for the next lease holder to resume from.
+redis.call('HSET', KEYS[1], 'outflow', ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', now)
 redis.call('ZREMRANGEBYSCORE', KEYS[12], '-inf', now - 2 * age_max)
 local active = redis.call('ZCARD', KEYS[10])
@@ -431,6 +438,8 @@ pub struct Scripts {
     pub revoke: Script,
     pub active: Script,
     pub forget: Script,
+    pub health_report: Script,
+    pub health_read: Script,
 }
 
 impl Scripts {
@@ -454,6 +463,8 @@ impl Scripts {
             revoke: with(REVOKE),
             active: with(ACTIVE),
             forget: with(FORGET),
+            health_report: Script::new(super::health::REPORT),
+            health_read: Script::new(super::health::READ),
         }
     }
 }

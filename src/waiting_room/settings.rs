@@ -57,6 +57,19 @@ pub const POW_BITS_MAX_RANGE: RangeInclusive<u32> = 1..=32;
 /// Longest `waiting_room.page_title`, in bytes.
 pub const PAGE_TITLE_BYTES_MAX: usize = 200;
 
+/// The values `waiting_room.health_report_ms` may take: an adaptive line reacts within
+/// seconds, and Redis is not written more than twenty times a second per deal and instance.
+pub const HEALTH_REPORT_MS_RANGE: RangeInclusive<u64> = 50..=5000;
+
+/// The values `waiting_room.adaptive_cut_to_percent` may take.
+pub const ADAPTIVE_CUT_TO_PERCENT_RANGE: RangeInclusive<u32> = 10..=90;
+
+/// The values `waiting_room.adaptive_climb_percent_per_second` may take.
+pub const ADAPTIVE_CLIMB_PERCENT_PER_SECOND_RANGE: RangeInclusive<u32> = 1..=100;
+
+/// Longest `waiting_room.adaptive_cut_cooldown_ms`.
+pub const ADAPTIVE_CUT_COOLDOWN_MS_MAX: u64 = 30_000;
+
 /// Longest `waiting_room.page_stylesheet_url`, in bytes.
 pub const PAGE_STYLESHEET_URL_BYTES_MAX: usize = 2000;
 
@@ -121,6 +134,18 @@ pub struct WaitingRoomSettings {
     pub page_stylesheet_url: String,
     /// How long a CDN may cache the waiting page.
     pub page_max_age_seconds: u64,
+    /// How often each instance reports its pass holders' order health (p99, 503s, payment
+    /// breaker) to Redis for an adaptive line: the loop can react no faster than this.
+    pub health_report_ms: u64,
+    /// A report older than this is ignored, so an instance that died stops counting.
+    pub health_stale_ms: u64,
+    /// What a cut keeps of an adaptive line's outflow, in percent: lower reacts harder.
+    pub adaptive_cut_to_percent: u32,
+    /// How fast a healthy adaptive line climbs, as a percent of its `max - min` per second.
+    pub adaptive_climb_percent_per_second: u32,
+    /// After a cut, no other cut and no climb for this long: the next decision sees the
+    /// lower rate's health, not the backlog the higher rate left.
+    pub adaptive_cut_cooldown_ms: u64,
 }
 
 /// The pass secret never reaches logs.
@@ -139,7 +164,40 @@ impl WaitingRoomSettings {
     /// Checks every limit of the section; the message names the key.
     pub fn validate(&self) -> Result<(), String> {
         self.validate_pace()?;
+        self.validate_adaptive()?;
         self.validate_edge()
+    }
+
+    /// The health reports and the adaptive loop's tuning.
+    fn validate_adaptive(&self) -> Result<(), String> {
+        require(
+            HEALTH_REPORT_MS_RANGE.contains(&self.health_report_ms),
+            &format!("waiting_room.health_report_ms must be {HEALTH_REPORT_MS_RANGE:?}"),
+        )?;
+        require(
+            self.health_stale_ms >= 2 * self.health_report_ms
+                && self.health_stale_ms <= 10 * HEALTH_REPORT_MS_RANGE.end(),
+            "waiting_room.health_stale_ms must be 2 × health_report_ms..=50000",
+        )?;
+        require(
+            ADAPTIVE_CUT_TO_PERCENT_RANGE.contains(&self.adaptive_cut_to_percent),
+            &format!(
+                "waiting_room.adaptive_cut_to_percent must be {ADAPTIVE_CUT_TO_PERCENT_RANGE:?}"
+            ),
+        )?;
+        require(
+            ADAPTIVE_CLIMB_PERCENT_PER_SECOND_RANGE
+                .contains(&self.adaptive_climb_percent_per_second),
+            &format!(
+                "waiting_room.adaptive_climb_percent_per_second must be {ADAPTIVE_CLIMB_PERCENT_PER_SECOND_RANGE:?}"
+            ),
+        )?;
+        require(
+            self.adaptive_cut_cooldown_ms <= ADAPTIVE_CUT_COOLDOWN_MS_MAX,
+            &format!(
+                "waiting_room.adaptive_cut_cooldown_ms must be at most {ADAPTIVE_CUT_COOLDOWN_MS_MAX}"
+            ),
+        )
     }
 
     /// The advancer, the stock it admits against and the line's keys.

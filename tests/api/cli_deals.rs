@@ -201,3 +201,88 @@ fn create_help_lists_the_payment_terms_to_choose_from() {
         );
     }
 }
+
+#[tokio::test]
+async fn an_adaptive_waiting_room_is_created_shown_and_put_under_manual_control() {
+    // Arrange: an adaptive deal made with the CLI; no gateway runs, so no outflow has been
+    // published yet.
+    let database = TestDb::create().await;
+    let settings = test_settings(&database.url);
+    assert!(flashgate_cli(&settings, &["migrate"]).await.success);
+    let adaptive = [
+        "deals",
+        "create",
+        "--id",
+        "adaptivecli",
+        "--name",
+        "Adaptive",
+        "--stock",
+        "10",
+        "--unit-price-minor",
+        "1",
+        "--waiting-room",
+        "--admission",
+        "adaptive",
+        "--min-per-second",
+        "5",
+        "--max-per-second",
+        "50",
+        "--target-p99-ms",
+        "250",
+    ];
+
+    // Act
+    let created = flashgate_cli(&settings, &adaptive).await;
+    let shown = flashgate_cli(&settings, &["deals", "show", "adaptivecli"]).await;
+    let fixed = flashgate_cli(
+        &settings,
+        &[
+            "deals",
+            "admission",
+            "adaptivecli",
+            "--mode",
+            "fixed",
+            "--admit-per-second",
+            "12",
+        ],
+    )
+    .await;
+    let shown_fixed = flashgate_cli(&settings, &["deals", "show", "adaptivecli"]).await;
+    let mut inverted = adaptive;
+    inverted[3] = "adaptivebad";
+    inverted[16] = "4";
+    let inverted = flashgate_cli(&settings, &inverted).await;
+
+    // Assert: the terms as given; before its first step the line shows the rate it starts
+    // at (the minimum), then the operator's fixed rate.
+    assert!(created.success, "{}", created.stderr);
+    let admission = &created.json()["waiting_room"]["admission"];
+    assert_eq!(admission["mode"], json!("adaptive"));
+    assert_eq!(admission["min_per_second"], json!(5));
+    assert_eq!(admission["max_per_second"], json!(50));
+    assert_eq!(admission["target_p99_ms"], json!(250));
+    assert!(shown.success, "{}", shown.stderr);
+    assert_eq!(shown.json()["waiting_room"]["mode"], json!("adaptive"));
+    assert_eq!(
+        shown.json()["waiting_room"]["outflow_per_second"],
+        json!(5.0)
+    );
+    assert!(fixed.success, "{}", fixed.stderr);
+    assert_eq!(
+        fixed.json()["waiting_room"]["admission"]["mode"],
+        json!("fixed")
+    );
+    assert_eq!(shown_fixed.json()["waiting_room"]["mode"], json!("fixed"));
+    assert_eq!(
+        shown_fixed.json()["waiting_room"]["outflow_per_second"],
+        json!(12.0)
+    );
+    assert!(!inverted.success);
+    assert!(
+        inverted.stderr.contains("max_per_second"),
+        "{}",
+        inverted.stderr
+    );
+    delete_redis_keys(&settings.redis.url, &settings.redis.key_prefix).await;
+    database.drop_database().await;
+}

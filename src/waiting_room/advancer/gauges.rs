@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::Step;
 use super::lines::Line;
+use super::outflow::Outflow;
 use crate::telemetry;
 
 /// Admissions counted over about a second, for the rate gauge.
@@ -37,6 +38,8 @@ impl Gauges {
                 telemetry::WAITING_ROOM_PASSES_ACTIVE,
                 telemetry::WAITING_ROOM_ESTIMATED_WAIT,
                 telemetry::WAITING_ROOM_ADMISSION_RATE,
+                telemetry::WAITING_ROOM_OUTFLOW,
+                telemetry::WAITING_ROOM_HEALTH_P99,
             ] {
                 metrics::gauge!(gauge, "deal" => deal.clone()).set(0.0);
             }
@@ -53,10 +56,13 @@ impl Gauges {
 
     /// Publishes one step. A sold-out line admits nobody more: the tickets still in it are
     /// told so when they poll, so it shows no queue and no wait.
-    pub fn record(&mut self, line: &Line, step: Step, sold_out: bool) {
+    pub fn record(&mut self, line: &Line, step: Step, sold_out: bool, outflow: &Outflow) {
         let deal = line.id.clone();
         self.reported.insert(deal.clone());
-        let rate = f64::from(line.terms.admit_per_second);
+        let rate = outflow.per_second;
+        metrics::gauge!(telemetry::WAITING_ROOM_OUTFLOW, "deal" => deal.clone()).set(rate);
+        metrics::gauge!(telemetry::WAITING_ROOM_HEALTH_P99, "deal" => deal.clone())
+            .set(outflow.p99_seconds.unwrap_or(0.0));
         let waiting = if sold_out { 0.0 } else { step.waiting as f64 };
         metrics::gauge!(telemetry::WAITING_ROOM_QUEUE_LENGTH, "deal" => deal.clone()).set(waiting);
         metrics::gauge!(telemetry::WAITING_ROOM_PASSES_ACTIVE, "deal" => deal.clone())

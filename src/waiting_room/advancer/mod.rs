@@ -8,7 +8,8 @@
 //! each deal with a waiting room: pass expiry frees slots, the deal is marked sold out (from
 //! the shared sold-out flag, or the stock read through `inventory` at most every
 //! `stock_refresh_ms`, and at once when a new line takes its first ticket) or resumed, and
-//! up to `admit_per_second × elapsed` tickets are taken from the front (a line that could
+//! up to `outflow × elapsed` tickets are taken from the front (the outflow is the deal's
+//! `admit_per_second` or an adaptive line's decision, see `outflow`; a line that could
 //! not admit starts with a full `burst_ms` budget), skipping abandoned ones, while
 //! outstanding passes stay within `max_active` and the units that can still be bought:
 //! passes outstanding plus passes that ordered since the stock snapshot never exceed
@@ -22,8 +23,9 @@
 mod gauges;
 mod lease;
 mod lines;
+mod outflow;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -79,6 +81,11 @@ struct Advancer {
     /// Lines with nothing to do, not stepped until woken.
     idle: HashSet<String>,
     gauges: Gauges,
+    /// Each adaptive line's loop, resumed from the published outflow when this instance
+    /// takes the lease.
+    controls: HashMap<String, super::controller::Control>,
+    /// The loops' clock.
+    started: tokio::time::Instant,
 }
 
 /// Runs until `shutdown`, then gives the lease up so another instance takes over at once.
@@ -97,6 +104,8 @@ pub async fn run(room: WaitingRoom, pool: PgPool, shutdown: CancellationToken) {
         version: -1,
         idle: HashSet::new(),
         gauges: Gauges::default(),
+        controls: HashMap::new(),
+        started: tokio::time::Instant::now(),
     };
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -136,9 +145,11 @@ impl Advancer {
                 holding = self.holding,
                 "waiting-room advancer lease changed"
             );
-            // A new holder reads the lines afresh and steps each once.
+            // A new holder reads the lines afresh and steps each once, and resumes each
+            // adaptive loop from the outflow last published.
             self.read_at = None;
             self.idle.clear();
+            self.controls.clear();
         }
         if !self.holding {
             self.gauges.clear(|_| true);
@@ -164,6 +175,7 @@ impl Advancer {
         self.holding = false;
         self.read_at = None;
         self.idle.clear();
+        self.controls.clear();
         self.gauges.clear(|_| true);
     }
 
@@ -202,9 +214,10 @@ impl Advancer {
             let sold_out = self.sold_out().await;
             for line in busy {
                 let line_sold_out = sold_out.contains(&line.id);
-                match self.advance(line, line_sold_out).await {
+                let outflow = self.outflow(line).await;
+                match self.advance(line, line_sold_out, outflow.per_second).await {
                     Ok(Some(step)) => {
-                        self.gauges.record(line, step, line_sold_out);
+                        self.gauges.record(line, step, line_sold_out, &outflow);
                         if step.is_idle() {
                             self.idle.insert(line.id.clone());
                         }
@@ -226,7 +239,12 @@ impl Advancer {
     }
 
     /// One step of one line; `None` when the lease turned out to be lost.
-    async fn advance(&self, line: &Line, sold_out: bool) -> Result<Option<Step>, QueueError> {
+    async fn advance(
+        &self,
+        line: &Line,
+        sold_out: bool,
+        outflow: f64,
+    ) -> Result<Option<Step>, QueueError> {
         let now = Utc::now();
         let open = line.is_open(now);
         let mut may_admit = open && !line.paused;
@@ -238,7 +256,7 @@ impl Advancer {
         let args = [
             self.epoch.clone(),
             u8::from(sold_out).to_string(),
-            terms.admit_per_second.to_string(),
+            format!("{outflow:.3}"),
             terms.max_active.to_string(),
             line.available.to_string(),
             (i64::from(terms.pass_ttl_seconds) * 1000).to_string(),

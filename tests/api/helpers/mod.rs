@@ -171,6 +171,51 @@ pub async fn spawn_app_with(configure: impl FnOnce(&mut Settings)) -> TestApp {
     }
 }
 
+/// A second gateway in this process on another app's database and Redis prefix (a fleet
+/// of two); the first app's `cleanup` drops what they share.
+pub struct Sibling {
+    pub api: Api,
+    shutdown: tokio_util::sync::CancellationToken,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl std::ops::Deref for Sibling {
+    type Target = Api;
+    fn deref(&self) -> &Api {
+        &self.api
+    }
+}
+
+impl Sibling {
+    /// Shuts the gateway down and waits for it.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.server).await;
+    }
+}
+
+/// Starts a gateway with `settings` (another app's: the same database, Redis prefix and
+/// secrets).
+pub async fn spawn_sibling(settings: &Settings) -> Sibling {
+    let app = Application::build(settings.clone())
+        .await
+        .expect("application builds");
+    let api = Api::new(
+        &format!("http://{}", app.local_addr()),
+        &format!("http://{}", app.ops_addr()),
+        settings,
+    );
+    let shutdown = app.shutdown_token();
+    let server = tokio::spawn(async move {
+        let _ = app.run().await;
+    });
+    Sibling {
+        api,
+        shutdown,
+        server,
+    }
+}
+
 impl TestApp {
     /// Starts graceful shutdown without waiting for it.
     pub fn begin_shutdown(&self) {

@@ -1,0 +1,317 @@
+//! What the admitted buyers meet, measured on every instance and shared through Redis.
+//!
+//! Each instance times the orders placed with a pass (`Recorder::begin`), counts those
+//! refused 503 and notes the payment provider's breaker; every `health_report_ms` it writes
+//! one short-lived report per deal to the line's `health` hash (one field per instance,
+//! stamped with Redis's clock). The instance holding the advancer lease reads the fresh
+//! reports of a line with its last published outflow (`read`) and hands them to the
+//! controller. An order still unanswered counts at its age, so a back end that stops
+//! answering shows up as slow rather than silent.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::controller::Health;
+use super::{QueueError, WaitingRoom, line_key};
+
+/// ARGV: instance, p99 ms, orders timed, orders refused 503, breaker open (0/1), ttl ms.
+/// One field per instance: `redis ms,p99 ms,orders,refused,breaker`.
+pub(super) const REPORT: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], ARGV[1], table.concat({now, ARGV[2], ARGV[3], ARGV[4], ARGV[5]}, ','))
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
+return now
+"#;
+
+/// KEYS: the line's `meta`, its `health`. ARGV: stale ms. Drops the stale reports and returns
+/// {Redis ms, last published outflow ('' before any), fresh reports...}.
+pub(super) const READ: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {tostring(now), redis.call('HGET', KEYS[1], 'outflow') or ''}
+local all = redis.call('HGETALL', KEYS[2])
+for i = 1, #all, 2 do
+  local at = tonumber(string.match(all[i + 1], '^(%d+),'))
+  if at and now - at <= tonumber(ARGV[1]) then
+    table.insert(out, all[i + 1])
+  else
+    redis.call('HDEL', KEYS[2], all[i])
+  end
+end
+return out
+"#;
+
+/// What one instance saw of one deal since its last report.
+#[derive(Default)]
+struct Window {
+    latencies_ms: Vec<f64>,
+    refused: u64,
+    /// Orders under way, by the id `begin` gave them.
+    in_flight: HashMap<u64, Instant>,
+}
+
+/// This instance's measurements, per deal; cheap to share.
+#[derive(Default)]
+pub struct Recorder {
+    windows: Mutex<HashMap<String, Window>>,
+    next_id: std::sync::atomic::AtomicU64,
+    breaker_open: std::sync::atomic::AtomicBool,
+}
+
+/// How a timed order ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// Answered (placed, refused for a rule, sold out): its latency counts.
+    Answered,
+    /// Refused 503 for want of capacity (pool exhausted, database unavailable).
+    Overloaded,
+}
+
+/// One order being timed; dropped unfinished (the buyer went away), it is forgotten.
+pub struct Timing {
+    recorder: Arc<Recorder>,
+    deal: String,
+    id: u64,
+    started: Instant,
+}
+
+impl Timing {
+    pub fn finish(self, served: Served) {
+        let elapsed_ms = self.started.elapsed().as_secs_f64() * 1000.0;
+        self.recorder.with(&self.deal, |window| match served {
+            Served::Answered if window.latencies_ms.len() < LATENCIES_MAX => {
+                window.latencies_ms.push(elapsed_ms);
+            }
+            Served::Answered => {}
+            Served::Overloaded => window.refused += 1,
+        });
+    }
+}
+
+impl Drop for Timing {
+    fn drop(&mut self) {
+        self.recorder.with(&self.deal, |window| {
+            window.in_flight.remove(&self.id);
+        });
+    }
+}
+
+/// Most latencies kept per deal between two reports; past it the window keeps the first
+/// ones, enough for a p99.
+const LATENCIES_MAX: usize = 100_000;
+
+impl Recorder {
+    /// Starts timing an order of `deal` placed with a pass.
+    pub fn begin(self: &Arc<Self>, deal: &str) -> Timing {
+        self.begin_at(deal, Instant::now())
+    }
+
+    /// Times an order of `deal` placed with a pass, from when it `started`.
+    pub fn begin_at(self: &Arc<Self>, deal: &str, started: Instant) -> Timing {
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.with(deal, |window| {
+            window.in_flight.insert(id, started);
+        });
+        Timing {
+            recorder: self.clone(),
+            deal: deal.to_owned(),
+            id,
+            started,
+        }
+    }
+
+    /// The payment provider's breaker as this instance last saw it.
+    pub fn set_breaker_open(&self, open: bool) {
+        self.breaker_open
+            .store(open, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn with(&self, deal: &str, change: impl FnOnce(&mut Window)) {
+        let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        change(windows.entry(deal.to_owned()).or_default());
+    }
+
+    /// Each deal's report since the last call, as (deal, p99 ms, orders, refused); deals
+    /// with nothing under way and nothing seen are dropped.
+    fn take(&self) -> Vec<(String, f64, u64, u64)> {
+        let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        windows
+            .retain(|_, w| !w.in_flight.is_empty() || !w.latencies_ms.is_empty() || w.refused > 0);
+        let now = Instant::now();
+        windows
+            .iter_mut()
+            .map(|(deal, window)| {
+                let mut samples = std::mem::take(&mut window.latencies_ms);
+                samples.extend(
+                    window
+                        .in_flight
+                        .values()
+                        .map(|at| now.duration_since(*at).as_secs_f64() * 1000.0),
+                );
+                let refused = std::mem::take(&mut window.refused);
+                (
+                    deal.clone(),
+                    p99(&mut samples),
+                    samples.len() as u64,
+                    refused,
+                )
+            })
+            .collect()
+    }
+}
+
+/// The 99th percentile (nearest rank) of `samples`; 0 without any.
+fn p99(samples: &mut [f64]) -> f64 {
+    if samples.is_empty() {
+        return 0.0;
+    }
+    samples.sort_by(f64::total_cmp);
+    let rank = (samples.len() as f64 * 0.99).ceil() as usize;
+    samples[rank.clamp(1, samples.len()) - 1]
+}
+
+/// Reports this instance's health every `health_report_ms` until `shutdown`.
+pub async fn run(room: WaitingRoom, shutdown: CancellationToken) {
+    let every = Duration::from_millis(room.settings.health_report_ms);
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        report(&room).await;
+    }
+}
+
+/// Writes one report per deal this instance saw orders of; a failure is left for the next.
+pub async fn report(room: &WaitingRoom) {
+    let breaker = room
+        .health
+        .breaker_open
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let ttl = (room.settings.health_stale_ms * 2).to_string();
+    for (deal, p99_ms, orders, refused) in room.health.take() {
+        let key = [line_key(&room.redis, &deal, "health")];
+        let args = [
+            room.instance.clone(),
+            format!("{p99_ms:.1}"),
+            orders.to_string(),
+            refused.to_string(),
+            u8::from(breaker).to_string(),
+            ttl.clone(),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let written: Result<i64, _> = room
+            .eval_keys(&room.scripts.health_report, &key, &args)
+            .await;
+        if let Err(error) = written {
+            tracing::debug!(%error, deal, "health not reported");
+        }
+    }
+}
+
+/// A line's fresh health and last published outflow, as the lease holder reads them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reading {
+    pub now_ms: i64,
+    pub outflow: Option<f64>,
+    pub health: Health,
+}
+
+/// Reads the line's reports: the worst p99, the 503s and breakers summed over instances.
+pub async fn read(room: &WaitingRoom, deal: &str) -> Result<Reading, QueueError> {
+    let keys = [
+        line_key(&room.redis, deal, "meta"),
+        line_key(&room.redis, deal, "health"),
+    ];
+    let stale = room.settings.health_stale_ms.to_string();
+    let reply: Vec<String> = room
+        .eval_keys(&room.scripts.health_read, &keys, &[&stale])
+        .await?;
+    parse_reading(&reply).ok_or_else(|| QueueError::Unexpected(format!("health {reply:?}")))
+}
+
+fn parse_reading(reply: &[String]) -> Option<Reading> {
+    let [now, outflow, reports @ ..] = reply else {
+        return None;
+    };
+    let mut health = Health::default();
+    for report in reports {
+        let fields: Vec<&str> = report.split(',').collect();
+        let [_, p99_ms, orders, refused, breaker] = fields[..] else {
+            continue;
+        };
+        let orders: u64 = orders.parse().unwrap_or(0);
+        if let Ok(p99_ms) = p99_ms.parse::<f64>()
+            && orders > 0
+        {
+            let worst = health.p99_seconds.unwrap_or(0.0).max(p99_ms / 1000.0);
+            health.p99_seconds = Some(worst);
+        }
+        health.overloaded += refused.parse::<u64>().unwrap_or(0);
+        health.breaker_open |= breaker == "1";
+    }
+    Some(Reading {
+        now_ms: now.parse().ok()?,
+        outflow: outflow.parse().ok(),
+        health,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn p99_is_the_nearest_rank() {
+        let mut hundred: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(p99(&mut hundred), 99.0);
+        assert_eq!(p99(&mut [5.0]), 5.0);
+        assert_eq!(p99(&mut []), 0.0);
+    }
+
+    #[test]
+    fn reports_merge_to_the_worst_p99_and_the_sum_of_refusals() {
+        let reply: Vec<String> = [
+            "1000",
+            "42.5",
+            "990,120.0,10,0,0",
+            "995,800.0,3,2,0",
+            "999,0.0,0,1,1",
+        ]
+        .map(String::from)
+        .to_vec();
+        let reading = parse_reading(&reply).expect("parsed");
+        assert_eq!(reading.now_ms, 1000);
+        assert_eq!(reading.outflow, Some(42.5));
+        assert_eq!(reading.health.p99_seconds, Some(0.8));
+        assert_eq!(reading.health.overloaded, 3);
+        assert!(reading.health.breaker_open);
+        let none = parse_reading(&["5".into(), String::new()]).expect("parsed");
+        assert_eq!((none.outflow, none.health), (None, Health::default()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_order_still_unanswered_counts_at_its_age() {
+        let recorder = Arc::new(Recorder::default());
+        let quick = recorder.begin("d");
+        quick.finish(Served::Answered);
+        let _stuck = recorder.begin("d");
+        let refused = recorder.begin("d");
+        tokio::time::advance(Duration::from_millis(700)).await;
+        refused.finish(Served::Overloaded);
+        let taken = recorder.take();
+        assert_eq!(taken.len(), 1);
+        let (deal, p99_ms, orders, refused) = &taken[0];
+        assert_eq!((deal.as_str(), *orders, *refused), ("d", 2, 1));
+        assert!((*p99_ms - 700.0).abs() < 1.0, "{p99_ms}");
+    }
+}
