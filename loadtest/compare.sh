@@ -14,11 +14,17 @@
 # order for a sold-out deal (409) and over the per-IP limit (429), each next to a bare
 # hyper server replaying the very answer captured from the gateway to the very same
 # request (body unread), alternated, with requests/s and process CPU per request.
-# Writes the results into docs/PERFORMANCE.md between the COMPARISON markers and the
-# REFUSALS markers. Loopback only; every step is bounded in time.
+# Then a flood of a million distinct users (tokens of their own, addresses of their own
+# through a trusted proxy's header) against a sold-out deal and against an open one, each
+# on a gateway of its own with the shipped settings, with the gateway's resident memory
+# read from /proc during the flood and after its limiters' idle keys and caches expired.
+# Writes the results into docs/PERFORMANCE.md between the COMPARISON, REFUSALS and FLOOD
+# markers. Loopback only; every step is bounded in time.
 #
-# Usage: loadtest/compare.sh [--bin DIR] [--refusals | --purchases] [seconds per measurement, default 10]
+# Usage: loadtest/compare.sh [--bin DIR] [--refusals | --purchases | --flood] [seconds per measurement, default 10]
 #   --refusals: only the refusal comparison (and only its block of the document).
+#   --flood: only the flood (and only its block); FLOOD_USERS=N floods fewer users, and
+#   then writes nothing.
 #   --purchases: only (c) and the open loop, printed and not written anywhere: the quick
 #   check of a change to the purchase path. The gateway runs with the shipped
 #   config/default.toml; a setting can be tried in the environment
@@ -26,7 +32,7 @@
 #   docs report are the defaults'.
 #   --bin DIR: run the flashgate and flashgate-loadtest binaries found in DIR instead of
 #   building this tree's, to alternate two builds side by side (a copy of an earlier
-#   target/release, say). Only with --purchases or --refusals: the full run writes the docs
+#   target/release, say). Only with --purchases, --refusals or --flood: the full run writes the docs
 #   of this tree.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -36,7 +42,7 @@ BIN=target/release
 BIN_GIVEN=
 while [ $# -gt 0 ]; do
     case "$1" in
-        --refusals | --purchases)
+        --refusals | --purchases | --flood)
             MODE=${1#--}
             shift
             ;;
@@ -49,11 +55,12 @@ while [ $# -gt 0 ]; do
     esac
 done
 if [ -n "$BIN_GIVEN" ] && [ "$MODE" = all ]; then
-    echo "compare: --bin goes with --purchases or --refusals" >&2
+    echo "compare: --bin goes with --purchases, --refusals or --flood" >&2
     exit 64
 fi
 SECONDS_EACH=${1:-10}
 COMMAND="loadtest/compare.sh $([ "$MODE" = all ] || echo "--$MODE ")$SECONDS_EACH"
+[ "$MODE" = flood ] && COMMAND="loadtest/compare.sh --flood"
 # Rounds of the refusal comparison; each round measures gateway then baseline.
 ROUNDS=2
 CLIENTS=64
@@ -234,8 +241,62 @@ for code, what in (("409", "sold out"), ("429", "per-IP limit")):
         per_round = ", ".join(f"{r:,.0f}" for r, _, _ in runs)
         out.append(f"| {code} {what} | {name} | {per_round} | {us(runs):.1f} µs | {total} ({body}) |")
     rps_ratio = sum(r for r, _, _ in gw) / sum(r for r, _, _ in bare)
-    ratios.append(f"| {code} {what} | {rps_ratio:.2f} (goal ≥ 0.8) | {us(gw) / us(bare):.2f} (goal ≤ 1.25) |")
+    ratios.append(f"| {code} {what} | {rps_ratio:.2f} (goal ≥ 0.9) | {us(gw) / us(bare):.2f} (goal ≤ 1.1) |")
 out += ["", "| refusal | requests/s, flashgate / bare | CPU per request, flashgate / bare |", "|---|---|---|", *ratios]
+print("\n".join(out))
+PY
+)
+}
+
+# --- a flood of distinct users, resident memory -------------------------------------
+# Each flood gets a fresh gateway with the shipped settings, trusting loopback as its
+# proxy so that every user comes from an address of its own (X-Forwarded-For). Sold out:
+# a deal with no stock, every user refused. Open: a deal with a unit for every user, each
+# user ordering once, so that every request goes the whole way (token, per-user limit,
+# idempotency key, a durable order). Memory is sampled every half second, at the flood's
+# end, and after FLOOD_SETTLE seconds: longer than `limits.retain_interval_ms` (the idle
+# sweep of the limiters) and the deal cache's and sold-out holders' refresh.
+FLOOD_USERS=${FLOOD_USERS:-1000000}
+FLOOD_SETTLE=${FLOOD_SETTLE:-30}
+flood() {
+    local db kind stock pid port ops
+    : >"$WORK/flood"
+    for kind in sold-out open; do
+        db=$(fresh_db "flood_${kind//-/_}")
+        read -r pid port ops < <(start_gateway "$db" FLASHGATE__SERVER__TRUSTED_PROXIES='["127.0.0.1/32"]')
+        PIDS+=("$pid")
+        stock=0
+        [ "$kind" = open ] && stock=$FLOOD_USERS
+        checkpoint
+        log "flood, $kind deal: $FLOOD_USERS distinct users, one order each, then ${FLOOD_SETTLE}s to settle"
+        "$BIN/flashgate-loadtest" flood --base-url "http://127.0.0.1:$port" --ops-url "http://127.0.0.1:$ops" \
+            --users "$FLOOD_USERS" --stock "$stock" --concurrency 128 --duration-max-seconds 600 \
+            --distinct-addresses --gateway-pid "$pid" --settle-seconds "$FLOOD_SETTLE" \
+            --out "$WORK/flood-$kind.json" >/dev/null 2>"$WORK/flood-$kind.log"
+        kill "$pid" 2>/dev/null || true
+        echo "$kind $WORK/flood-$kind.json" >>"$WORK/flood"
+    done
+    FLOOD_TABLE=$(python3 - "$WORK" "$FLOOD_USERS" "$FLOOD_SETTLE" "$(date -u +%Y-%m-%d)" "$MACHINE_SHORT" "$COMMAND" <<'PY'
+import json, sys
+work, users, settle, day, machine, command = sys.argv[1:]
+mib = lambda kib: f"{kib / 1024:.0f} MiB"
+out = [f"Measured {day} by `{command}` on {machine}; {int(users):,} distinct users (a token and an "
+       "address each), one order each, 128 in flight, against a fresh gateway with the shipped "
+       "settings (loopback trusted as the proxy) per deal. Resident memory of the gateway from "
+       f"`/proc/<pid>/status`; settled: {settle} s after the flood.", "",
+       "| deal | answers | requests/s | VmRSS before | VmHWM (peak) | VmRSS at the flood's end | VmRSS while settling, least / most | VmRSS settled | ≤ 256 MiB |",
+       "|---|---|---|---|---|---|---|---|---|"]
+for line in open(f"{work}/flood"):
+    kind, path = line.split()
+    r = json.load(open(path))
+    answers = ", ".join(f"{n:,} × {s}" for s, n in sorted(r["statuses"].items()))
+    before, end, after = r["memory_before"], r["memory_at_end"], r["memory_after_settle"]
+    peak = max(end["hwm_kib"], after["hwm_kib"])
+    settling = [kib for at, kib in r["rss_samples"] if at > r["elapsed_seconds"]] or [after["rss_kib"]]
+    out.append(f"| {kind} | {answers} | {r['requests_per_second']:,.0f} | {mib(before['rss_kib'])} | "
+               f"{mib(peak)} | {mib(end['rss_kib'])} | {mib(min(settling))} / {mib(max(settling))} | "
+               f"{mib(after['rss_kib'])} | "
+               f"{'yes' if peak <= 256 * 1024 and after['rss_kib'] <= 256 * 1024 else 'no'} |")
 print("\n".join(out))
 PY
 )
@@ -264,6 +325,15 @@ if [ "$MODE" = refusals ]; then
     echo "$REFUSALS_TABLE"
     write_block REFUSALS "$REFUSALS_TABLE"
     log "docs/PERFORMANCE.md updated (refusals)"
+    exit 0
+fi
+if [ "$MODE" = flood ]; then
+    flood
+    echo "$FLOOD_TABLE"
+    if [ "$FLOOD_USERS" = 1000000 ]; then
+        write_block FLOOD "$FLOOD_TABLE"
+        log "docs/PERFORMANCE.md updated (flood)"
+    fi
     exit 0
 fi
 
@@ -463,6 +533,7 @@ SELLOUT=$(json "$WORK/sellout.json" '"%d orders for 100,000 units from %d reques
 
 kill "$GW_PID" 2>/dev/null || true
 refusals
+flood
 
 ratio() { python3 -c "print(f'{float($1)/float($2):.2f}')"; }
 CA=$(ratio "$C" "$A"); CB=$(ratio "$C" "$B")
@@ -510,7 +581,9 @@ MD
 )
 echo "$TABLE"
 echo "$REFUSALS_TABLE"
+echo "$FLOOD_TABLE"
 write_block COMPARISON "$TABLE"
 write_block REFUSALS "$REFUSALS_TABLE"
+if [ "$FLOOD_USERS" = 1000000 ]; then write_block FLOOD "$FLOOD_TABLE"; fi
 log "docs/PERFORMANCE.md updated"
 [ "$FAILED_VERDICTS" = 0 ] || { log "$FAILED_VERDICTS sale verdict(s) failed; see the table"; exit 2; }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::{chaos, sale};
+use crate::{chaos, flood, sale};
 
 #[derive(Parser)]
 #[command(
@@ -36,6 +36,16 @@ pub enum Command {
     Chaos {
         #[command(flatten)]
         config: chaos::ChaosConfig,
+    },
+    /// One order from each of many distinct users (tokens of their own), with the
+    /// gateway's resident memory sampled during the flood and after it settles; prints the
+    /// report as JSON.
+    Flood {
+        #[command(flatten)]
+        config: flood::FloodConfig,
+        /// Where to write the JSON result.
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Serve one fixed answer on every request: the baseline for rejection cost.
     BareServer {

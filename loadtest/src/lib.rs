@@ -12,6 +12,8 @@
 //! - [`pow`]: the proof-of-work client that joins a line whose deal asks for one.
 //! - [`bare`]: a bare hyper server giving one fixed answer (a refusal captured from the
 //!   gateway, say), the baseline that rejection cost is compared with.
+//! - [`flood`]: one order from each of a million distinct users, with the gateway's
+//!   resident memory read during and after.
 //! - [`chaos`]: a whole sale with payments across three gateway processes under a seeded
 //!   fault schedule, checked against the ledger.
 
@@ -19,6 +21,7 @@ pub mod bare;
 pub mod chaos;
 pub mod chart;
 pub mod cli;
+pub mod flood;
 pub mod order_client;
 pub mod pow;
 pub mod progress;

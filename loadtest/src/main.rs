@@ -7,15 +7,17 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use flashgate_loadtest::cli::{Cli, Command};
-use flashgate_loadtest::{bare, chaos, chart, sale};
+use flashgate_loadtest::{bare, chaos, chart, flood, sale};
 
 fn main() -> ExitCode {
     let command = Cli::parse().command;
-    // A sale's client runs on one thread: the generator shares the machine with what it
+    // A sale's or a flood's client runs on one thread: the generator shares the machine with what it
     // measures, and one thread never wakes another for its own work. Everything else
     // (the baseline server above all) keeps the multi-thread runtime a server uses.
     let runtime = match &command {
-        Command::Sale { .. } => tokio::runtime::Builder::new_current_thread(),
+        Command::Sale { .. } | Command::Flood { .. } => {
+            tokio::runtime::Builder::new_current_thread()
+        }
         _ => tokio::runtime::Builder::new_multi_thread(),
     }
     .enable_all()
@@ -34,6 +36,7 @@ async fn run(command: Command) -> ExitCode {
     match command {
         Command::Sale { config, out, chart } => run_sale(&config, out, chart).await,
         Command::Chaos { config } => run_chaos(&config).await,
+        Command::Flood { config, out } => run_flood(&config, out).await,
         Command::BareServer {
             listen,
             answer,
@@ -112,6 +115,25 @@ fn write_outputs(
         std::fs::write(path, chart::svg(&title, &run))?;
     }
     Ok(())
+}
+
+async fn run_flood(config: &flood::FloodConfig, out: Option<PathBuf>) -> ExitCode {
+    let report = match flood::run(config).await {
+        Ok(report) => report,
+        Err(error) => {
+            eprintln!("flood failed to run: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let text = serde_json::to_string_pretty(&report).unwrap_or_default();
+    println!("{text}");
+    if let Some(path) = out
+        && let Err(error) = std::fs::write(&path, &text)
+    {
+        eprintln!("cannot write {}: {error}", path.display());
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
 }
 
 async fn run_chaos(config: &chaos::ChaosConfig) -> ExitCode {

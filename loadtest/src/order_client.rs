@@ -76,7 +76,19 @@ impl OrderClient {
         key: &str,
         pass: Option<&str>,
     ) -> Result<Answer, String> {
-        let request = self.request(bearer, key, pass)?;
+        self.order_from(bearer, key, pass, None).await
+    }
+
+    /// Places one order as a proxy would forward it for `client_address` (in
+    /// `X-Forwarded-For`), so that one load generator stands for many addresses.
+    pub async fn order_from(
+        &self,
+        bearer: &HeaderValue,
+        key: &str,
+        pass: Option<&str>,
+        client_address: Option<&str>,
+    ) -> Result<Answer, String> {
+        let request = self.request(bearer, key, pass, client_address)?;
         let mut sender = self.connection().await?;
         let answered = tokio::time::timeout(REQUEST_TIMEOUT, async {
             let response = sender
@@ -105,6 +117,7 @@ impl OrderClient {
         bearer: &HeaderValue,
         key: &str,
         pass: Option<&str>,
+        client_address: Option<&str>,
     ) -> Result<Request<Full<Bytes>>, String> {
         let mut request = Request::builder()
             .method(Method::POST)
@@ -115,6 +128,9 @@ impl OrderClient {
             .header("idempotency-key", key);
         if let Some(pass) = pass {
             request = request.header("flashgate-pass", pass);
+        }
+        if let Some(address) = client_address {
+            request = request.header("x-forwarded-for", address);
         }
         request
             .body(Full::new(Bytes::from_static(ONE_UNIT)))

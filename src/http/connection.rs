@@ -15,10 +15,11 @@ use std::io::{self, IoSlice, Read};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
@@ -92,6 +93,114 @@ impl SharedStream {
                 Err(error) => return Poll::Ready(Err(error)),
             }
         }
+    }
+}
+
+impl SharedStream {
+    /// Appends what the socket holds, at most `READ_BYTES_MAX`, to `read`; 0 at its end.
+    /// Cancel-safe: between polls `read` holds only what was read.
+    pub(super) async fn read_more(&self, read: &mut Vec<u8>) -> io::Result<usize> {
+        std::future::poll_fn(|cx| {
+            let filled = read.len();
+            read.resize(filled + READ_BYTES_MAX, 0);
+            let polled = self.read_into(cx, &mut read[filled..]);
+            let got = match &polled {
+                Poll::Ready(Ok(got)) => *got,
+                _ => 0,
+            };
+            read.truncate(filled + got);
+            polled
+        })
+        .await
+    }
+
+    /// Writes all of `bytes`, waiting for the socket to take them.
+    pub(super) async fn write_all(&self, mut bytes: &[u8]) -> io::Result<()> {
+        while !bytes.is_empty() {
+            self.0.writable().await?;
+            match self.0.try_write(bytes) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(written) => bytes = &bytes[written..],
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What hyper reads and writes once the connection's front hands it over: first the bytes
+/// the front read but did not answer, then the socket.
+pub struct Rewind {
+    read: Bytes,
+    stream: SharedStream,
+    left: Arc<AtomicUsize>,
+}
+
+impl Rewind {
+    /// Also returns how the drain sees what hyper has not taken of `read` yet.
+    pub fn new(read: Bytes, stream: SharedStream) -> (Self, Leftover) {
+        let left = Arc::new(AtomicUsize::new(read.len()));
+        let leftover = Leftover(left.clone());
+        (Self { read, stream, left }, leftover)
+    }
+}
+
+/// The bytes the front read that hyper has not taken yet: requests that arrived before the
+/// drain, which it lets hyper answer as it does those still in the socket.
+#[derive(Clone, Default)]
+pub struct Leftover(Arc<AtomicUsize>);
+
+impl Leftover {
+    fn any(&self) -> bool {
+        self.0.load(Ordering::Relaxed) > 0
+    }
+}
+
+impl AsyncRead for Rewind {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.read.is_empty() {
+            return Pin::new(&mut this.stream).poll_read(cx, buf);
+        }
+        let taken = this.read.split_to(this.read.len().min(buf.remaining()));
+        buf.put_slice(&taken);
+        this.left.store(this.read.len(), Ordering::Relaxed);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Rewind {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
     }
 }
 
@@ -210,12 +319,13 @@ impl Future for Cancelled<'_> {
     }
 }
 
-/// Serves `connection` (hyper's, over `stream`) until it ends, or until its client has
-/// kept it waiting for a request head for `head_timeout`; once the drain closes, lets
+/// Serves `connection` (hyper's, over `leftover` and then `stream`) until it ends, or until
+/// its client has kept it waiting for a request head for `head_timeout`; once the drain closes, lets
 /// every request whose bytes already arrived be answered, then closes.
 pub async fn drive<C>(
     connection: C,
     stream: SharedStream,
+    leftover: Leftover,
     drain: Drain,
     heads: Arc<HeadClock>,
     head_timeout: Duration,
@@ -242,7 +352,7 @@ pub async fn drive<C>(
     }
     // Leave hyper running while bytes wait in the socket: it will read the request, answer
     // it with `Connection: close` and end the connection itself.
-    while stream.has_unread_bytes() {
+    while leftover.any() || stream.has_unread_bytes() {
         tokio::select! {
             biased;
             ended = connection.as_mut() => return report(ended),
@@ -263,14 +373,14 @@ pub async fn drive<C>(
 /// every wake-up registers the task's waker with the timer again each time. Once
 /// registered with the task's waker, the timer wakes the task when it fires; until then,
 /// looking at whether it fired is enough.
-struct HeadTimer {
+pub(super) struct HeadTimer {
     sleep: Pin<Box<Sleep>>,
     /// The waker the timer holds, until it fires or is reset.
     waker: Option<Waker>,
 }
 
 impl HeadTimer {
-    fn new(timeout: Duration) -> Self {
+    pub(super) fn new(timeout: Duration) -> Self {
         Self {
             sleep: Box::pin(tokio::time::sleep(timeout)),
             waker: None,
@@ -278,7 +388,7 @@ impl HeadTimer {
     }
 
     /// Fires at `due` instead; the next poll registers the waker again.
-    fn reset(&mut self, due: Instant) {
+    pub(super) fn reset(&mut self, due: Instant) {
         self.sleep.as_mut().reset(due);
         self.waker = None;
     }
@@ -349,7 +459,7 @@ impl HeadClock {
     }
 
     /// When the wait for the current head ends, or `None` when it has ended already.
-    fn next_due(&self, head_timeout: Duration) -> Option<Instant> {
+    pub(super) fn next_due(&self, head_timeout: Duration) -> Option<Instant> {
         let now = Instant::now();
         match self.waiting_since.load(Ordering::Relaxed) {
             // The request's own timeout bounds an answer; the head clock starts after it.
@@ -448,6 +558,7 @@ mod tests {
         let driven = tokio::spawn(drive(
             Silent,
             stream,
+            Leftover::default(),
             Drain::default(),
             heads.clone(),
             timeout,
@@ -461,6 +572,26 @@ mod tests {
             .expect("closed after the timeout")
             .expect("no panic");
         assert!(start.elapsed() >= answering_for + timeout);
+    }
+
+    #[tokio::test]
+    async fn hyper_reads_what_the_front_left_before_the_socket() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let stream = SharedStream::new(listener.accept().await.unwrap().0);
+        let (mut rewind, leftover) = Rewind::new(Bytes::from_static(b"abc"), stream);
+        let mut two = [0; 2];
+
+        rewind.read_exact(&mut two).await.unwrap();
+        assert_eq!((&two, leftover.any()), (b"ab", true));
+        client.write_all(b"de").await.unwrap();
+        let mut rest = [0; 3];
+        rewind.read_exact(&mut rest).await.unwrap();
+
+        assert_eq!((&rest, leftover.any()), (b"cde", false));
     }
 
     #[tokio::test]

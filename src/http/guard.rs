@@ -5,8 +5,8 @@
 
 use std::net::SocketAddr;
 
-use http::Request;
-use http::header::{AUTHORIZATION, HeaderValue};
+use http::header::{AUTHORIZATION, HeaderName, HeaderValue};
+use http::{HeaderMap, Request};
 
 use super::State;
 use super::problem::Problem;
@@ -26,16 +26,33 @@ pub(super) fn header<B>(
     request.headers().get(name).map(HeaderValue::as_bytes)
 }
 
+/// The headers of a request as the checks read them: from hyper's map, or from the head
+/// the connection's front parsed itself (`front`).
+pub(super) trait Headers {
+    /// The first value of `name`.
+    fn first(&self, name: &HeaderName) -> Option<&[u8]>;
+    /// Every value of `name`, in the order received.
+    fn every<'a>(&'a self, name: &'a HeaderName) -> impl DoubleEndedIterator<Item = &'a [u8]> + 'a;
+}
+
+impl Headers for HeaderMap {
+    fn first(&self, name: &HeaderName) -> Option<&[u8]> {
+        self.get(name).map(HeaderValue::as_bytes)
+    }
+
+    fn every<'a>(&'a self, name: &'a HeaderName) -> impl DoubleEndedIterator<Item = &'a [u8]> + 'a {
+        self.get_all(name).iter().map(HeaderValue::as_bytes)
+    }
+}
+
 /// Per-IP limit, after resolving the client address.
-pub(super) fn check_ip<B>(
+pub(super) fn check_ip(
     state: &State,
     peer: SocketAddr,
-    request: &Request<B>,
+    headers: &impl Headers,
 ) -> Result<(), Problem> {
-    let values = request.headers().get_all(&state.client_ip_header).iter();
-    let ip = state
-        .admission
-        .client_ip(peer.ip(), values.map(HeaderValue::as_bytes));
+    let values = headers.every(&state.client_ip_header);
+    let ip = state.admission.client_ip(peer.ip(), values);
     Ok(state.admission.check_ip(ip)?)
 }
 

@@ -2,7 +2,9 @@
 //!
 //! `server` accepts connections on the public and the operations listener with limits on
 //! head size, head read time and connection counts, and drains every request that has
-//! arrived on shutdown (`connection`). `router` maps a request to a handler
+//! arrived on shutdown (`connection`); on the public listener a connection's `front` first
+//! answers the refusals of a flood from prepared bytes, then hands the connection to hyper
+//! at the first request it does not answer itself. `router` maps a request to a handler
 //! and records its metrics; handlers parse input into domain types, call admission and the
 //! order service, and turn results into JSON or problem+json (`problem`). Every request
 //! gets an id (`request_id`) that its answer, its problem body and its log lines carry.
@@ -10,6 +12,7 @@
 mod admin;
 mod body;
 mod connection;
+mod front;
 mod guard;
 mod integer;
 mod ops;

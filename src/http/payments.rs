@@ -27,7 +27,7 @@ pub async fn start_payment(
     request: Request<Incoming>,
     raw_id: &str,
 ) -> Reply {
-    super::guard::check_ip(state, peer, &request)?;
+    super::guard::check_ip(state, peer, request.headers())?;
     let values = request
         .headers()
         .get(AUTHORIZATION)

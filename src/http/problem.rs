@@ -219,6 +219,10 @@ impl Problem {
         self
     }
 
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
     /// The problem type's slug, as it ends the `type` URI (logged as the outcome).
     pub fn slug(&self) -> &'static str {
         self.kind.slug_and_title().0
@@ -234,6 +238,20 @@ impl Problem {
             };
             prepared.answer(id)
         })
+    }
+
+    /// Appends the whole HTTP/1.1 answer to the request `id` to `out`, byte for byte what
+    /// hyper writes for [`Problem::into_response`] on a keep-alive connection (its headers
+    /// in the same order, then `content-length` and `date`): the connection's front answers
+    /// a refusal without hyper. `date` is the `Date` header's value.
+    pub fn write_http1(self, id: &RequestId, date: &[u8], out: &mut Vec<u8>) {
+        LAST_ANSWER.with_borrow_mut(|last| {
+            let prepared = match last {
+                Some(prepared) if prepared.problem == self => prepared,
+                _ => last.insert(Prepared::new(self)),
+            };
+            prepared.write_http1(id, date, out);
+        });
     }
 
     fn rate_limited(limited: &Limited) -> Self {
@@ -265,6 +283,8 @@ struct Prepared {
     headers: HeaderMap,
     /// The body up to the request id; `BODY_TAIL` follows the id.
     body_head: Vec<u8>,
+    /// The status line and every header up to the request id's value, as hyper writes them.
+    http1_head: Vec<u8>,
 }
 
 /// What follows the request id in a problem body: the end of `instance` and of the object.
@@ -287,8 +307,30 @@ impl Prepared {
         headers.insert(request_id::HEADER, HeaderValue::from_static(""));
         Self {
             body_head: problem.body_head(),
+            http1_head: http1_head(problem.status, &headers),
             headers,
             problem,
+        }
+    }
+
+    fn write_http1(&self, id: &RequestId, date: &[u8], out: &mut Vec<u8>) {
+        let id_text = id.as_str().as_bytes();
+        let length = self.body_head.len() + id_text.len() + BODY_TAIL.len();
+        let mut digits = [0; 20];
+        let length_text = format_length(length, &mut digits);
+        for part in [
+            &self.http1_head[..],
+            id_text,
+            b"\r\ncontent-length: ",
+            length_text,
+            b"\r\ndate: ",
+            date,
+            b"\r\n\r\n",
+            &self.body_head,
+            id_text,
+            BODY_TAIL,
+        ] {
+            out.extend_from_slice(part);
         }
     }
 
@@ -309,6 +351,42 @@ impl Prepared {
             *value = id.header_value();
         }
         response
+    }
+}
+
+/// The status line and the headers of `headers` in their order, the request id's last
+/// and without its value (hyper writes names in lower case, as the map holds them).
+fn http1_head(status: StatusCode, headers: &HeaderMap) -> Vec<u8> {
+    let mut head = Vec::with_capacity(256);
+    head.extend_from_slice(b"HTTP/1.1 ");
+    head.extend_from_slice(status.as_str().as_bytes());
+    head.push(b' ');
+    head.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    head.extend_from_slice(b"\r\n");
+    for (name, value) in headers {
+        if name == request_id::HEADER {
+            continue;
+        }
+        head.extend_from_slice(name.as_str().as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value.as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    head.extend_from_slice(request_id::HEADER.as_str().as_bytes());
+    head.extend_from_slice(b": ");
+    head
+}
+
+/// `length` in decimal, written at the end of `digits`.
+fn format_length(mut length: usize, digits: &mut [u8; 20]) -> &[u8] {
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (length % 10) as u8;
+        length /= 10;
+        if length == 0 {
+            return &digits[start..];
+        }
     }
 }
 

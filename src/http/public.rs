@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::State;
 use super::body::{self, Caching};
-use super::guard::{self, check_ip, header};
+use super::guard::{self, Headers, check_ip, header};
 use super::problem::Problem;
 use crate::admission::Rejection;
 use crate::domain::{DealId, IdempotencyKey, OrderStatus, Quantity, UserId};
@@ -96,7 +96,7 @@ fn authenticate<B>(
     peer: SocketAddr,
     request: &Request<B>,
 ) -> Result<UserId, Problem> {
-    check_ip(state, peer, request)?;
+    check_ip(state, peer, request.headers())?;
     let user = state
         .admission
         .authenticate(header(request, AUTHORIZATION))?;
@@ -118,7 +118,7 @@ pub async fn get_deal(
     request: &Request<Incoming>,
     raw_id: &str,
 ) -> Reply {
-    check_ip(state, peer, request)?;
+    check_ip(state, peer, request.headers())?;
     let max_age = state.settings.server.public_cache_max_age_seconds;
     // "No such deal" is the same for everyone: a CDN may keep it as briefly as a deal.
     let id = parse_deal_id(raw_id).map_err(|p| p.cacheable(max_age))?;
@@ -148,14 +148,14 @@ pub async fn get_deal(
 
 /// The checks of an order that need nothing but memory, made before its body is read:
 /// the per-IP limit and the sold-out mirror. A flood after a sell-out ends here.
-pub fn check_order<B>(
+pub fn check_order(
     state: &State,
     peer: SocketAddr,
-    request: &Request<B>,
+    headers: &impl Headers,
     raw_id: &str,
 ) -> Result<DealId, Problem> {
-    check_ip(state, peer, request)?;
-    let authorization = header(request, AUTHORIZATION);
+    check_ip(state, peer, headers)?;
+    let authorization = headers.first(&AUTHORIZATION);
     // Only valid ids are ever flagged, so the raw id is checked first and a flood is
     // refused without a copy of it.
     state.admission.check_sold_out(raw_id, authorization)?;

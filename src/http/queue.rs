@@ -116,7 +116,7 @@ async fn deal_with_room(state: &State, raw_id: &str) -> Result<std::sync::Arc<De
 }
 
 fn user<B>(state: &State, peer: SocketAddr, request: &Request<B>) -> Result<UserId, Problem> {
-    check_ip(state, peer, request)?;
+    check_ip(state, peer, request.headers())?;
     let authorization = request.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
     let user = state.admission.authenticate(authorization)?;
     crate::telemetry::record_user(&user);
@@ -182,7 +182,7 @@ pub async fn line(
     request: &Request<Incoming>,
     raw_id: &str,
 ) -> Reply {
-    check_ip(state, peer, request)?;
+    check_ip(state, peer, request.headers())?;
     let deal = deal_with_room(state, raw_id).await?;
     let line = state.admission.waiting_room().line(&deal.id).await?;
     let sold_out = line.sold_out || state.admission.sold_out().is_sold_out(&deal.id);

@@ -56,9 +56,15 @@ fn next_count() -> u64 {
 impl RequestId {
     /// The caller's id when it is valid and at most `bytes_max` long, else a new one.
     pub fn of(headers: &HeaderMap, bytes_max: usize) -> Self {
-        headers
-            .get(&HEADER)
-            .and_then(|value| Self::parse(value.as_bytes(), bytes_max))
+        Self::of_value(
+            headers.get(&HEADER).map(|value| value.as_bytes()),
+            bytes_max,
+        )
+    }
+
+    /// The caller's id from the raw value of its header, when valid, else a new one.
+    pub fn of_value(raw: Option<&[u8]>, bytes_max: usize) -> Self {
+        raw.and_then(|raw| Self::parse(raw, bytes_max))
             .unwrap_or_else(Self::generate)
     }
 

@@ -13,6 +13,7 @@ use http_body_util::Full;
 use hyper::body::{Body, Incoming};
 use tracing::{Instrument, Span};
 
+use super::guard::Headers;
 use super::problem::Problem;
 use super::request_id::{self, RequestId};
 use super::{State, admin, ops, payments, public, queue, review, wait_page};
@@ -297,8 +298,15 @@ enum Work {
 /// order the checks that refuse a flood. A refusal is answered here, so it never builds,
 /// moves or boxes the futures that serve a request that waits.
 /// Every answer carries the request's id (`X-Request-Id`), and everything logged while
-/// serving it is inside the request's span.
-pub fn begin(state: &State, peer: SocketAddr, face: Face, request: Request<Incoming>) -> Begun {
+/// serving it is inside the request's span. `admitted` is the deal of an order whose
+/// checks the connection's front already made (see [`begin_front`]).
+pub fn begin(
+    state: &State,
+    peer: SocketAddr,
+    face: Face,
+    request: Request<Incoming>,
+    admitted: Option<DealId>,
+) -> Begun {
     let started = Instant::now();
     let id = RequestId::of(
         request.headers(),
@@ -309,7 +317,13 @@ pub fn begin(state: &State, peer: SocketAddr, face: Face, request: Request<Incom
     let span = request_span(&id, &route);
     let work = match route {
         Route::PlaceOrder(raw_id) => {
-            match span.in_scope(|| public::check_order(state, peer, &request, raw_id)) {
+            let checked = match admitted {
+                Some(deal_id) => Ok(deal_id),
+                None => {
+                    span.in_scope(|| public::check_order(state, peer, request.headers(), raw_id))
+                }
+            };
+            match checked {
                 Ok(deal_id) => Work::Order(deal_id),
                 Err(problem) => {
                     let answered = Answered::new(Err(problem), started, &id, template);
@@ -329,6 +343,51 @@ pub fn begin(state: &State, peer: SocketAddr, face: Face, request: Request<Incom
         request,
         work,
     }))
+}
+
+/// What the first stage decided about an order request whose head the connection's front
+/// parsed itself.
+pub enum Early {
+    /// Refused: its whole answer was appended to the front's output.
+    Refused,
+    /// An order the checks let through: hyper's service places it without checking again.
+    Admitted(DealId),
+    /// Not an order on the public listener: hyper serves it.
+    Other,
+}
+
+/// The first stage of a `POST` to `path` whose head the connection's front parsed: for an
+/// order, the checks of [`begin`], and a refusal appended to `out` as the bytes hyper
+/// would write for it (`date` is the `Date` header's value), counted, timed and logged as
+/// [`begin`] does.
+pub fn begin_front(
+    state: &State,
+    peer: SocketAddr,
+    path: &str,
+    headers: &impl Headers,
+    date: &[u8],
+    out: &mut Vec<u8>,
+) -> Early {
+    let started = Instant::now();
+    let route = route_of_path(&Method::POST, path, Face::Public);
+    let Route::PlaceOrder(raw_id) = route else {
+        return Early::Other;
+    };
+    let bytes_max = state.settings.server.request_id_bytes_max;
+    let id = RequestId::of_value(headers.first(&request_id::HEADER), bytes_max);
+    let span = request_span(&id, &route);
+    let problem = match span.in_scope(|| public::check_order(state, peer, headers, raw_id)) {
+        Ok(deal_id) => return Early::Admitted(deal_id),
+        Err(problem) => problem,
+    };
+    let (status, slug) = (problem.status(), problem.slug());
+    problem.write_http1(&id, date, out);
+    let elapsed = started.elapsed();
+    span.record("outcome", slug);
+    span.record("latency_ms", elapsed.as_secs_f64() * 1000.0);
+    tracing::debug!(parent: &span, status = status.as_u16(), "answered");
+    record(route.template(), status, elapsed);
+    Early::Refused
 }
 
 /// Serves a request that waits, in time: a request still unanswered after
@@ -497,7 +556,7 @@ async fn dispatch(
         Route::Metrics => Ok(admin::metrics(state)),
         Route::GetDeal(id) => Box::pin(public::get_deal(state, peer, &request, id)).await,
         Route::PlaceOrder(id) => {
-            let deal_id = public::check_order(state, peer, &request, id)?;
+            let deal_id = public::check_order(state, peer, request.headers(), id)?;
             Box::pin(public::place_admissible(state, request, deal_id)).await
         }
         Route::JoinQueue(id) => Box::pin(queue::join(state, peer, &request, id)).await,

@@ -12,7 +12,8 @@ use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -34,8 +35,10 @@ use tokio_util::task::TaskTracker;
 use super::ServerSettings;
 use super::State;
 use super::body::Unread;
-use super::connection::{self, Drain, HeadClock, SharedStream};
+use super::connection::{self, Drain, HeadClock, Rewind, SharedStream};
+use super::front::{self, Handoff};
 use super::router::{self, Begun, Face};
+use crate::domain::DealId;
 use crate::telemetry;
 
 /// The two bound listeners: sale traffic, and operators (metrics, admin API).
@@ -135,10 +138,7 @@ where
     I: hyper::rt::Read + hyper::rt::Write + Unpin,
 {
     let builder = http1_builder(&state.settings.server);
-    let shared = Arc::new(ForConnection {
-        state,
-        heads: HeadClock::new(),
-    });
+    let shared = Arc::new(ForConnection::new(state, HeadClock::new(), None));
     let service = service_fn(move |request| shared.respond(peer, Face::Public, request));
     builder.serve_connection(io, service).await
 }
@@ -170,19 +170,26 @@ impl Accepter {
         };
         let _ = stream.set_nodelay(true);
         let stream = SharedStream::new(stream);
-        let heads = HeadClock::new();
-        let shared = Arc::new(ForConnection {
-            state: self.state.clone(),
-            heads: heads.clone(),
-        });
-        let service = service_fn(move |request| shared.respond(peer, face, request));
-        let connection = self
-            .builder
-            .serve_connection(TokioIo::new(stream.clone()), service);
-        let drain = self.drain.clone();
-        let head_timeout = self.head_timeout;
+        let (state, builder) = (self.state.clone(), self.builder.clone());
+        let (drain, head_timeout) = (self.drain.clone(), self.head_timeout);
         self.connections.spawn(async move {
-            connection::drive(connection, stream, drain, heads, head_timeout).await;
+            let heads = HeadClock::new();
+            let handoff = match face {
+                Face::Public => {
+                    front::serve(&state, peer, &stream, &drain, &heads, head_timeout).await
+                }
+                Face::Ops => Handoff::Hyper {
+                    read: Bytes::new(),
+                    admitted: None,
+                },
+            };
+            if let Handoff::Hyper { read, admitted } = handoff {
+                let shared = Arc::new(ForConnection::new(state, heads.clone(), admitted));
+                let service = service_fn(move |request| shared.respond(peer, face, request));
+                let (rewind, leftover) = Rewind::new(read, stream.clone());
+                let connection = builder.serve_connection(TokioIo::new(rewind), service);
+                connection::drive(connection, stream, leftover, drain, heads, head_timeout).await;
+            }
             drop(permits);
         });
     }
@@ -211,9 +218,34 @@ impl Accepter {
 struct ForConnection {
     state: Arc<State>,
     heads: Arc<HeadClock>,
+    /// The deal of the connection's first request, an order the front's checks let
+    /// through; taken by that request.
+    admitted: Mutex<Option<DealId>>,
+    /// Whether `admitted` may still hold a deal: read without the lock by every request.
+    admitted_pending: AtomicBool,
 }
 
 impl ForConnection {
+    fn new(state: Arc<State>, heads: Arc<HeadClock>, admitted: Option<DealId>) -> Self {
+        Self {
+            state,
+            heads,
+            admitted_pending: AtomicBool::new(admitted.is_some()),
+            admitted: Mutex::new(admitted),
+        }
+    }
+
+    /// The deal the front admitted, for the first request only.
+    fn take_admitted(&self) -> Option<DealId> {
+        if !self.admitted_pending.swap(false, Ordering::Relaxed) {
+            return None;
+        }
+        self.admitted
+            .lock()
+            .ok()
+            .and_then(|mut admitted| admitted.take())
+    }
+
     /// The answer to `request`: at once when memory decides it (once what is left of its
     /// body is read), else from a boxed future that holds a reference to this connection's
     /// share while it waits.
@@ -223,7 +255,8 @@ impl ForConnection {
         face: Face,
         request: Request<Incoming>,
     ) -> Answer {
-        match router::begin(&self.state, peer, face, request) {
+        let admitted = self.take_admitted();
+        match router::begin(&self.state, peer, face, request, admitted) {
             Begun::Answered { response, at, body } => {
                 let server = &self.state.settings.server;
                 let timeout = Duration::from_millis(server.body_read_timeout_ms);

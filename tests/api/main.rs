@@ -23,6 +23,7 @@ mod deals;
 mod demo;
 mod failover;
 mod faults;
+mod front;
 mod gateway_dependencies;
 mod global_limits;
 mod grouping;

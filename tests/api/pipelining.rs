@@ -284,7 +284,7 @@ async fn every_order_answered(
 }
 
 /// A deal with no stock, refused from memory: the sold-out mirror knows it.
-async fn sold_out_deal(app: &TestApp) -> String {
+pub(crate) async fn sold_out_deal(app: &TestApp) -> String {
     let deal = app
         .given_deal(&new_deal(&format!("pipe-{}", rand_id()), 0, 1))
         .await;
