@@ -11,13 +11,18 @@
 //! idempotent replays of an order they hold, so those (and only those) are let through to
 //! PostgreSQL, where the stored order is found and replayed.
 //!
+//! A refresh reads Redis and PostgreSQL, then replaces the mirror's flags with what it
+//! read. A mark or a clear made here while it was reading is newer than that read, so the
+//! refresh keeps it (`changes`, `cleared`): without that, a refresh that began just before
+//! a sell-out erased the fresh flag, and the flood reached PostgreSQL again until the next.
+//!
 //! The request path reads a copy of the mirror, made after every change and swapped in
 //! whole (`Published`): reading the shared map takes a lock whose word every core writes,
 //! and under a flood of refusals that cache line would travel between the cores on every
 //! request. Loading the latest copy writes only to the reading thread's own slot.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -44,6 +49,15 @@ struct Holders {
     /// instance whose answer was lost) and the users are read again at the next refresh.
     /// `None` when units were left at that read: buyers may follow unseen, so read again.
     freed: Option<i64>,
+    /// The change number of the mark that flagged it here (0: flagged by a refresh).
+    marked: u64,
+}
+
+/// The flags a refresh read: each flagged deal with its freed units, and the number of the
+/// last mark or clear made here before the read began.
+pub struct FlagsRead {
+    flagged: HashMap<String, i64>,
+    after_change: u64,
 }
 
 /// What the mirror says about orders for a deal.
@@ -99,6 +113,11 @@ pub struct SoldOut {
     published: Arc<Published>,
     /// Whether the last refresh could read Redis; a false-to-true change re-shares flags.
     redis_healthy: Arc<AtomicBool>,
+    /// Counts the marks and clears made here, so a refresh knows which came after its read.
+    changes: Arc<AtomicU64>,
+    /// Deals cleared here, each with its clear's change number, until a refresh that read
+    /// after it: an older read must not flag them again.
+    cleared: Arc<DashMap<Box<str>, u64>>,
     redis: RedisHandle,
     holders_max: usize,
     holders_ttl: Duration,
@@ -113,6 +132,8 @@ impl SoldOut {
             checking: Arc::new(DashSet::new()),
             published: Arc::default(),
             redis_healthy: Arc::new(AtomicBool::new(false)),
+            changes: Arc::new(AtomicU64::new(0)),
+            cleared: Arc::new(DashMap::new()),
             redis,
             holders_max,
             holders_ttl,
@@ -152,7 +173,11 @@ impl SoldOut {
         match self.mirror.entry(deal_id.into()) {
             Entry::Occupied(_) => return,
             Entry::Vacant(vacant) => {
-                vacant.insert(Holders::default());
+                vacant.insert(Holders {
+                    marked: self.next_change(),
+                    ..Holders::default()
+                });
+                self.cleared.remove(deal_id);
             }
         }
         self.publish();
@@ -163,11 +188,17 @@ impl SoldOut {
         if let Err(error) = self.redis.run::<i64>(&sadd).await {
             tracing::debug!(%error, deal_id, "sold-out flag not shared");
         }
+        // Numbered again once shared: a refresh that read Redis before the SADD landed
+        // began before this number too, and keeps the flag.
+        if let Some(mut holders) = self.mirror.get_mut(deal_id) {
+            holders.marked = self.next_change();
+        }
         self.load_holders(pool, deal_id).await;
     }
 
     /// Units came back: clear here at once, everywhere else at the next refresh.
     pub async fn clear(&self, deal_id: &str) {
+        self.cleared.insert(deal_id.into(), self.next_change());
         self.mirror.remove(deal_id);
         self.publish();
         let srem = redis::cmd("SREM")
@@ -177,6 +208,15 @@ impl SoldOut {
         if let Err(error) = self.redis.run::<i64>(&srem).await {
             tracing::debug!(%error, deal_id, "sold-out flag not cleared in redis");
         }
+        // Numbered again once removed from Redis, as a mark is once shared.
+        if !self.mirror.contains_key(deal_id) {
+            self.cleared.insert(deal_id.into(), self.next_change());
+        }
+    }
+
+    /// The number of a mark or clear made now, above every number given before.
+    fn next_change(&self) -> u64 {
+        self.changes.fetch_add(1, Ordering::SeqCst) + 1
     }
 
     /// Sets or clears the flag to match `available` units just read from PostgreSQL.
@@ -207,6 +247,14 @@ impl SoldOut {
     /// One refresh: the shared set minus flags PostgreSQL contradicts, or, without Redis,
     /// the set PostgreSQL implies.
     pub async fn refresh(&self, pool: &PgPool) -> Result<(), StoreError> {
+        let read = self.read_flags(pool).await?;
+        self.apply(pool, read).await;
+        Ok(())
+    }
+
+    /// The first half of a refresh: the flags as Redis and PostgreSQL show them now.
+    pub async fn read_flags(&self, pool: &PgPool) -> Result<FlagsRead, StoreError> {
+        let after_change = self.changes.load(Ordering::SeqCst);
         let smembers = redis::cmd("SMEMBERS")
             .arg(self.redis.sold_out_key())
             .clone();
@@ -222,14 +270,34 @@ impl SoldOut {
                 sold_out_in_postgres(pool).await?
             }
         };
-        self.mirror.retain(|deal, _| flagged.contains_key(&**deal));
+        Ok(FlagsRead {
+            flagged,
+            after_change,
+        })
+    }
+
+    /// The second half: the mirror made to match `read`, except for the marks and clears
+    /// made here since it was read, which are newer.
+    pub async fn apply(&self, pool: &PgPool, read: FlagsRead) {
+        let FlagsRead {
+            flagged,
+            after_change,
+        } = read;
+        self.mirror
+            .retain(|deal, holders| flagged.contains_key(&**deal) || holders.marked > after_change);
         for deal in flagged.keys() {
-            self.mirror.entry(deal.as_str().into()).or_default();
+            let cleared_since = self
+                .cleared
+                .get(deal.as_str())
+                .is_some_and(|change| *change > after_change);
+            if !cleared_since {
+                self.mirror.entry(deal.as_str().into()).or_default();
+            }
         }
+        self.cleared.retain(|_, change| *change > after_change);
         self.publish();
         metrics::gauge!(telemetry::SOLD_OUT_DEALS).set(self.mirror.len() as f64);
         self.reload_holders(pool, &flagged).await;
-        Ok(())
     }
 
     /// Removes from Redis the flags PostgreSQL no longer backs; returns the rest, each

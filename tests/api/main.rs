@@ -68,6 +68,7 @@ mod redis_health;
 mod redis_outage;
 mod request_id;
 mod shutdown;
+mod soldout_refresh;
 mod sql_functions;
 mod startup_errors;
 mod sweeper_crash;
