@@ -12,6 +12,9 @@
 //! - [`pow`]: the proof-of-work client that joins a line whose deal asks for one.
 //! - [`bare`]: a bare hyper server giving one fixed answer (a refusal captured from the
 //!   gateway, say), the baseline that rejection cost is compared with.
+//! - [`crowd`]: a line of up to millions waiting behind the edge (clients as timers): origin
+//!   and Redis load against the crowd's size, fairness and caps checked from Redis and the
+//!   database; [`crowd_chart`] draws the results.
 //! - [`chaos`]: a whole sale with payments across three gateway processes under a seeded
 //!   fault schedule, checked against the ledger.
 
@@ -19,6 +22,8 @@ pub mod bare;
 pub mod chaos;
 pub mod chart;
 pub mod cli;
+pub mod crowd;
+pub mod crowd_chart;
 pub mod order_client;
 pub mod pow;
 pub mod progress;

@@ -46,6 +46,16 @@ end
 local function ended(t)
   return tonumber(redis.call('HGET', KEYS[8], t) or '0') > 0
 end
+-- 1 when the ticket's position is final: a fifo line, a random line already shuffled, or a
+-- ticket taken after the pre-queue froze (the shuffle leaves it where it is); 0 for a
+-- pre-queue ticket whose shuffle is still to come.
+local function settled(t)
+  local m = redis.call('HMGET', KEYS[1], 'seed', 'shuffled', 'prequeue_size')
+  if not m[1] or m[2] == '1' then return 1 end
+  local issue = tonumber(redis.call('HGET', KEYS[5], t) or '0')
+  if m[3] and issue > tonumber(m[3]) then return 1 end
+  return 0
+end
 local function status(t, now)
   local pos = tonumber(redis.call('HGET', KEYS[4], t))
   local through = tonumber(redis.call('HGET', KEYS[1], 'admitted_through') or '0')
@@ -64,7 +74,7 @@ local function status(t, now)
     ahead = redis.call('ZCOUNT', KEYS[9], '-inf', '(' .. pos)
   end
   local left = tonumber(redis.call('HGET', KEYS[1], 'units_left') or '-1')
-  return {t, pos, through, ahead, state, exp, now, redis.call('ZCARD', KEYS[9]), left}
+  return {t, pos, through, ahead, state, exp, now, redis.call('ZCARD', KEYS[9]), left, settled(t)}
 end
 -- A pass that ran out unused: admitted, expired, and neither ordered with nor ended (both
 -- mark the ticket in `t_skip`). Its holder may take a new place at the back of the line.
@@ -129,15 +139,16 @@ redis.call('HSET', KEYS[6], ARGV[1], now)
 return status(ARGV[1], now)
 "#;
 
-/// No ARGV. The line as the public sees it.
+/// No ARGV. The line as the public sees it (and `units_left`, empty until the advancer read
+/// the deal's stock).
 const PUBLIC: &str = r#"
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', now)
 local m = redis.call('HMGET', KEYS[1], 'admitted_through', 'state', 'seed_sha256', 'seed',
-  'shuffled', 'prequeue_size', 'admitted_total')
+  'shuffled', 'prequeue_size', 'admitted_total', 'units_left')
 return {m[1] or '0', tostring(redis.call('ZCARD', KEYS[9])), m[2] or '', m[3] or '',
   (m[5] == '1' and m[4]) or '', m[6] or '', tostring(redis.call('ZCARD', KEYS[10])),
-  m[7] or '0'}
+  m[7] or '0', m[8] or ''}
 "#;
 
 /// ARGV: pass id (its ticket), keys ttl ms. Frees the pass's active slot (it placed an
