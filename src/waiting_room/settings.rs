@@ -98,8 +98,9 @@ pub struct WaitingRoomSettings {
     /// A ticket polls personally (checks in) only once the line's `admitted_through` is
     /// within `admit_per_second ×` this of its position; until then its holder reads the
     /// public, cacheable line state, so the origin's personal polls grow with the front of
-    /// the line, not with the crowd. A ticket that has not checked in when its turn comes is
-    /// skipped like any abandoned one.
+    /// the line, not with the crowd. At least `abandon_after_seconds`: a ticket not seen
+    /// within that grace when its turn comes is skipped, so one that never checked in
+    /// within the window is skipped like any abandoned one.
     pub checkin_window_seconds: u64,
     /// Each instance reads a line's public state from Redis at most once per this; every
     /// public poll in between is answered from memory, so public polls cost Redis nothing.
@@ -183,9 +184,10 @@ impl WaitingRoomSettings {
         )?;
         require(
             CHECKIN_WINDOW_SECONDS_RANGE.contains(&self.checkin_window_seconds)
-                && self.checkin_window_seconds >= 2 * self.refresh_after_seconds_max,
+                && self.checkin_window_seconds >= 2 * self.refresh_after_seconds_max
+                && self.checkin_window_seconds >= self.abandon_after_seconds,
             &format!(
-                "waiting_room.checkin_window_seconds must be {CHECKIN_WINDOW_SECONDS_RANGE:?} and at least twice refresh_after_seconds_max"
+                "waiting_room.checkin_window_seconds must be {CHECKIN_WINDOW_SECONDS_RANGE:?}, at least twice refresh_after_seconds_max and at least abandon_after_seconds"
             ),
         )?;
         require(
