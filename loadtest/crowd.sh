@@ -106,16 +106,18 @@ CONF
     "$NGINX" -p "$dir" -c "$dir/nginx.conf" &
     PIDS+=($!)
     wait_port "$edge_port" || { log "nginx did not start: $(cat "$dir/nginx-error.log")"; exit 1; }
-    # Taking the tickets runs at several thousand a second; the line opens once they are all
-    # taken and the abandon grace has passed for the first of them.
-    local open_after=$((size / 3000 + 20))
+    # A fifo line is paused while the tickets are taken and opens once the abandon grace has
+    # passed for the last of them; a random line opens at its time (and needs every ticket
+    # taken by then: joins run at a few thousand a second).
+    local open_after=20
+    [ "$ORDER" = fifo ] || open_after=$((size / 2000 + 20))
     log "$size tickets, $ORDER, opening after ${open_after}s, measuring ${MEASURE_SECONDS}s"
     local rc=0
     target/release/flashgate-loadtest crowd --tickets "$size" --queue-order "$ORDER" \
         --edge-url "http://127.0.0.1:$edge_port" --origin-url "http://127.0.0.1:$gw_port" \
         --ops-url "http://127.0.0.1:$ops_port" --redis-url "redis://127.0.0.1:$redis_port" \
         --redis-key-prefix "crowd$RUN_ID:" --database-url "$DB_PREFIX/$db" \
-        --open-after-seconds "$open_after" --measure-seconds "$MEASURE_SECONDS" \
+        --open-after-seconds "$open_after" --grace-seconds 10 --measure-seconds "$MEASURE_SECONDS" \
         --out "$WORK/crowd-$size.json" >"$dir/crowd.out" || rc=$?
     stop_all
     cp "$WORK/crowd-$size.json" "$WORK/result-$size.json" 2>/dev/null || true

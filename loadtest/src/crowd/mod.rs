@@ -86,11 +86,15 @@ pub struct CrowdConfig {
     /// Ticket polls and orders in flight at once.
     #[arg(long, default_value_t = 512)]
     pub poll_concurrency: usize,
-    /// The line opens this long after the deal is created: every ticket must be taken by
-    /// then, and earlier than the gateway's abandon grace, so a ticket that never checks in
-    /// is skipped.
+    /// The line opens this long after the deal is created, at the earliest. A random-order
+    /// line must have every ticket taken by then (its shuffle comes at the opening); a fifo
+    /// line is paused until every ticket is taken and `--grace-seconds` more have passed.
     #[arg(long, default_value_t = 30)]
     pub open_after_seconds: u64,
+    /// The gateway's `waiting_room.abandon_after_seconds`: a fifo line opens no sooner than
+    /// this after its last ticket was taken, so a ticket that never checks in is skipped.
+    #[arg(long, default_value_t = 10)]
+    pub grace_seconds: u64,
     /// From the opening, how long before measuring (the first passes go out).
     #[arg(long, default_value_t = 5)]
     pub warmup_seconds: u64,
@@ -114,14 +118,24 @@ pub async fn run(config: &CrowdConfig) -> Result<Value, String> {
         .build()
         .map_err(|e| e.to_string())?;
     let deal_id = format!("crowd-{}", uuid::Uuid::now_v7().simple());
-    let opens_at = create_deal(&http, config, &deal_id).await?;
+    let random = config.queue_order == "random";
+    let mut opens_at = create_deal(&http, config, &deal_id).await?;
+    if !random {
+        admin(&http, config, &deal_id, "pause").await?;
+    }
     let joined = timers::join_all(&http, config, &deal_id).await?;
     let join_seconds = joined.elapsed.as_secs_f64();
-    if std::time::Instant::now() >= opens_at {
+    let now = std::time::Instant::now();
+    if random && now >= opens_at {
         return Err(format!(
             "taking {} tickets took {join_seconds:.0} s, past the opening: raise --open-after-seconds",
             config.tickets
         ));
+    }
+    if !random {
+        // A fifo line is held paused until every ticket is taken and the last one is older
+        // than the abandon grace, so a ticket that never checks in is skipped at its turn.
+        opens_at = opens_at.max(now + Duration::from_secs(config.grace_seconds + 1));
     }
     let run = timers::Crowd::new(
         http.clone(),
@@ -129,7 +143,12 @@ pub async fn run(config: &CrowdConfig) -> Result<Value, String> {
         deal_id.clone(),
         joined.clients,
     );
+    let resume =
+        (!random).then(|| resume_at(http.clone(), config.clone(), deal_id.clone(), opens_at));
     let measured = run.run(opens_at).await?;
+    if let Some(resume) = resume {
+        resume.await.map_err(|e| e.to_string())??;
+    }
     let checked = fairness::check(config, &deal_id, &measured).await?;
     let ok = checked["ok"] == json!(true) && measured.max_active_seen <= config.max_active as u64;
     Ok(json!({
@@ -147,6 +166,38 @@ pub async fn run(config: &CrowdConfig) -> Result<Value, String> {
         "fairness": checked,
         "ok": ok,
     }))
+}
+
+/// `POST /admin/deals/{id}/{action}` (`pause`, `resume`).
+async fn admin(
+    http: &reqwest::Client,
+    config: &CrowdConfig,
+    deal_id: &str,
+    action: &str,
+) -> Result<(), String> {
+    let response = http
+        .post(format!("{}/admin/deals/{deal_id}/{action}", config.ops_url))
+        .bearer_auth(&config.admin_token)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    match response.status().is_success() {
+        true => Ok(()),
+        false => Err(format!("{action} answered {}", response.status())),
+    }
+}
+
+/// Resumes the paused line at `at`, while the crowd already waits in it.
+fn resume_at(
+    http: reqwest::Client,
+    config: CrowdConfig,
+    deal_id: String,
+    at: std::time::Instant,
+) -> tokio::task::JoinHandle<Result<(), String>> {
+    tokio::spawn(async move {
+        tokio::time::sleep_until(at.into()).await;
+        admin(&http, &config, &deal_id, "resume").await
+    })
 }
 
 /// Creates the deal with its line, opening `open_after_seconds` from now; returns when.
