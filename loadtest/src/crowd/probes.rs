@@ -102,7 +102,7 @@ impl RedisCounts {
             })
             .filter(|(_, n)| *n > 0)
             .collect();
-        by.sort_by(|a, b| b.1.cmp(&a.1));
+        by.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
         (by.iter().map(|(_, n)| n).sum(), by)
     }
 }
