@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-const WIDTH: f64 = 760.0;
+const WIDTH: f64 = 820.0;
 const HEIGHT: f64 = 440.0;
 const LEFT: f64 = 70.0;
 const RIGHT: f64 = 230.0;

@@ -18,6 +18,8 @@ mod fairness;
 mod probes;
 mod timers;
 
+pub use timers::signed_position;
+
 use std::time::Duration;
 
 use serde_json::{Value, json};
