@@ -6,7 +6,7 @@
 //! 1 `meta` hash: `seq` (tickets issued), `admitted_through`, `admitted_total`,
 //!   `abandoned_total`, `state` (`sold_out` while sold out), `sold_out_at`, `budget`,
 //!   `budget_at`, `closed_at` and `drained_total` once an operator drained the line, and for
-//!   random order `seed`, `seed_sha256`, `prequeue_size`, `shuffled`;
+//!   random order `seed`, `seed_sha256`, `prequeue_size`, `shuffled`, `shuffled_at`;
 //! 2 `users` hash user → ticket; 3 `t_user` ticket → user; 4 `t_pos` ticket → position;
 //! 5 `t_issue` ticket → issue number; 6 `t_seen` ticket → last poll (ms);
 //! 7 `t_adm` ticket → pass expiry (ms), once admitted; 8 `t_skip` ticket → when it was
@@ -280,6 +280,10 @@ if unsold then
 end
 local ttl, grace, seen_max = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[9])
 local admitted, skipped, seen, through = 0, 0, 0, nil
+-- A random line's pre-queue learns its places from the shuffle: its holders check in once
+-- it is published, so the shuffle counts as their last sign of life until they do.
+local sm = redis.call('HMGET', KEYS[1], 'shuffled_at', 'prequeue_size')
+local shuffled_at, prequeue = tonumber(sm[1] or '0'), tonumber(sm[2] or '0')
 while admitted < slots and seen < seen_max do
   local head = redis.call('ZRANGE', KEYS[9], 0, 0, 'WITHSCORES')
   if #head == 0 then break end
@@ -288,6 +292,9 @@ while admitted < slots and seen < seen_max do
   through = head[2]
   seen = seen + 1
   local last = tonumber(redis.call('HGET', KEYS[6], t) or '0')
+  if shuffled_at > last and tonumber(redis.call('HGET', KEYS[5], t) or '0') <= prequeue then
+    last = shuffled_at
+  end
   if now - last > grace then
     redis.call('HSET', KEYS[8], t, now)
     skipped = skipped + 1
@@ -362,10 +369,13 @@ end
 return 0
 "#;
 
-/// ARGV: lease epoch. Marks the shuffle done, which publishes the seed.
+/// ARGV: lease epoch. Marks the shuffle done, which publishes the seed, and notes when
+/// (`shuffled_at`, once): `ADVANCE` counts it as the pre-queue's last sign of life.
 const SHUFFLED: &str = r#"
 if not holds_lease(ARGV[1]) then return -1 end
-redis.call('HSET', KEYS[1], 'shuffled', '1')
+if redis.call('HGET', KEYS[1], 'shuffled') ~= '1' then
+  redis.call('HSET', KEYS[1], 'shuffled', '1', 'shuffled_at', now_ms())
+end
 return 0
 "#;
 

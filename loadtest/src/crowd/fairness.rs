@@ -9,6 +9,9 @@ use serde_json::{Value, json};
 use super::CrowdConfig;
 use super::timers::Measured;
 
+/// The pass lifetime the rehearsal's deal is created with, in ms.
+pub(super) const PASS_TTL_MS: i64 = 60_000;
+
 /// The Redis key of the deal's line field `name`, as the gateway names it.
 fn key(config: &CrowdConfig, deal_id: &str, name: &str) -> String {
     format!("{}wr:{{{deal_id}}}:{name}", config.redis_key_prefix)
@@ -52,14 +55,26 @@ pub async fn check(
     let order = order_breaks(&tickets, &positions, &admitted);
     let lottery = lottery_breaks(&meta, &positions, &issues);
     let distinct_users = users.iter().flatten().collect::<HashSet<_>>().len();
-    let admitted_abandoned = tickets
+    // A random line's pre-queue counts as present at the shuffle for one grace: an abandoned
+    // ticket whose turn came within it is admitted, as the gateway documents.
+    let shuffled_at: i64 = meta
+        .get("shuffled_at")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0);
+    let excused = |t: &str| {
+        let admitted_at = admitted.get(t).copied().unwrap_or(0) - PASS_TTL_MS;
+        shuffled_at > 0 && admitted_at <= shuffled_at + config.grace_seconds as i64 * 1000
+    };
+    let abandoned: Vec<&&String> = tickets
         .iter()
         .filter(|t| {
             by_ticket
                 .get(t.as_str())
                 .is_some_and(|i| measured.clients[*i].abandoned)
         })
-        .count();
+        .collect();
+    let admitted_abandoned = abandoned.iter().filter(|t| !excused(t)).count();
+    let admitted_in_shuffle_grace = abandoned.len() - admitted_abandoned;
     let (abandoned_passed, abandoned_skipped, present_skipped) =
         skips(measured, &ended, &admitted, through);
     let orders = orders_check(config, deal_id).await?;
@@ -84,6 +99,7 @@ pub async fn check(
         "admitted_through": through,
         "admitted": tickets.len(),
         "abandoned_skipped": abandoned_skipped,
+        "abandoned_admitted_within_grace_of_the_shuffle": admitted_in_shuffle_grace,
         "orders": orders["orders"],
         "max_active_seen": measured.max_active_seen,
         "abandoned_total": meta.get("abandoned_total"),

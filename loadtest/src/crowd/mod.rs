@@ -216,7 +216,7 @@ async fn create_deal(
         "reservation_ttl_seconds": 600, "starts_at": starts_at,
         "waiting_room": {
             "enabled": true, "admit_per_second": config.admit_per_second,
-            "max_active": config.max_active, "pass_ttl_seconds": 60,
+            "max_active": config.max_active, "pass_ttl_seconds": fairness::PASS_TTL_MS / 1000,
             "queue_order": config.queue_order, "prequeue_opens_at": chrono_like_now_plus(Duration::ZERO),
             "pow_bits": 0,
         },
