@@ -83,7 +83,7 @@ pub async fn check(
         "lottery_position_breaks": lottery,
         "admitted_twice": tickets.len() - distinct_users,
         "abandoned_admitted": admitted_abandoned,
-        "abandoned_passed_not_skipped": abandoned_passed - abandoned_skipped,
+        "abandoned_passed_not_skipped": abandoned_passed - abandoned_skipped - admitted_in_shuffle_grace as u64,
         "checked_in_but_skipped": present_skipped,
         "left_behind_before_admitted_through": left_behind,
         "orders_over_stock": orders["over_stock"],
