@@ -74,6 +74,7 @@ pub const WAITING_ROOM_ESTIMATED_WAIT: &str = "flashgate_waiting_room_estimated_
 pub const WAITING_ROOM_PASS_REJECTIONS: &str = "flashgate_waiting_room_pass_rejections_total";
 pub const WAITING_ROOM_REVOKED: &str = "flashgate_waiting_room_passes_revoked_total";
 pub const WAITING_ROOM_CHALLENGES: &str = "flashgate_waiting_room_challenges_total";
+pub const WAITING_ROOM_LINE_READS: &str = "flashgate_waiting_room_line_reads_total";
 pub const BUILD_INFO: &str = "flashgate_build_info";
 pub const CAPACITY: &str = "flashgate_capacity";
 pub const RESERVATION_TRANSACTION: &str = "flashgate_reservation_transaction_seconds";
@@ -432,6 +433,10 @@ fn describe_waiting_room() {
     describe_counter!(
         WAITING_ROOM_CHALLENGES,
         "Proof-of-work solutions checked when joining a line, by outcome."
+    );
+    describe_counter!(
+        WAITING_ROOM_LINE_READS,
+        "Public line-state reads, by where they were answered from: memory or redis."
     );
 }
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::{chaos, flood, sale};
+use crate::{chaos, crowd, flood, sale};
 
 #[derive(Parser)]
 #[command(
@@ -46,6 +46,24 @@ pub enum Command {
         /// Where to write the JSON result.
         #[arg(long)]
         out: Option<PathBuf>,
+    },
+    /// A line of `--tickets` waiting behind the edge: origin requests/s, Redis commands/s and
+    /// the edge's hit ratio over a window, then fairness, `max_active` and stock checked;
+    /// exits non-zero when a check fails.
+    Crowd {
+        #[command(flatten)]
+        config: crowd::CrowdConfig,
+        /// Where to write the JSON result.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Draws the crowd rehearsals' results (JSON files of `crowd --out`) as an SVG chart.
+    CrowdChart {
+        /// Where to write the SVG.
+        #[arg(long)]
+        out: PathBuf,
+        /// The results, one per crowd size.
+        results: Vec<PathBuf>,
     },
     /// Serve one fixed answer on every request: the baseline for rejection cost.
     BareServer {

@@ -14,6 +14,9 @@
 //!   gateway, say), the baseline that rejection cost is compared with.
 //! - [`flood`]: one order from each of a million distinct users, with the gateway's
 //!   resident memory read during and after.
+//! - [`crowd`]: a line of up to millions waiting behind the edge (clients as timers): origin
+//!   and Redis load against the crowd's size, fairness and caps checked from Redis and the
+//!   database; [`crowd_chart`] draws the results.
 //! - [`chaos`]: a whole sale with payments across three gateway processes under a seeded
 //!   fault schedule, checked against the ledger.
 
@@ -21,6 +24,8 @@ pub mod bare;
 pub mod chaos;
 pub mod chart;
 pub mod cli;
+pub mod crowd;
+pub mod crowd_chart;
 pub mod flood;
 pub mod order_client;
 pub mod pow;

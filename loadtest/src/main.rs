@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use flashgate_loadtest::cli::{Cli, Command};
-use flashgate_loadtest::{bare, chaos, chart, flood, sale};
+use flashgate_loadtest::{bare, chaos, chart, crowd, crowd_chart, flood, sale};
 
 fn main() -> ExitCode {
     let command = Cli::parse().command;
@@ -37,6 +37,8 @@ async fn run(command: Command) -> ExitCode {
         Command::Sale { config, out, chart } => run_sale(&config, out, chart).await,
         Command::Chaos { config } => run_chaos(&config).await,
         Command::Flood { config, out } => run_flood(&config, out).await,
+        Command::Crowd { config, out } => run_crowd(&config, out).await,
+        Command::CrowdChart { out, results } => run_crowd_chart(&out, &results),
         Command::BareServer {
             listen,
             answer,
@@ -134,6 +136,50 @@ async fn run_flood(config: &flood::FloodConfig, out: Option<PathBuf>) -> ExitCod
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+async fn run_crowd(config: &crowd::CrowdConfig, out: Option<PathBuf>) -> ExitCode {
+    let report = match crowd::run(config).await {
+        Ok(report) => report,
+        Err(error) => {
+            eprintln!("crowd rehearsal failed to run: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let text = serde_json::to_string_pretty(&report).unwrap_or_default();
+    println!("{text}");
+    if let Some(path) = out
+        && let Err(error) = std::fs::write(&path, &text)
+    {
+        eprintln!("cannot write {}: {error}", path.display());
+        return ExitCode::FAILURE;
+    }
+    if report["ok"] == serde_json::json!(true) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    }
+}
+
+fn run_crowd_chart(out: &std::path::Path, results: &[PathBuf]) -> ExitCode {
+    let mut runs = Vec::new();
+    for path in results {
+        let read = std::fs::read(path).map_err(|e| e.to_string());
+        match read.and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string())) {
+            Ok(run) => runs.push(run),
+            Err(error) => {
+                eprintln!("cannot read {}: {error}", path.display());
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    match std::fs::write(out, crowd_chart::svg(&runs)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("cannot write {}: {error}", out.display());
+            ExitCode::FAILURE
+        }
+    }
 }
 
 async fn run_chaos(config: &chaos::ChaosConfig) -> ExitCode {

@@ -419,8 +419,10 @@ fn pays(fraction: f64) -> bool {
     rand::random::<f64>() < fraction
 }
 
-/// Takes a place in the deal's line and polls, as the server asks, until admitted: the
-/// pass, or the outcome to record (`queue_sold_out`, `queue_expired`, `queue_error`).
+/// Takes a place in the deal's line and follows it as a waiting page does: the public line
+/// state while far from the front (the position read from the ticket's signed token), the
+/// ticket's own poll once within the check-in window, until admitted: the pass, or the
+/// outcome to record (`queue_sold_out`, `queue_expired`, `queue_error`).
 async fn wait_for_pass(
     client: &reqwest::Client,
     queue_url: &str,
@@ -434,12 +436,11 @@ async fn wait_for_pass(
         .await
         .map_err(|_| "queue_error".to_owned())?;
     let ticket = joined["ticket"].as_str().ok_or("queue_error")?.to_owned();
+    let signed = joined["position_token"].as_str().unwrap_or_default();
+    let position = crate::crowd::signed_position(signed).map_err(|_| "queue_error".to_owned())?;
     let poll_url = format!("{queue_url}/{ticket}");
+    let mut status = joined;
     while Instant::now() < deadline {
-        let status: Value = match client.get(&poll_url).bearer_auth(token).send().await {
-            Ok(response) => response.json().await.unwrap_or_default(),
-            Err(_) => return Err("queue_error".into()),
-        };
         match (status["state"].as_str(), status["pass"].as_str()) {
             (Some("admitted"), Some(pass)) => return Ok(pass.to_owned()),
             (Some("sold_out"), _) => return Err("queue_sold_out".into()),
@@ -451,6 +452,18 @@ async fn wait_for_pass(
             .unwrap_or(1.0)
             .clamp(0.2, 5.0);
         tokio::time::sleep(Duration::from_secs_f64(refresh)).await;
+        let behind = position.saturating_sub(status["admitted_through"].as_u64().unwrap_or(0));
+        let near = behind <= status["checkin_window_tickets"].as_u64().unwrap_or(0);
+        // The public state is the same for everyone: asked without the token, as a CDN
+        // caches it.
+        let request = match near {
+            true => client.get(&poll_url).bearer_auth(token),
+            false => client.get(queue_url),
+        };
+        status = match request.send().await {
+            Ok(response) => response.json().await.unwrap_or_default(),
+            Err(_) => return Err("queue_error".into()),
+        };
     }
     Err("queue_timeout".into())
 }

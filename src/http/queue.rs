@@ -3,8 +3,11 @@
 //! revocation.
 //!
 //! Polls are answered from Redis and the in-memory deal cache, never from PostgreSQL. The
-//! public line status is the same for everyone, so a CDN may cache it for a second; ticket
-//! answers are personal (`private, no-store`, `Vary: Authorization`).
+//! public line status is the same for everyone: each instance reads it from Redis at most
+//! once per `line_state_refresh_ms`, and a CDN may cache it for a second. Ticket answers are
+//! personal (`private, no-store`, `Vary: Authorization`) and carry the ticket's signed
+//! position, so a client reads the public status until the line comes within
+//! `checkin_window_tickets` of it, and polls its ticket only then.
 
 use std::net::SocketAddr;
 
@@ -20,7 +23,7 @@ use super::State;
 use super::body::{self, Caching};
 use super::guard::{POW_HEADER, check_ip, require_admin};
 use super::problem::Problem;
-use crate::deals::{Deal, WaitingRoomTerms, Window};
+use crate::deals::{AdmissionMode, Deal, WaitingRoomTerms, Window};
 use crate::domain::{DealId, UserId};
 use crate::waiting_room::{QueueError, TicketState, TicketStatus};
 
@@ -33,6 +36,13 @@ const TICKET_BYTES_MAX: usize = 64;
 struct TicketView<'a> {
     ticket: &'a str,
     position: u64,
+    /// The position signed for this ticket, so the client follows the line on the public
+    /// state and cannot move itself forward.
+    position_token: String,
+    /// False while a random-order line's shuffle is still to move this pre-queue ticket.
+    position_final: bool,
+    /// Check in (poll this ticket) once `position - admitted_through` is at most this.
+    checkin_window_tickets: u64,
     admitted_through: u64,
     ahead: u64,
     estimated_wait_seconds: u64,
@@ -83,6 +93,13 @@ struct LineView {
     /// Random order: how many tickets (issue numbers 1..=n) the shuffle reordered.
     #[serde(skip_serializing_if = "Option::is_none")]
     prequeue_size: Option<u64>,
+    /// A ticket whose position is at most this far past `admitted_through` checks in.
+    checkin_window_tickets: u64,
+    /// How often a waiting client reads this state again.
+    refresh_after_seconds: u32,
+    /// Units of the last stock snapshot not promised to an outstanding pass.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    units_left: Option<u64>,
 }
 
 impl From<QueueError> for Problem {
@@ -186,7 +203,11 @@ pub async fn line(
     let deal = deal_with_room(state, raw_id).await?;
     let line = state.admission.waiting_room().line(&deal.id).await?;
     let sold_out = line.sold_out || state.admission.sold_out().is_sold_out(&deal.id);
+    let max_age = state.settings.server.public_cache_max_age_seconds;
     let view = LineView {
+        checkin_window_tickets: checkin_window_tickets(state, &deal),
+        refresh_after_seconds: max_age.max(1),
+        units_left: line.units_left.filter(|_| !sold_out),
         admitted_through: line.admitted_through,
         waiting: line.waiting,
         admit_per_second: deal.waiting_room.admit_per_second,
@@ -199,7 +220,6 @@ pub async fn line(
         seed: line.seed,
         prequeue_size: line.prequeue_size.filter(|_| deal.waiting_room.is_random()),
     };
-    let max_age = state.settings.server.public_cache_max_age_seconds;
     Ok(body::respond(
         StatusCode::OK,
         &view,
@@ -219,6 +239,19 @@ fn wait_seconds(ahead: u64, outflow: Option<f64>, terms: &WaitingRoomTerms) -> u
 /// An outflow as shown: two decimals are all a person reads.
 pub(super) fn round_rate(rate: f64) -> f64 {
     (rate * 100.0).round() / 100.0
+}
+
+/// The tickets the line passes in `checkin_window_seconds` at the fastest rate it may move:
+/// the deal's `admit_per_second`, or an adaptive line's `max_per_second`, so a climb of the
+/// outflow never brings a turn before the ticket checked in.
+fn checkin_window_tickets(state: &State, deal: &Deal) -> u64 {
+    let terms = &deal.waiting_room;
+    let fastest = match terms.admission.mode {
+        AdmissionMode::Fixed => terms.admit_per_second,
+        AdmissionMode::Adaptive => terms.admission.max_per_second,
+    };
+    let rate = u64::try_from(fastest).unwrap_or(1).max(1);
+    rate.saturating_mul(state.settings.waiting_room.checkin_window_seconds)
 }
 
 fn sale_not_open(detail: &str) -> Problem {
@@ -262,9 +295,18 @@ fn ticket_reply(
     let chance = units_left.map(|left| (left as f64 / (status.ahead + 1) as f64).min(1.0));
     let likely_sold_out =
         units_left.is_some_and(|left| status.ahead >= left) || ticket_state == TicketState::SoldOut;
+    let position_token = room.positions().sign(
+        &deal.id,
+        &status.ticket,
+        status.position,
+        status.position_final,
+    );
     let view = TicketView {
         ticket: &status.ticket,
         position: status.position,
+        position_token,
+        position_final: status.position_final,
+        checkin_window_tickets: checkin_window_tickets(state, deal),
         admitted_through: status.admitted_through,
         ahead: status.ahead,
         estimated_wait_seconds: wait,

@@ -7,7 +7,7 @@
 use super::{
     AUDIT_RUNS, CONNECTIONS_REFUSED, DB_POOL_TIMEOUTS, DB_RETRIES, GROUPED_ORDERS, HTTP_REQUESTS,
     ORDERS_EXPIRED, REDIS_ERRORS, RESERVATION_BATCHES_RECHECKED, SWEEPER_RUNS,
-    WAITING_ROOM_REVOKED,
+    WAITING_ROOM_LINE_READS, WAITING_ROOM_REVOKED,
 };
 
 /// Routes on the buyer's path whose 5xx answers are exported at zero from the start, so
@@ -48,4 +48,7 @@ pub(super) fn export() {
         }
     }
     metrics::counter!(DB_RETRIES, "operation" => "reservation").increment(0);
+    for source in ["memory", "redis"] {
+        metrics::counter!(WAITING_ROOM_LINE_READS, "source" => source).increment(0);
+    }
 }

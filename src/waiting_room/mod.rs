@@ -10,6 +10,13 @@
 //! lines, holding a Redis lease (`advancer`); random-order lines are shuffled verifiably
 //! when the sale opens (`shuffle`).
 //!
+//! A ticket carries its position signed (`position`), so its holder follows the line on the
+//! public state, which each instance reads from Redis at most once per
+//! `line_state_refresh_ms` (`line_cache`) and a CDN caches; the holder polls personally
+//! only to check in once `admitted_through` is within `checkin_window_seconds` of outflow of
+//! its position, and to collect the pass. A ticket not checked in when its turn comes is
+//! skipped as abandoned.
+//!
 //! Without Redis, tickets cannot be taken or polled (503) and the line stands still; orders
 //! on deals with a waiting room still need a valid pass, so nobody skips the line.
 //!
@@ -20,7 +27,9 @@ pub mod advancer;
 pub mod challenge;
 pub mod controller;
 pub mod health;
+mod line_cache;
 pub mod pass;
+pub mod position;
 pub mod revocation;
 mod scripts;
 mod settings;
@@ -35,7 +44,9 @@ use crate::redis_link::{RedisError, RedisHandle, Script};
 use crate::telemetry;
 
 pub use challenge::{Challenge, ChallengeError, Challenges};
+use line_cache::LineCache;
 pub use pass::{PassError, Passes, VerifiedPass};
+pub use position::{Position, PositionError, Positions};
 use revocation::Revoked;
 use scripts::Scripts;
 pub use settings::WaitingRoomSettings;
@@ -80,6 +91,8 @@ pub struct TicketStatus {
     pub ticket: String,
     /// 1-based place in the line; dense across instances.
     pub position: u64,
+    /// False for a random-order line's pre-queue ticket before the shuffle moved it.
+    pub position_final: bool,
     /// The highest position the advancer has passed (admitted or skipped).
     pub admitted_through: u64,
     /// Tickets still waiting in front of this one.
@@ -111,6 +124,9 @@ pub struct LineStatus {
     pub admitted_total: u64,
     /// The rate the advancer last admitted at; `None` before its first step.
     pub outflow_per_second: Option<f64>,
+    /// Units of the last stock snapshot not yet promised to an outstanding pass; `None`
+    /// until the advancer has read the deal's stock.
+    pub units_left: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -174,7 +190,9 @@ impl Keys {
 pub struct WaitingRoom {
     redis: RedisHandle,
     passes: Passes,
+    positions: Positions,
     scripts: Arc<Scripts>,
+    line_cache: LineCache,
     settings: Arc<WaitingRoomSettings>,
     revoked: Revoked,
     challenges: Challenges,
@@ -191,7 +209,11 @@ impl WaitingRoom {
         Self {
             redis,
             passes: Passes::from_settings(settings),
+            positions: Positions::new(&settings.pass_secret),
             scripts: Arc::new(Scripts::new()),
+            line_cache: LineCache::new(std::time::Duration::from_millis(
+                settings.line_state_refresh_ms,
+            )),
             settings: Arc::new(settings.clone()),
             revoked: Revoked::default(),
             challenges: Challenges::new(&settings.pass_secret, settings.pow_challenge_ttl_seconds),
@@ -208,6 +230,10 @@ impl WaitingRoom {
 
     pub fn passes(&self) -> &Passes {
         &self.passes
+    }
+
+    pub fn positions(&self) -> &Positions {
+        &self.positions
     }
 
     pub fn settings(&self) -> &WaitingRoomSettings {
@@ -326,8 +352,17 @@ impl WaitingRoom {
         parse_status(reply)
     }
 
-    /// The public view of the line.
+    /// The public view of the line, read from Redis at most once per
+    /// `line_state_refresh_ms` by this instance; the reads in between are answered from
+    /// memory.
     pub async fn line(&self, deal_id: &str) -> Result<LineStatus, QueueError> {
+        self.line_cache
+            .get_or_refresh(deal_id, || self.read_line(deal_id))
+            .await
+    }
+
+    /// The public view of the line, from Redis.
+    async fn read_line(&self, deal_id: &str) -> Result<LineStatus, QueueError> {
         let m: Vec<String> = self.eval(&self.scripts.public, deal_id, &[]).await?;
         let [
             through,
@@ -339,6 +374,7 @@ impl WaitingRoom {
             active,
             total,
             outflow,
+            left,
         ] = m.as_slice()
         else {
             return Err(QueueError::Unexpected(format!("line status {m:?}")));
@@ -354,6 +390,7 @@ impl WaitingRoom {
             passes_active: active.parse().unwrap_or(0),
             admitted_total: total.parse().unwrap_or(0),
             outflow_per_second: outflow.parse().ok().filter(|rate: &f64| *rate > 0.0),
+            units_left: left.parse().ok(),
         })
     }
 
@@ -504,7 +541,21 @@ fn parse_status(reply: Value) -> Result<Option<TicketStatus>, QueueError> {
     if matches!(reply, Value::Nil) {
         return Ok(None);
     }
-    type Row = (String, u64, u64, u64, String, i64, i64, u64, i64, String);
+    type Row = (
+        String,
+        u64,
+        u64,
+        u64,
+        String,
+        i64,
+        i64,
+        u64,
+        i64,
+        String,
+        i64,
+    );
+    let row: Row = redis::FromRedisValue::from_redis_value(reply)
+        .map_err(|e| QueueError::Unexpected(e.to_string()))?;
     let (
         ticket,
         position,
@@ -516,11 +567,12 @@ fn parse_status(reply: Value) -> Result<Option<TicketStatus>, QueueError> {
         _,
         left,
         outflow,
-    ): Row = redis::FromRedisValue::from_redis_value(reply)
-        .map_err(|e| QueueError::Unexpected(e.to_string()))?;
+        fin,
+    ) = row;
     Ok(Some(TicketStatus {
         ticket,
         position,
+        position_final: fin == 1,
         admitted_through,
         ahead,
         state: TicketState::parse(&state),

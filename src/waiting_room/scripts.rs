@@ -6,7 +6,7 @@
 //! 1 `meta` hash: `seq` (tickets issued), `admitted_through`, `admitted_total`,
 //!   `abandoned_total`, `state` (`sold_out` while sold out), `sold_out_at`, `budget`,
 //!   `budget_at`, `closed_at` and `drained_total` once an operator drained the line, and for
-//!   random order `seed`, `seed_sha256`, `prequeue_size`, `shuffled`;
+//!   random order `seed`, `seed_sha256`, `prequeue_size`, `shuffled`, `shuffled_at`;
 //! 2 `users` hash user → ticket; 3 `t_user` ticket → user; 4 `t_pos` ticket → position;
 //! 5 `t_issue` ticket → issue number; 6 `t_seen` ticket → last poll (ms);
 //! 7 `t_adm` ticket → pass expiry (ms), once admitted; 8 `t_skip` ticket → when it was
@@ -49,6 +49,16 @@ end
 local function ended(t)
   return tonumber(redis.call('HGET', KEYS[8], t) or '0') > 0
 end
+-- 1 when the ticket's position is final: a fifo line, a random line already shuffled, or a
+-- ticket taken after the pre-queue froze (the shuffle leaves it where it is); 0 for a
+-- pre-queue ticket whose shuffle is still to come.
+local function settled(t)
+  local m = redis.call('HMGET', KEYS[1], 'seed', 'shuffled', 'prequeue_size')
+  if not m[1] or m[2] == '1' then return 1 end
+  local issue = tonumber(redis.call('HGET', KEYS[5], t) or '0')
+  if m[3] and issue > tonumber(m[3]) then return 1 end
+  return 0
+end
 local function status(t, now)
   local pos = tonumber(redis.call('HGET', KEYS[4], t))
   local through = tonumber(redis.call('HGET', KEYS[1], 'admitted_through') or '0')
@@ -68,7 +78,8 @@ local function status(t, now)
   end
   local left = tonumber(redis.call('HGET', KEYS[1], 'units_left') or '-1')
   local outflow = redis.call('HGET', KEYS[1], 'outflow') or ''
-  return {t, pos, through, ahead, state, exp, now, redis.call('ZCARD', KEYS[9]), left, outflow}
+  return {t, pos, through, ahead, state, exp, now, redis.call('ZCARD', KEYS[9]), left, outflow,
+    settled(t)}
 end
 -- A pass that ran out unused: admitted, expired, and neither ordered with nor ended (both
 -- mark the ticket in `t_skip`). Its holder may take a new place at the back of the line.
@@ -133,15 +144,16 @@ redis.call('HSET', KEYS[6], ARGV[1], now)
 return status(ARGV[1], now)
 "#;
 
-/// No ARGV. The line as the public sees it.
+/// No ARGV. The line as the public sees it (and `units_left`, empty until the advancer read
+/// the deal's stock).
 const PUBLIC: &str = r#"
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', now)
 local m = redis.call('HMGET', KEYS[1], 'admitted_through', 'state', 'seed_sha256', 'seed',
-  'shuffled', 'prequeue_size', 'admitted_total', 'outflow')
+  'shuffled', 'prequeue_size', 'admitted_total', 'outflow', 'units_left')
 return {m[1] or '0', tostring(redis.call('ZCARD', KEYS[9])), m[2] or '', m[3] or '',
   (m[5] == '1' and m[4]) or '', m[6] or '', tostring(redis.call('ZCARD', KEYS[10])),
-  m[7] or '0', m[8] or ''}
+  m[7] or '0', m[8] or '', m[9] or ''}
 "#;
 
 /// ARGV: pass id (its ticket), keys ttl ms. Frees the pass's active slot (it placed an
@@ -276,6 +288,10 @@ if unsold then
 end
 local ttl, grace, seen_max = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[9])
 local admitted, skipped, seen, through = 0, 0, 0, nil
+-- A random line's pre-queue learns its places from the shuffle: its holders check in once
+-- it is published, so the shuffle counts as their last sign of life until they do.
+local sm = redis.call('HMGET', KEYS[1], 'shuffled_at', 'prequeue_size')
+local shuffled_at, prequeue = tonumber(sm[1] or '0'), tonumber(sm[2] or '0')
 while admitted < slots and seen < seen_max do
   local head = redis.call('ZRANGE', KEYS[9], 0, 0, 'WITHSCORES')
   if #head == 0 then break end
@@ -284,6 +300,9 @@ while admitted < slots and seen < seen_max do
   through = head[2]
   seen = seen + 1
   local last = tonumber(redis.call('HGET', KEYS[6], t) or '0')
+  if shuffled_at > last and tonumber(redis.call('HGET', KEYS[5], t) or '0') <= prequeue then
+    last = shuffled_at
+  end
   if now - last > grace then
     redis.call('HSET', KEYS[8], t, now)
     skipped = skipped + 1
@@ -358,10 +377,13 @@ end
 return 0
 "#;
 
-/// ARGV: lease epoch. Marks the shuffle done, which publishes the seed.
+/// ARGV: lease epoch. Marks the shuffle done, which publishes the seed, and notes when
+/// (`shuffled_at`, once): `ADVANCE` counts it as the pre-queue's last sign of life.
 const SHUFFLED: &str = r#"
 if not holds_lease(ARGV[1]) then return -1 end
-redis.call('HSET', KEYS[1], 'shuffled', '1')
+if redis.call('HGET', KEYS[1], 'shuffled') ~= '1' then
+  redis.call('HSET', KEYS[1], 'shuffled', '1', 'shuffled_at', now_ms())
+end
 return 0
 "#;
 

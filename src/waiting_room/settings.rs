@@ -54,6 +54,15 @@ pub const POW_CHALLENGE_TTL_SECONDS_RANGE: RangeInclusive<u64> = 10..=600;
 /// The values `waiting_room.pow_bits_max` may take.
 pub const POW_BITS_MAX_RANGE: RangeInclusive<u32> = 1..=32;
 
+/// The values `waiting_room.checkin_window_seconds` may take: a window of at least a few
+/// seconds leaves a client that reads the public state every second time to check in, and
+/// one of an hour already covers any line a buyer would wait in with the page open.
+pub const CHECKIN_WINDOW_SECONDS_RANGE: RangeInclusive<u64> = 5..=3600;
+
+/// The values `waiting_room.line_state_refresh_ms` may take: the public state is at most ten
+/// seconds old.
+pub const LINE_STATE_REFRESH_MS_RANGE: RangeInclusive<u64> = 10..=10_000;
+
 /// Longest `waiting_room.page_title`, in bytes.
 pub const PAGE_TITLE_BYTES_MAX: usize = 200;
 
@@ -99,6 +108,16 @@ pub struct WaitingRoomSettings {
     pub step_tickets_max: u32,
     /// Longest `refresh_after_seconds` a poller is told; keep it well below the abandon grace.
     pub refresh_after_seconds_max: u64,
+    /// A ticket polls personally (checks in) only once the line's `admitted_through` is
+    /// within `admit_per_second ×` this of its position; until then its holder reads the
+    /// public, cacheable line state, so the origin's personal polls grow with the front of
+    /// the line, not with the crowd. At least `abandon_after_seconds`: a ticket not seen
+    /// within that grace when its turn comes is skipped, so one that never checked in
+    /// within the window is skipped like any abandoned one.
+    pub checkin_window_seconds: u64,
+    /// Each instance reads a line's public state from Redis at most once per this; every
+    /// public poll in between is answered from memory, so public polls cost Redis nothing.
+    pub line_state_refresh_ms: u64,
     /// Most tickets shuffled in one line when a random-order sale opens.
     pub shuffle_tickets_max: u32,
     /// A line's Redis keys expire this long after its last ticket was taken.
@@ -220,6 +239,18 @@ impl WaitingRoomSettings {
         require(
             self.abandon_after_seconds >= 2 * self.refresh_after_seconds_max.max(1),
             "waiting_room.abandon_after_seconds must be at least twice refresh_after_seconds_max",
+        )?;
+        require(
+            CHECKIN_WINDOW_SECONDS_RANGE.contains(&self.checkin_window_seconds)
+                && self.checkin_window_seconds >= 2 * self.refresh_after_seconds_max
+                && self.checkin_window_seconds >= self.abandon_after_seconds,
+            &format!(
+                "waiting_room.checkin_window_seconds must be {CHECKIN_WINDOW_SECONDS_RANGE:?}, at least twice refresh_after_seconds_max and at least abandon_after_seconds"
+            ),
+        )?;
+        require(
+            LINE_STATE_REFRESH_MS_RANGE.contains(&self.line_state_refresh_ms),
+            &format!("waiting_room.line_state_refresh_ms must be {LINE_STATE_REFRESH_MS_RANGE:?}"),
         )?;
         require(
             self.stock_multiple.is_finite() && self.stock_multiple >= 1.0,

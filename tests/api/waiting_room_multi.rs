@@ -93,6 +93,7 @@ fn spawn_gateway(settings: &Settings, api: &Api) -> ChildGuard {
         ("FLASHGATE__WAITING_ROOM__LEASE_TTL_MS", "1500"),
         ("FLASHGATE__WAITING_ROOM__STOCK_REFRESH_MS", "200"),
         ("FLASHGATE__WAITING_ROOM__ABANDON_AFTER_SECONDS", "600"),
+        ("FLASHGATE__WAITING_ROOM__CHECKIN_WINDOW_SECONDS", "600"),
     ];
     crate::multi_process::spawn_gateway_with(settings, api, &extra)
 }
@@ -112,6 +113,7 @@ impl Cluster {
         // A crowd joining on a loaded machine can take longer than the default grace before
         // its first poll; these tests are about fairness, not abandonment.
         settings.waiting_room.abandon_after_seconds = 600;
+        settings.waiting_room.checkin_window_seconds = 600;
         let mut gateways = Vec::new();
         let mut apis = Vec::new();
         for _ in 0..count {

@@ -212,6 +212,19 @@ impl Browser {
         }
     }
 
+    /// The page's requests to the line so far (Resource Timing): the public state read
+    /// (`…/queue`, the join's POST counted among them) and the ticket's own polls.
+    async fn line_requests(&self) -> (u64, u64) {
+        let script = "const names = performance.getEntriesByType('resource').map(e => e.name); \
+            return [names.filter(n => /\\/queue$/.test(n)).length, \
+                    names.filter(n => /\\/queue\\/[0-9a-f]+$/.test(n)).length];";
+        let counts = self.eval(script).await;
+        (
+            counts[0].as_u64().unwrap_or(0),
+            counts[1].as_u64().unwrap_or(0),
+        )
+    }
+
     async fn screenshot(&self, name: &str) -> PathBuf {
         let png = self
             .command(reqwest::Method::GET, "/screenshot", Value::Null)
@@ -300,11 +313,13 @@ async fn crowd_member(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_pass() {
-    // Arrange: one admission a second; six buyers ahead of ours, more behind.
+    // Arrange: one admission a second and a check-in window of five seconds (five tickets);
+    // twelve buyers ahead of ours, more behind.
     let app = Arc::new(
         spawn_app_with(|s| {
             crate::waiting_room_edge::fast_room(s);
             s.waiting_room.refresh_after_seconds_max = 1;
+            s.waiting_room.checkin_window_seconds = 5;
             s.waiting_room.page_title = "Summer sale — waiting room".into();
         })
         .await,
@@ -327,7 +342,7 @@ async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_
     let browser = Browser::start().await;
     let stop = Arc::new(AtomicBool::new(false));
     let mut crowd = Vec::new();
-    for i in 0..6 {
+    for i in 0..12 {
         let user = format!("a{i}");
         let ticket = ticket(&app, &user, &deal).await;
         let member = crowd_member(app.clone(), user, deal.clone(), ticket, stop.clone());
@@ -355,11 +370,24 @@ async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_
         .await;
     let (_, waiting_text, _) = browser.read().await;
     assert!(waiting_text.contains("ahead of you"), "{waiting_text}");
+    // Far from the front the page follows the public state and leaves its ticket alone.
+    wait_until("two reads of the public state", minute, || async {
+        let (public, _) = browser.line_requests().await;
+        match public >= 3 {
+            true => Ok(()),
+            false => Err(format!("{public} requests to the public state")),
+        }
+    })
+    .await;
+    let (_, personal_far) = browser.line_requests().await;
+    assert_eq!(personal_far, 0, "no ticket poll while far from the front");
     let waiting_png = browser.screenshot("wait-page-waiting.png").await;
     let readings = progress_until_admitted(&browser, minute).await;
     let admitted_png = browser.screenshot("wait-page-admitted.png").await;
     let (_, admitted_text, _) = browser.read().await;
     assert!(admitted_text.contains("your turn"), "{admitted_text}");
+    let (_, personal_near) = browser.line_requests().await;
+    assert!(personal_near >= 1, "checked in near the front");
     browser
         .wait_for("at checkout", minute, |_, href| href.starts_with(&checkout))
         .await;
