@@ -189,11 +189,16 @@ refusals() {
     capture "$gw429" "$WORK/answer429"
     head -1 "$WORK/answer409" | grep -q ' 409' || { log "the sold-out deal answered $(head -1 "$WORK/answer409")"; exit 1; }
     head -1 "$WORK/answer429" | grep -q ' 429' || { log "the limited gateway answered $(head -1 "$WORK/answer429")"; exit 1; }
+    # Like for like: the bare server answers on as many threads as the gateway's runtime
+    # chose from the cores (one current-thread runtime each), not on a runtime of its own size.
+    BARE_LOOPS=$(curl -sf "http://127.0.0.1:$GW409_OPS/metrics" |
+        awk '$1 == "flashgate_capacity{of=\"runtime_workers\"}" {print $2}' || true)
+    BARE_LOOPS=${BARE_LOOPS:-0}
     local code port pid
     for code in 409 429; do
         port=$(free_port)
         "$BIN/flashgate-loadtest" bare-server --listen "127.0.0.1:$port" --answer "$WORK/answer$code" \
-            >"$WORK/bare$code.log" 2>&1 &
+            --loops "$BARE_LOOPS" >"$WORK/bare$code.log" 2>&1 &
         pid=$!
         PIDS+=("$pid")
         for _ in $(seq 50); do grep -q listening "$WORK/bare$code.log" && break; sleep 0.1; done
@@ -211,9 +216,10 @@ refusals() {
         measure "$BARE429_PID" "$BARE429_URL" bare429
     done
     kill "$GW409_PID" "$GW429_PID" "$BARE409_PID" "$BARE429_PID" 2>/dev/null || true
-    REFUSALS_TABLE=$(python3 - "$WORK" "$CLK_TCK" "$ROUNDS" "$SECONDS_EACH" "$CLIENTS" "$(date -u +%Y-%m-%d)" "$MACHINE_SHORT" "$COMMAND" <<'PY'
+    REFUSALS_TABLE=$(python3 - "$WORK" "$CLK_TCK" "$ROUNDS" "$SECONDS_EACH" "$CLIENTS" "$(date -u +%Y-%m-%d)" "$MACHINE_SHORT" "$COMMAND" "$BARE_LOOPS" <<'PY'
 import sys
-work, clk, rounds, secs, clients, day, machine, command = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
+work, clk, rounds, secs, clients, day, machine, command, loops = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
+threads = f"on {loops} thread(s), as many as the gateway's runtime chose from the cores" if loops != "0" else "on its own multi-thread runtime (the gateway did not report its threads)"
 rows = {}
 for line in open(f"{work}/refusals"):
     label, rps, requests, ticks, not_refused = line.split()
@@ -230,7 +236,8 @@ out = [f"Measured {day} by `{command}` on {machine}; wrk (2 threads, "
        f"{clients} connections, `loadtest/refusal.lua`: POST, bearer token, Idempotency-Key, 14-byte JSON "
        f"body) and the servers share the machine. {rounds} rounds, each {secs} s per server, alternated "
        "gateway, bare, gateway, bare. CPU is the server process's user + system time over its runs "
-       "divided by the requests it answered.", "",
+       f"divided by the requests it answered. The gateway runs the shipped defaults; the bare server "
+       f"answers {threads}.", "",
        "| refusal | server | requests/s per round | CPU per request | answer bytes (body) |",
        "|---|---|---|---|---|"]
 ratios = []
