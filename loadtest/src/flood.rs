@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::operator::Operator;
 use crate::order_client::OrderClient;
 use crate::sale::ensure_loopback;
 
@@ -21,21 +22,8 @@ pub struct FloodConfig {
     /// Gateway base URL; must be a loopback address.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     pub base_url: String,
-    /// The gateway's operations listener (admin API); must be a loopback address.
-    #[arg(long, default_value = "http://127.0.0.1:8081")]
-    pub ops_url: String,
-    #[arg(
-        long,
-        env = "FLASHGATE_ADMIN_TOKEN",
-        default_value = "flashgate-dev-admin-token"
-    )]
-    pub admin_token: String,
-    #[arg(
-        long,
-        env = "FLASHGATE_JWT_SECRET",
-        default_value = "flashgate-dev-secret-change-me"
-    )]
-    pub jwt_secret: String,
+    #[command(flatten)]
+    pub operator: Operator,
     /// Distinct users, each sending one order with a token of its own.
     #[arg(long, default_value_t = 1_000_000)]
     pub users: usize,
@@ -70,7 +58,7 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(500);
 /// Runs the flood and returns the report.
 pub async fn run(config: &FloodConfig) -> Result<Value, String> {
     ensure_loopback(&config.base_url)?;
-    ensure_loopback(&config.ops_url)?;
+    ensure_loopback(&config.operator.ops_url)?;
     let deal_id = format!("flood-{}", uuid::Uuid::now_v7().simple());
     create_deal(config, &deal_id).await?;
     let orders = Arc::new(OrderClient::new(&config.base_url, &deal_id)?);
@@ -156,8 +144,7 @@ async fn one_user(
     deal_id: &str,
     user: usize,
 ) -> String {
-    let token =
-        flashgate::auth::mint_token(&config.jwt_secret, &format!("flood-user-{user}"), 3600);
+    let token = config.operator.token(&format!("flood-user-{user}"), 3600);
     let Ok(bearer) = OrderClient::bearer(&token) else {
         return "error".to_owned();
     };
@@ -189,9 +176,9 @@ async fn create_deal(config: &FloodConfig, deal_id: &str) -> Result<(), String> 
         "unit_price_minor": 1000, "currency": "EUR", "per_user_limit": 1,
         "reservation_ttl_seconds": 600,
     });
-    let response = client
-        .post(format!("{}/admin/deals", config.ops_url))
-        .bearer_auth(&config.admin_token)
+    let response = config
+        .operator
+        .post(&client, "/admin/deals")
         .json(&body)
         .send()
         .await

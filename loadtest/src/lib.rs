@@ -17,6 +17,8 @@
 //! - [`crowd`]: a line of up to millions waiting behind the edge (clients as timers): origin
 //!   and Redis load against the crowd's size, fairness and caps checked from Redis and the
 //!   database; [`crowd_chart`] draws the results.
+//! - [`operator`]: the operations listener, admin token and user-token secret every
+//!   command acts with.
 //! - [`chaos`]: a whole sale with payments across three gateway processes under a seeded
 //!   fault schedule, checked against the ledger.
 
@@ -27,6 +29,7 @@ pub mod cli;
 pub mod crowd;
 pub mod crowd_chart;
 pub mod flood;
+pub mod operator;
 pub mod order_client;
 pub mod pow;
 pub mod progress;

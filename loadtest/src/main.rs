@@ -127,15 +127,23 @@ async fn run_flood(config: &flood::FloodConfig, out: Option<PathBuf>) -> ExitCod
             return ExitCode::FAILURE;
         }
     };
-    let text = serde_json::to_string_pretty(&report).unwrap_or_default();
+    if !print_report(&report, out) {
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+/// Prints `report` as JSON and writes it to `out` when given; false when it could not.
+fn print_report(report: &serde_json::Value, out: Option<PathBuf>) -> bool {
+    let text = serde_json::to_string_pretty(report).unwrap_or_default();
     println!("{text}");
     if let Some(path) = out
         && let Err(error) = std::fs::write(&path, &text)
     {
         eprintln!("cannot write {}: {error}", path.display());
-        return ExitCode::FAILURE;
+        return false;
     }
-    ExitCode::SUCCESS
+    true
 }
 
 async fn run_crowd(config: &crowd::CrowdConfig, out: Option<PathBuf>) -> ExitCode {
@@ -146,12 +154,7 @@ async fn run_crowd(config: &crowd::CrowdConfig, out: Option<PathBuf>) -> ExitCod
             return ExitCode::FAILURE;
         }
     };
-    let text = serde_json::to_string_pretty(&report).unwrap_or_default();
-    println!("{text}");
-    if let Some(path) = out
-        && let Err(error) = std::fs::write(&path, &text)
-    {
-        eprintln!("cannot write {}: {error}", path.display());
+    if !print_report(&report, out) {
         return ExitCode::FAILURE;
     }
     if report["ok"] == serde_json::json!(true) {

@@ -18,6 +18,7 @@ use hyper::header::HeaderValue;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
+use crate::operator::Operator;
 use crate::order_client::OrderClient;
 
 pub use crate::summary::summary;
@@ -29,21 +30,8 @@ pub struct SaleConfig {
     /// Gateway base URL; must be a loopback address.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     pub base_url: String,
-    /// The gateway's operations listener (admin API); must be a loopback address.
-    #[arg(long, default_value = "http://127.0.0.1:8081")]
-    pub ops_url: String,
-    #[arg(
-        long,
-        env = "FLASHGATE_ADMIN_TOKEN",
-        default_value = "flashgate-dev-admin-token"
-    )]
-    pub admin_token: String,
-    #[arg(
-        long,
-        env = "FLASHGATE_JWT_SECRET",
-        default_value = "flashgate-dev-secret-change-me"
-    )]
-    pub jwt_secret: String,
+    #[command(flatten)]
+    pub operator: Operator,
     /// Units on sale.
     #[arg(long, default_value_t = 1000)]
     pub stock: i64,
@@ -175,7 +163,7 @@ pub fn ensure_loopback(base_url: &str) -> Result<(), String> {
 /// Runs the sale and returns the report (its `verdict.ok` says whether it passed).
 pub async fn run(config: &SaleConfig) -> Result<Value, String> {
     ensure_loopback(&config.base_url)?;
-    ensure_loopback(&config.ops_url)?;
+    ensure_loopback(&config.operator.ops_url)?;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(config.concurrency)
         // Dropped before the gateway's header read timeout closes them, so no request is
@@ -190,7 +178,7 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
     // Every token is minted before the clock starts, so signing costs the run nothing.
     let tokens: Arc<Vec<String>> = Arc::new(
         (0..config.users)
-            .map(|u| flashgate::auth::mint_token(&config.jwt_secret, &format!("lt-user-{u}"), 3600))
+            .map(|u| config.operator.token(&format!("lt-user-{u}"), 3600))
             .collect(),
     );
     let bearers: Arc<Vec<HeaderValue>> = Arc::new(
@@ -297,9 +285,9 @@ async fn create_deal(
     config: &SaleConfig,
     deal_id: &str,
 ) -> Result<(), String> {
-    let response = client
-        .post(format!("{}/admin/deals", config.ops_url))
-        .bearer_auth(&config.admin_token)
+    let response = config
+        .operator
+        .post(client, "/admin/deals")
         .json(&deal_body(config, deal_id))
         .send()
         .await
@@ -558,9 +546,9 @@ async fn get_inventory(
     client
         .get(format!(
             "{}/admin/deals/{deal_id}/inventory",
-            config.ops_url
+            config.operator.ops_url
         ))
-        .bearer_auth(&config.admin_token)
+        .bearer_auth(&config.operator.admin_token)
         .send()
         .await
         .map_err(|e| e.to_string())?

@@ -3,6 +3,7 @@
 
 use flashgate::app::Application;
 use flashgate::config::Settings;
+use flashgate_loadtest::operator::Operator;
 use flashgate_loadtest::sale::{self, SaleConfig};
 
 fn base_database_url() -> String {
@@ -83,9 +84,11 @@ impl Gateway {
     fn sale(&self) -> SaleConfig {
         SaleConfig {
             base_url: self.base_url.clone(),
-            ops_url: self.ops_url.clone(),
-            admin_token: self.settings.auth.admin_token.clone(),
-            jwt_secret: self.settings.auth.jwt_secret.clone(),
+            operator: Operator {
+                ops_url: self.ops_url.clone(),
+                admin_token: self.settings.auth.admin_token.clone(),
+                jwt_secret: self.settings.auth.jwt_secret.clone(),
+            },
             stock: 50,
             buckets: 4,
             users: 200,

@@ -212,10 +212,15 @@ pub async fn deal<B>(state: &State, request: &Request<B>, raw_id: &str) -> Reply
     let deal = deals::load(&state.pools.admin, id.as_str())
         .await?
         .ok_or_else(|| Problem::not_found("no such deal"))?;
-    let outflow = published_outflow(state, &deal).await;
+    deal_reply(state, &deal).await
+}
+
+/// A deal as the admin answers show it (200), with its line's outflow now.
+pub(super) async fn deal_reply(state: &State, deal: &Deal) -> Reply {
+    let outflow = published_outflow(state, deal).await;
     Ok(body::respond(
         StatusCode::OK,
-        &AdminDealView::new(&deal, outflow),
+        &AdminDealView::new(deal, outflow),
         Caching::Private,
     ))
 }
@@ -248,18 +253,13 @@ pub async fn set_admission(state: &State, request: Request<Incoming>, raw_id: &s
         .admission
         .deals()
         .put(&deal.id, Some(std::sync::Arc::new(deal.clone())));
-    let outflow = published_outflow(state, &deal).await;
     tracing::info!(
         deal = deal.id,
         mode = mode.as_str(),
         rate = deal.waiting_room.admit_per_second,
         "waiting-room admission mode set by an operator"
     );
-    Ok(body::respond(
-        StatusCode::OK,
-        &AdminDealView::new(&deal, outflow),
-        Caching::Private,
-    ))
+    deal_reply(state, &deal).await
 }
 
 /// The JSON body of an authorised admin request.

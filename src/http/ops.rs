@@ -10,7 +10,7 @@ use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 
 use super::State;
-use super::admin::{AdminDealView, admin_json, published_outflow};
+use super::admin::{admin_json, deal_reply};
 use super::body::{self, Caching};
 use super::guard::require_admin;
 use super::problem::Problem;
@@ -41,12 +41,7 @@ pub async fn set_paused<B>(
         .admission
         .deals()
         .put(&deal.id, Some(Arc::new(deal.clone())));
-    let outflow = published_outflow(state, &deal).await;
-    Ok(body::respond(
-        StatusCode::OK,
-        &AdminDealView::new(&deal, outflow),
-        Caching::Private,
-    ))
+    deal_reply(state, &deal).await
 }
 
 #[derive(Deserialize)]

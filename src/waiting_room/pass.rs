@@ -192,14 +192,9 @@ impl Passes {
 
     /// An HMAC-SHA256 pass, whatever the configured format.
     pub fn mint_hmac(&self, deal: &str, user: &str, expires_unix: i64, pass_id: &str) -> String {
-        let json = Self::payload(deal, user, expires_unix, pass_id);
-        let mut mac = self.mac();
-        mac.update(&json);
-        let signature = mac.finalize().into_bytes();
-        format!(
-            "{}.{}",
-            URL_SAFE_NO_PAD.encode(&json),
-            URL_SAFE_NO_PAD.encode(signature)
+        seal(
+            self.mac(),
+            &Self::payload(deal, user, expires_unix, pass_id),
         )
     }
 
@@ -298,6 +293,18 @@ impl Passes {
 
 fn decode(part: &[u8]) -> Result<Vec<u8>, PassError> {
     URL_SAFE_NO_PAD.decode(part).map_err(|_| PassError::Forged)
+}
+
+/// `json` and its HMAC under `mac`, each base64url without padding, joined by a dot: the
+/// form of an HMAC pass and of a ticket's signed position.
+pub(super) fn seal(mut mac: HmacSha256, json: &[u8]) -> String {
+    mac.update(json);
+    let signature = mac.finalize().into_bytes();
+    format!(
+        "{}.{}",
+        URL_SAFE_NO_PAD.encode(json),
+        URL_SAFE_NO_PAD.encode(signature)
+    )
 }
 
 #[cfg(test)]

@@ -80,14 +80,7 @@ impl Positions {
             f: is_final,
         };
         let json = serde_json::to_vec(&payload).expect("a payload of strings and numbers");
-        let mut mac = self.mac();
-        mac.update(&json);
-        let signature = mac.finalize().into_bytes();
-        format!(
-            "{}.{}",
-            URL_SAFE_NO_PAD.encode(&json),
-            URL_SAFE_NO_PAD.encode(signature)
-        )
+        super::pass::seal(self.mac(), &json)
     }
 
     /// The position `token` signs for `ticket` of `deal`.

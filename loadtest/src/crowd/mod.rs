@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::operator::Operator;
 use crate::sale::ensure_loopback;
 
 /// What to rehearse.
@@ -36,21 +37,8 @@ pub struct CrowdConfig {
     /// what is measured); loopback only.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     pub origin_url: String,
-    /// The gateway's operations listener (admin API and /metrics); loopback only.
-    #[arg(long, default_value = "http://127.0.0.1:8081")]
-    pub ops_url: String,
-    #[arg(
-        long,
-        env = "FLASHGATE_ADMIN_TOKEN",
-        default_value = "flashgate-dev-admin-token"
-    )]
-    pub admin_token: String,
-    #[arg(
-        long,
-        env = "FLASHGATE_JWT_SECRET",
-        default_value = "flashgate-dev-secret-change-me"
-    )]
-    pub jwt_secret: String,
+    #[command(flatten)]
+    pub operator: Operator,
     /// The gateway's Redis (a private one: its command counts are the measurement).
     #[arg(long, default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
@@ -107,7 +95,11 @@ pub struct CrowdConfig {
 
 /// Runs the rehearsal and returns its report (`ok` says whether every check held).
 pub async fn run(config: &CrowdConfig) -> Result<Value, String> {
-    for url in [&config.edge_url, &config.origin_url, &config.ops_url] {
+    for url in [
+        &config.edge_url,
+        &config.origin_url,
+        &config.operator.ops_url,
+    ] {
         ensure_loopback(url)?;
     }
     if !matches!(config.queue_order.as_str(), "fifo" | "random") {
@@ -177,9 +169,9 @@ async fn admin(
     deal_id: &str,
     action: &str,
 ) -> Result<(), String> {
-    let response = http
-        .post(format!("{}/admin/deals/{deal_id}/{action}", config.ops_url))
-        .bearer_auth(&config.admin_token)
+    let response = config
+        .operator
+        .post(http, &format!("/admin/deals/{deal_id}/{action}"))
         .send()
         .await
         .map_err(|e| e.to_string())?;
@@ -221,9 +213,9 @@ async fn create_deal(
             "pow_bits": 0,
         },
     });
-    let response = http
-        .post(format!("{}/admin/deals", config.ops_url))
-        .bearer_auth(&config.admin_token)
+    let response = config
+        .operator
+        .post(http, "/admin/deals")
         .json(&body)
         .send()
         .await

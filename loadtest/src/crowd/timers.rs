@@ -50,7 +50,7 @@ pub async fn join_all(
             .await
             .map_err(|e| e.to_string())?;
         let (http, url, tx) = (http.clone(), url.clone(), tx.clone());
-        let token = flashgate::auth::mint_token(&config.jwt_secret, &user_id(user), 7200);
+        let token = config.operator.token(&user_id(user), 7200);
         tokio::spawn(async move {
             let joined = join_one(&http, &url, &token).await;
             let _ = tx.send((user, joined));
@@ -210,7 +210,7 @@ impl Crowd {
         ));
         let active = tokio::spawn(probes::watch_passes_active(
             self.http.clone(),
-            self.config.ops_url.clone(),
+            self.config.operator.ops_url.clone(),
             self.deal_id.clone(),
             stop.clone(),
         ));
@@ -298,8 +298,7 @@ impl Crowd {
         let http = self.http.clone();
         let base = format!("{}/v1/deals/{}", self.config.edge_url, self.deal_id);
         let ticket = client.ticket.clone();
-        let token =
-            flashgate::auth::mint_token(&self.config.jwt_secret, &user_id(client.user), 3600);
+        let token = self.config.operator.token(&user_id(client.user), 3600);
         async move {
             let outcome = poll_and_order(&http, &base, &ticket, &token).await;
             let _ = tx.send((i, outcome));
@@ -505,7 +504,7 @@ impl Snapshot {
         edge: &std::sync::Mutex<HashMap<String, u64>>,
         state: &Schedule,
     ) -> Result<Self, String> {
-        let origin = probes::origin_counts(&crowd.http, &crowd.config.ops_url).await?;
+        let origin = probes::origin_counts(&crowd.http, &crowd.config.operator.ops_url).await?;
         let redis = probes::redis_counts(&crowd.config.redis_url).await?;
         Ok(Self {
             at: Instant::now(),
