@@ -124,6 +124,17 @@ async fn invalid_deals_are_refused() {
         let problem = reply.expect_problem(422, "invalid-request");
         assert_eq!(problem["detail"], "starts_at must be before ends_at");
     }
+    // An adaptive line's floor above its ceiling, given or defaulted (100), is the same kind.
+    for admission in [
+        json!({"mode": "adaptive", "min_per_second": 50, "max_per_second": 10}),
+        json!({"mode": "adaptive", "min_per_second": 2397}),
+    ] {
+        let mut deal = new_deal("invalid", 10, 2);
+        deal["waiting_room"] = json!({"enabled": true, "admission": admission});
+        let reply = app.create_deal(&deal).await;
+        assert_eq!(reply.status, 422, "{admission}: {}", reply.text);
+        reply.expect_problem(422, "invalid-request");
+    }
 
     assert_eq!(deal_count(&app.db).await, 0);
     app.cleanup().await;
