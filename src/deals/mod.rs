@@ -116,6 +116,9 @@ pub enum DealError {
     AlreadyExists(String),
     #[error("deal not found")]
     NotFound,
+    /// The deal exists but has no waiting room, so it has no line to set an outflow for.
+    #[error("deal {0} has no waiting room")]
+    NoWaitingRoom(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -294,7 +297,15 @@ pub async fn set_admission(
     .await
     .map_err(StoreError::from)?;
     if updated.rows_affected() == 0 {
-        return Ok(None);
+        let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM deals WHERE id = $1)")
+            .bind(deal_id)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(StoreError::from)?;
+        return match exists {
+            true => Err(DealError::NoWaitingRoom(deal_id.to_owned())),
+            false => Ok(None),
+        };
     }
     changes::announce(&mut tx, deal_id).await?;
     let deal = sqlx::query_as::<_, Deal>(SELECT_DEAL)

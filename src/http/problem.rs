@@ -614,6 +614,9 @@ impl From<DealError> for Problem {
             DealError::Invalid(detail) => Problem::invalid(detail),
             DealError::AlreadyExists(id) => Problem::conflict(format!("deal {id} already exists")),
             DealError::NotFound => Problem::not_found("no such deal"),
+            DealError::NoWaitingRoom(id) => {
+                Problem::conflict(format!("deal {id} has no waiting room"))
+            }
             DealError::Store(error) => error.into(),
         }
     }

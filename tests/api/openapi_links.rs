@@ -321,6 +321,7 @@ fn body_for(target: &str) -> Option<Value> {
         "placeOrder" => Some(json!({"quantity": 1})),
         "adjustStock" => Some(json!({"delta": 1})),
         "rebalanceDeal" => Some(json!({"buckets": 2})),
+        "setAdmission" => Some(json!({"mode": "fixed"})),
         "receiveWebhook" => Some(json!({})),
         _ => None,
     }

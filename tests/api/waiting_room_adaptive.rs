@@ -16,8 +16,8 @@ use flashgate::config::Settings;
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    Api, PayApp, TestApp, redis_connection, spawn_app_with, spawn_pay_app_with, spawn_sibling,
-    wait_until,
+    Api, PayApp, TestApp, new_deal, redis_connection, spawn_app_with, spawn_pay_app_with,
+    spawn_sibling, wait_until,
 };
 use crate::waiting_room::{join, order_with_pass, poll, room_deal};
 
@@ -279,5 +279,23 @@ async fn an_operator_takes_manual_control_at_the_current_outflow_in_one_call() {
     crate::helpers::send(bad)
         .await
         .expect_problem(400, "invalid-request");
+    // A deal without a waiting room has no outflow to control; an unknown deal is 404.
+    let plain = app.given_deal(&new_deal("adaptplain", 10, 1)).await;
+    for (deal, status) in [(plain.as_str(), 409), ("adaptnone", 404)] {
+        let url = app.url(&format!("/admin/deals/{deal}/admission"));
+        let reply = app
+            .client
+            .post(&url)
+            .bearer_auth(&app.admin_token)
+            .json(&json!({"mode": "fixed"}));
+        crate::helpers::send(reply).await.expect_problem(
+            status,
+            if status == 409 {
+                "invalid-request"
+            } else {
+                "not-found"
+            },
+        );
+    }
     app.cleanup().await;
 }
