@@ -176,17 +176,7 @@ async fn create_deal(config: &FloodConfig, deal_id: &str) -> Result<(), String> 
         "unit_price_minor": 1000, "currency": "EUR", "per_user_limit": 1,
         "reservation_ttl_seconds": 600,
     });
-    let response = config
-        .operator
-        .post(&client, "/admin/deals")
-        .json(&body)
-        .send()
-        .await
-        .map_err(|e| e.to_string())?;
-    if response.status() != reqwest::StatusCode::CREATED {
-        return Err(format!("creating the deal answered {}", response.status()));
-    }
-    Ok(())
+    config.operator.create_deal(&client, &body).await
 }
 
 /// Samples the gateway's memory every `SAMPLE_EVERY` until `stop` is sent (or dropped),

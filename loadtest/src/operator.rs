@@ -31,6 +31,26 @@ impl Operator {
             .bearer_auth(&self.admin_token)
     }
 
+    /// Creates the deal `body` describes through the admin API; its answer must be 201.
+    pub async fn create_deal(
+        &self,
+        http: &reqwest::Client,
+        body: &serde_json::Value,
+    ) -> Result<(), String> {
+        let response = self
+            .post(http, "/admin/deals")
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status();
+        if status != reqwest::StatusCode::CREATED {
+            let text = response.text().await.unwrap_or_default();
+            return Err(format!("creating the deal answered {status}: {text}"));
+        }
+        Ok(())
+    }
+
     /// A user token for `user`, valid for `ttl_seconds`.
     pub fn token(&self, user: &str, ttl_seconds: i64) -> String {
         flashgate::auth::mint_token(&self.jwt_secret, user, ttl_seconds)

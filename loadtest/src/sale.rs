@@ -285,17 +285,10 @@ async fn create_deal(
     config: &SaleConfig,
     deal_id: &str,
 ) -> Result<(), String> {
-    let response = config
+    config
         .operator
-        .post(client, "/admin/deals")
-        .json(&deal_body(config, deal_id))
-        .send()
+        .create_deal(client, &deal_body(config, deal_id))
         .await
-        .map_err(|e| e.to_string())?;
-    if response.status() != reqwest::StatusCode::CREATED {
-        return Err(format!("creating the deal answered {}", response.status()));
-    }
-    Ok(())
 }
 
 /// Runs every purchase, closed or open loop, until done or out of time.

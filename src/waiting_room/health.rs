@@ -133,9 +133,14 @@ impl Recorder {
             .store(open, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Applies `change` to `deal`'s window; the deal's name is copied only when its window
+    /// is new, not on every order.
     fn with(&self, deal: &str, change: impl FnOnce(&mut Window)) {
         let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
-        change(windows.entry(deal.to_owned()).or_default());
+        match windows.get_mut(deal) {
+            Some(window) => change(window),
+            None => change(windows.entry(deal.to_owned()).or_default()),
+        }
     }
 
     /// Each deal's report since the last call, as (deal, p99 ms, orders, refused); deals

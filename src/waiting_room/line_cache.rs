@@ -44,7 +44,9 @@ impl LineCache {
     where
         F: Future<Output = Result<LineStatus, QueueError>>,
     {
-        let slot = self.slots.entry(deal_id.to_owned()).or_default().clone();
+        let known = self.slots.get(deal_id).map(|slot| slot.clone());
+        let slot =
+            known.unwrap_or_else(|| self.slots.entry(deal_id.to_owned()).or_default().clone());
         let mut held = slot.lock().await;
         if let Some((at, line)) = held.as_ref()
             && at.elapsed() < self.refresh

@@ -254,13 +254,7 @@ impl Passes {
 
     /// The payload bytes if the HMAC matches.
     fn verify_hmac(&self, payload: &[u8], signature: &[u8]) -> Result<Vec<u8>, PassError> {
-        let payload = decode(payload)?;
-        let signature = decode(signature)?;
-        let mut mac = self.mac();
-        mac.update(&payload);
-        mac.verify_slice(&signature)
-            .map_err(|_| PassError::Forged)?;
-        Ok(payload)
+        unseal(self.mac(), payload, signature).ok_or(PassError::Forged)
     }
 
     /// The payload bytes if the header names one of our keys and its signature matches.
@@ -293,6 +287,16 @@ impl Passes {
 
 fn decode(part: &[u8]) -> Result<Vec<u8>, PassError> {
     URL_SAFE_NO_PAD.decode(part).map_err(|_| PassError::Forged)
+}
+
+/// The payload of a sealed token's two parts (base64url `payload` and `signature`), when
+/// `signature` is its HMAC under `mac`.
+pub(super) fn unseal(mut mac: HmacSha256, payload: &[u8], signature: &[u8]) -> Option<Vec<u8>> {
+    let payload = URL_SAFE_NO_PAD.decode(payload).ok()?;
+    let signature = URL_SAFE_NO_PAD.decode(signature).ok()?;
+    mac.update(&payload);
+    mac.verify_slice(&signature).ok()?;
+    Some(payload)
 }
 
 /// `json` and its HMAC under `mac`, each base64url without padding, joined by a dot: the

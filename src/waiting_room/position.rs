@@ -11,9 +11,7 @@
 //! the shuffle is provisional). The key is derived from `pass_secret`, apart from the
 //! passes' own.
 
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use hmac::{Hmac, KeyInit, Mac};
+use hmac::{Hmac, KeyInit};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -95,16 +93,8 @@ impl Positions {
         }
         let text = std::str::from_utf8(token).map_err(|_| PositionError::Forged)?;
         let (body, signature) = text.split_once('.').ok_or(PositionError::Forged)?;
-        let json = URL_SAFE_NO_PAD
-            .decode(body)
-            .map_err(|_| PositionError::Forged)?;
-        let signature = URL_SAFE_NO_PAD
-            .decode(signature)
-            .map_err(|_| PositionError::Forged)?;
-        let mut mac = self.mac();
-        mac.update(&json);
-        mac.verify_slice(&signature)
-            .map_err(|_| PositionError::Forged)?;
+        let json = super::pass::unseal(self.mac(), body.as_bytes(), signature.as_bytes())
+            .ok_or(PositionError::Forged)?;
         let payload: Payload = serde_json::from_slice(&json).map_err(|_| PositionError::Forged)?;
         if payload.d != deal || payload.t != ticket {
             return Err(PositionError::OtherTicket);
@@ -119,6 +109,8 @@ impl Positions {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
     #[test]
     fn a_signed_position_verifies_for_its_ticket_only() {

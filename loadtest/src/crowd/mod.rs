@@ -213,18 +213,7 @@ async fn create_deal(
             "pow_bits": 0,
         },
     });
-    let response = config
-        .operator
-        .post(http, "/admin/deals")
-        .json(&body)
-        .send()
-        .await
-        .map_err(|e| e.to_string())?;
-    if response.status() != reqwest::StatusCode::CREATED {
-        let status = response.status();
-        let text = response.text().await.unwrap_or_default();
-        return Err(format!("creating the deal answered {status}: {text}"));
-    }
+    config.operator.create_deal(http, &body).await?;
     Ok(std::time::Instant::now() + open_in)
 }
 
