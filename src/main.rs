@@ -12,6 +12,12 @@ use flashgate::domain::DealId;
 use flashgate::ops::output;
 use flashgate::{auth, inventory, ops, shutdown, store, telemetry};
 
+/// The allocator: a request allocates and frees many small buffers (headers, JSON, rows)
+/// on one thread; mimalloc's thread-local free lists serve them with fewer instructions
+/// than the system allocator and without its periodic consolidation.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Exit code for a configuration that cannot be used (EX_USAGE).
 const EXIT_BAD_CONFIG: u8 = 64;
 
