@@ -314,7 +314,9 @@ async fn crowd_member(
 #[tokio::test(flavor = "multi_thread")]
 async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_pass() {
     // Arrange: one admission a second and a check-in window of five seconds (five tickets);
-    // twelve buyers ahead of ours, more behind.
+    // twenty-five buyers ahead of ours, more behind. The line moves from the first ticket
+    // on, so the page is far from the front for about twenty seconds, whatever its start
+    // and the buyers' tickets take on a busy machine.
     let app = Arc::new(
         spawn_app_with(|s| {
             crate::waiting_room_edge::fast_room(s);
@@ -328,7 +330,7 @@ async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_
     let room = json!({"admit_per_second": 1, "max_active": 2, "pass_ttl_seconds": 60,
                       "checkout_url": checkout});
     let deal = app
-        .given_deal(&room_deal("wrpage", 30, room, json!({})))
+        .given_deal(&room_deal("wrpage", 40, room, json!({})))
         .await;
     let page = app.get(&format!("/wait/{deal}")).await;
     assert_eq!(page.status, 200);
@@ -342,7 +344,7 @@ async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_
     let browser = Browser::start().await;
     let stop = Arc::new(AtomicBool::new(false));
     let mut crowd = Vec::new();
-    for i in 0..12 {
+    for i in 0..25 {
         let user = format!("a{i}");
         let ticket = ticket(&app, &user, &deal).await;
         let member = crowd_member(app.clone(), user, deal.clone(), ticket, stop.clone());
