@@ -6,15 +6,12 @@
 
 use std::time::{Duration, Instant};
 
-use flashgate::app::Application;
-use flashgate::config::Settings;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio_util::sync::CancellationToken;
 
 use crate::helpers::{
-    Api, EVENTUALLY, PrivatePostgres, SETTLE, Sim, eventually, intent_id, new_deal,
-    payment_settings, send, spawn_pay_app_with, test_settings, unique_suffix, wait_until,
+    EVENTUALLY, PrivatePostgres, SETTLE, Sim, eventually, intent_id, new_deal, payment_settings,
+    send, spawn_pay_app_with, spawn_sibling, test_settings, unique_suffix, wait_until,
 };
 
 /// A connection from `local` that sent a request and got an answer, or was closed unheard.
@@ -145,21 +142,6 @@ async fn an_old_sold_out_flag_restored_in_redis_does_not_stick() {
     app.cleanup().await;
 }
 
-/// An in-process gateway on `settings`; cancel the token to stop it.
-async fn start(settings: &Settings) -> (Api, CancellationToken, tokio::task::JoinHandle<()>) {
-    let app = Application::build(settings.clone()).await.expect("builds");
-    let api = Api::new(
-        &format!("http://{}", app.local_addr()),
-        &format!("http://{}", app.ops_addr()),
-        settings,
-    );
-    let stop = app.shutdown_token();
-    let server = tokio::spawn(async move {
-        let _ = app.run().await;
-    });
-    (api, stop, server)
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_down_for_over_a_minute_then_back() {
     // Arrange: two gateways on a PostgreSQL of their own; deal settings cached for a
@@ -171,8 +153,8 @@ async fn postgres_down_for_over_a_minute_then_back() {
     payment_settings(&mut settings, &sim.base);
     settings.deals.cache_ttl_ms = 60_000;
     settings.redis.key_prefix = format!("fgtest:{}:", unique_suffix());
-    let (a, stop_a, server_a) = start(&settings).await;
-    let (b, stop_b, server_b) = start(&settings).await;
+    let a = spawn_sibling(&settings).await;
+    let b = spawn_sibling(&settings).await;
     sim.set_webhook_url(&a.public_url("/v1/webhooks/sim")).await;
     let deal = a.given_deal(&new_deal("outage", 1000, 4)).await;
     let payer = b.token("payer");
@@ -187,7 +169,7 @@ async fn postgres_down_for_over_a_minute_then_back() {
     let mut orders = Vec::new();
     let mut n = 0;
     while Instant::now() < down_until {
-        for api in [&a, &b] {
+        for api in [&a.api, &b.api] {
             assert_eq!(
                 api.get("/healthz").await.status,
                 200,
@@ -218,7 +200,7 @@ async fn postgres_down_for_over_a_minute_then_back() {
         assert_eq!(reply.status, 503, "{}", reply.text);
         assert!(reply.header("retry-after").is_some(), "{:?}", reply.headers);
     }
-    for api in [&a, &b] {
+    for api in [&a.api, &b.api] {
         let recovered = eventually(Duration::from_secs(20), || async {
             (api.order(&unique_suffix(), &deal, 1).await.status == 201).then_some(())
         })
@@ -262,8 +244,6 @@ async fn postgres_down_for_over_a_minute_then_back() {
         paused.is_some(),
         "the pause never reached the other instance"
     );
-    stop_a.cancel();
-    stop_b.cancel();
-    let _ = tokio::join!(server_a, server_b);
+    tokio::join!(a.stop(), b.stop());
     crate::helpers::delete_redis_keys(&settings.redis.url, &settings.redis.key_prefix).await;
 }
