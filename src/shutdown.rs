@@ -2,8 +2,39 @@
 //! background task watch.
 
 use std::future::Future;
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
+
+/// The pace of a periodic background task: a tick every `interval` until `shutdown`. A
+/// tick that comes late (a slow round, a busy runtime) delays the next ones rather than
+/// firing a burst to catch up.
+pub struct Every {
+    ticker: tokio::time::Interval,
+    shutdown: CancellationToken,
+}
+
+impl Every {
+    /// The first tick comes at once.
+    pub fn new(interval: Duration, shutdown: CancellationToken) -> Self {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self { ticker, shutdown }
+    }
+
+    /// Waits for the next tick: `false` once shutdown began.
+    pub async fn tick(&mut self) -> bool {
+        tokio::select! {
+            () = self.shutdown.cancelled() => false,
+            _ = self.ticker.tick() => true,
+        }
+    }
+
+    /// The next tick comes at once.
+    pub fn reset_immediately(&mut self) {
+        self.ticker.reset_immediately();
+    }
+}
 
 /// Installs the handlers for SIGTERM and SIGINT now, and returns the task that cancels
 /// `token` on the first of them. Installing before the gateway announces itself matters: a

@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::inventory;
 use crate::redis_link::RedisHandle;
+use crate::shutdown::Every;
 use crate::store::StoreError;
 use crate::telemetry;
 
@@ -386,13 +387,8 @@ impl SoldOut {
 
     /// Refreshes every `interval` until `shutdown`.
     pub async fn keep_fresh(self, pool: PgPool, interval: Duration, shutdown: CancellationToken) {
-        let mut ticker = tokio::time::interval(interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                _ = ticker.tick() => {}
-            }
+        let mut every = Every::new(interval, shutdown);
+        while every.tick().await {
             if let Err(error) = self.refresh(&pool).await {
                 tracing::warn!(%error, "sold-out refresh failed");
             }

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::controller::Health;
 use super::{QueueError, WaitingRoom, line_key};
+use crate::shutdown::Every;
 
 /// ARGV: instance, p99 ms, orders timed, orders refused 503, breaker open (0/1), ttl ms.
 /// One field per instance: `redis ms,p99 ms,orders,refused,breaker`.
@@ -184,14 +185,9 @@ fn p99(samples: &mut [f64]) -> f64 {
 
 /// Reports this instance's health every `health_report_ms` until `shutdown`.
 pub async fn run(room: WaitingRoom, shutdown: CancellationToken) {
-    let every = Duration::from_millis(room.settings.health_report_ms);
-    let mut ticker = tokio::time::interval(every);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            _ = ticker.tick() => {}
-        }
+    let interval = Duration::from_millis(room.settings.health_report_ms);
+    let mut every = Every::new(interval, shutdown);
+    while every.tick().await {
         report(&room).await;
     }
 }

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::WaitingRoom;
 use crate::redis_link::RedisError;
+use crate::shutdown::Every;
 
 /// The stream, under `redis.key_prefix`.
 pub const STREAM_KEY: &str = "wr:revoked";
@@ -75,15 +76,11 @@ pub(super) async fn announce(
 
 /// Follows the revocation stream until `shutdown`.
 pub async fn follow(room: WaitingRoom, shutdown: CancellationToken) {
-    let mut ticker = tokio::time::interval(Duration::from_millis(room.settings.revocation_poll_ms));
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let interval = Duration::from_millis(room.settings.revocation_poll_ms);
+    let mut every = Every::new(interval, shutdown);
     let key = room.redis.key(STREAM_KEY);
     let mut last = "0".to_owned();
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            _ = ticker.tick() => {}
-        }
+    while every.tick().await {
         let start = format!("({last}");
         let cmd = redis::cmd("XRANGE")
             .arg(&key)

@@ -33,6 +33,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use super::{QueueError, WaitingRoom, shuffle};
+use crate::shutdown::Every;
 use gauges::Gauges;
 pub(super) use lease::wake;
 use lines::Line;
@@ -107,19 +108,14 @@ pub async fn run(room: WaitingRoom, pool: PgPool, shutdown: CancellationToken) {
         controls: HashMap::new(),
         started: tokio::time::Instant::now(),
     };
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => break,
-            _ = ticker.tick() => {}
-        }
+    let mut every = Every::new(interval, shutdown.clone());
+    while every.tick().await {
         if advancer.tick().await == Pace::Asleep {
             advancer.fall_asleep();
             if !lease::doze(&advancer.room, &shutdown).await {
                 break;
             }
-            ticker.reset_immediately();
+            every.reset_immediately();
         }
     }
     if advancer.holding {
