@@ -68,3 +68,36 @@ pub fn cancel_on_signal(
         token.cancel();
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn ticks_at_once_then_every_interval_until_shutdown() {
+        let shutdown = CancellationToken::new();
+        let mut every = Every::new(Duration::from_millis(100), shutdown.clone());
+        let started = tokio::time::Instant::now();
+
+        assert!(every.tick().await);
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        assert!(every.tick().await);
+        assert_eq!(started.elapsed(), Duration::from_millis(100));
+
+        shutdown.cancel();
+        assert!(!every.tick().await, "no tick once shutdown began");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_tick_delays_the_next_instead_of_bunching() {
+        let mut every = Every::new(Duration::from_millis(100), CancellationToken::new());
+        let started = tokio::time::Instant::now();
+        every.tick().await;
+        tokio::time::sleep(Duration::from_millis(350)).await;
+
+        every.tick().await;
+        every.tick().await;
+
+        assert_eq!(started.elapsed(), Duration::from_millis(450));
+    }
+}
