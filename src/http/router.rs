@@ -16,7 +16,7 @@ use tracing::{Instrument, Span};
 use super::guard::Headers;
 use super::problem::Problem;
 use super::request_id::{self, RequestId};
-use super::{State, admin, ops, payments, public, queue, review, wait_page};
+use super::{State, admin, events, ops, payments, public, queue, review, wait_page};
 use crate::domain::DealId;
 use crate::telemetry;
 
@@ -64,6 +64,12 @@ pub enum Route<'a> {
     ReviewQueue,
     ReviewFulfil(&'a str),
     ReviewRefund(&'a str),
+    EventEndpoints,
+    CreateEventEndpoint,
+    EventEndpoint(&'a str),
+    RotateEventSecret(&'a str),
+    ReplayEvents(&'a str),
+    Events,
     WrongMethod {
         template: &'static str,
         allow: &'static str,
@@ -133,6 +139,34 @@ impl<'a> Route<'a> {
                 ("/v1/webhooks/{provider}", "POST", Route::Webhook(provider))
             }
             ["admin", "deals"] => ("/admin/deals", "POST", Route::CreateDeal),
+            ["admin", "event-endpoints"] if post => return Route::CreateEventEndpoint,
+            ["admin", "event-endpoints"] => (
+                "/admin/event-endpoints",
+                "GET, HEAD, POST",
+                Route::EventEndpoints,
+            ),
+            ["admin", "event-endpoints", id]
+                if get || method == Method::PATCH || method == Method::DELETE =>
+            {
+                return Route::EventEndpoint(id);
+            }
+            ["admin", "event-endpoints", _] => {
+                return Route::WrongMethod {
+                    template: "/admin/event-endpoints/{id}",
+                    allow: "GET, HEAD, PATCH, DELETE",
+                };
+            }
+            ["admin", "event-endpoints", id, "rotate-secret"] => (
+                "/admin/event-endpoints/{id}/rotate-secret",
+                "POST",
+                Route::RotateEventSecret(id),
+            ),
+            ["admin", "event-endpoints", id, "replay"] => (
+                "/admin/event-endpoints/{id}/replay",
+                "POST",
+                Route::ReplayEvents(id),
+            ),
+            ["admin", "events"] => ("/admin/events", "GET, HEAD", Route::Events),
             ["admin", "deals", id, "stock"] => {
                 ("/admin/deals/{id}/stock", "POST", Route::AdjustStock(id))
             }
@@ -246,6 +280,11 @@ impl<'a> Route<'a> {
             Route::ReviewQueue => "/admin/payments/review",
             Route::ReviewFulfil(_) => "/admin/orders/{id}/review/fulfil",
             Route::ReviewRefund(_) => "/admin/orders/{id}/review/refund",
+            Route::EventEndpoints | Route::CreateEventEndpoint => "/admin/event-endpoints",
+            Route::EventEndpoint(_) => "/admin/event-endpoints/{id}",
+            Route::RotateEventSecret(_) => "/admin/event-endpoints/{id}/rotate-secret",
+            Route::ReplayEvents(_) => "/admin/event-endpoints/{id}/replay",
+            Route::Events => "/admin/events",
             Route::WrongMethod { template, .. } => template,
             Route::Unknown => "unknown",
         }
@@ -587,6 +626,12 @@ async fn dispatch(
         Route::ReviewQueue => Box::pin(review::list(state, &request)).await,
         Route::ReviewFulfil(id) => Box::pin(review::fulfil(state, &request, id)).await,
         Route::ReviewRefund(id) => Box::pin(review::refund(state, &request, id)).await,
+        Route::EventEndpoints => Box::pin(events::list(state, &request)).await,
+        Route::CreateEventEndpoint => Box::pin(events::create(state, request)).await,
+        Route::EventEndpoint(id) => Box::pin(events::one(state, request, id)).await,
+        Route::RotateEventSecret(id) => Box::pin(events::rotate(state, request, id)).await,
+        Route::ReplayEvents(id) => Box::pin(events::replay(state, request, id)).await,
+        Route::Events => Box::pin(events::feed(state, &request)).await,
         Route::WrongMethod { allow, .. } => Err(Problem::method_not_allowed(allow)),
         Route::Unknown => Err(Problem::not_found("no such resource")),
     }
