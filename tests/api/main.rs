@@ -22,6 +22,7 @@ mod dashboard_render;
 mod deals;
 mod demo;
 mod events_api;
+mod events_delivery;
 mod failover;
 mod faults;
 mod front;
