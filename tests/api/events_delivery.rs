@@ -11,7 +11,9 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::events_api::pull_all;
-use crate::helpers::{PayApp, Receiver, intent_id, new_deal, send, spawn_pay_app_with, wait_until};
+use crate::helpers::{
+    PayApp, Receiver, TestApp, intent_id, new_deal, send, spawn_pay_app_with, wait_until,
+};
 
 /// Long enough for late payments (a one-second reservation, its expiry and the provider's
 /// answer) on a busy machine.
@@ -29,7 +31,7 @@ pub fn fast_events(s: &mut Settings) {
 }
 
 /// Subscribes `receiver` to every event; returns the endpoint's id and secret.
-pub async fn subscribe(app: &PayApp, receiver: &Receiver) -> (String, String) {
+pub async fn subscribe(app: &TestApp, receiver: &Receiver) -> (String, String) {
     let request = app.client.post(app.url("/admin/event-endpoints"));
     let body = json!({"url": receiver.url()});
     let created = send(request.bearer_auth(&app.admin_token).json(&body))
@@ -126,7 +128,7 @@ struct Row {
 
 /// Waits until the receiver holds every event PostgreSQL committed (and the sequencer
 /// positioned); returns what the receiver got.
-pub async fn wait_delivered(app: &PayApp, receiver: &Receiver, limit: Duration) -> Vec<Value> {
+pub async fn wait_delivered(app: &TestApp, receiver: &Receiver, limit: Duration) -> Vec<Value> {
     wait_until("every committed event at the receiver", limit, || async {
         let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM events WHERE position IS NULL")
             .fetch_one(&app.db)
@@ -152,7 +154,7 @@ pub async fn wait_delivered(app: &PayApp, receiver: &Receiver, limit: Duration) 
 /// After dedup by `webhook-id`: exactly PostgreSQL's events, each verified by the reference
 /// library, each order's (and deal's) first arrivals in sequence, every order's last event
 /// stating its status in `orders`, and no event for an order that does not exist.
-pub async fn check_against_database(app: &PayApp, received: &[Value]) -> usize {
+pub async fn check_against_database(app: &TestApp, received: &[Value]) -> usize {
     let mut first: Vec<&Value> = Vec::new();
     let mut seen: HashMap<&str, &Value> = HashMap::new();
     for delivery in received {

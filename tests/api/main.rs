@@ -23,6 +23,7 @@ mod deals;
 mod demo;
 mod events_api;
 mod events_delivery;
+mod events_faults;
 mod failover;
 mod faults;
 mod front;

@@ -9,9 +9,11 @@ use serde_json::{Value, json};
 
 use super::{crate_root, free_port, http_client, wait_until};
 
-/// A running receiver on a port of its own, which a restart keeps.
+/// A running receiver on a port of its own, which a restart keeps, as it keeps the log of
+/// what arrived.
 pub struct Receiver {
     pub port: u16,
+    log: std::path::PathBuf,
     child: Option<Child>,
     client: reqwest::Client,
 }
@@ -19,8 +21,14 @@ pub struct Receiver {
 impl Receiver {
     /// Starts a receiver verifying with `secrets`.
     pub async fn start(secrets: &[&str]) -> Receiver {
+        let port = free_port();
+        let log = std::env::temp_dir().join(format!(
+            "flashgate-receiver-{port}-{}.jsonl",
+            super::unique_suffix()
+        ));
         let mut receiver = Receiver {
-            port: free_port(),
+            port,
+            log,
             child: None,
             client: http_client(),
         };
@@ -28,13 +36,14 @@ impl Receiver {
         receiver
     }
 
-    /// Starts it again on the same port (after [`Receiver::stop`]); what it received before
-    /// is forgotten.
+    /// Starts it again on the same port (after [`Receiver::stop`]).
     pub async fn restart(&mut self, secrets: &[&str]) {
         let mut command = Command::new("python3");
         command
             .arg(crate_root().join("scripts/events_receiver.py"))
-            .args(["--port", &self.port.to_string(), "--log", "/dev/null"])
+            .args(["--port", &self.port.to_string()])
+            .arg("--log")
+            .arg(&self.log)
             .stdout(Stdio::piped());
         for secret in secrets {
             command.args(["--secret", secret]);
@@ -82,11 +91,12 @@ impl Receiver {
         assert_eq!(answer.status(), 204);
     }
 
-    /// Every delivery so far, in arrival order.
+    /// Every delivery so far, in arrival order, across restarts.
     pub async fn received(&self) -> Vec<Value> {
-        let url = format!("http://127.0.0.1:{}/received", self.port);
-        let answer = self.client.get(url).send().await.expect("received");
-        answer.json::<Vec<Value>>().await.expect("a JSON array")
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        text.lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
     }
 
     /// Waits until the receiver holds `count` distinct webhook ids, all verified; returns
@@ -125,6 +135,7 @@ impl Drop for Receiver {
             let _ = child.kill();
             let _ = child.wait();
         }
+        let _ = std::fs::remove_file(&self.log);
     }
 }
 
