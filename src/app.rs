@@ -309,6 +309,7 @@ fn spawn_background(
     if settings.events.enabled {
         tasks.spawn(crate::events::runner::run(
             state.pools.events.clone(),
+            state.clock.clone(),
             store::direct_url(&settings.database).to_owned(),
             settings.events.clone(),
             shutdown.clone(),

@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::HeaderMap;
 use tokio::sync::Semaphore;
@@ -21,6 +21,7 @@ use tokio::task::JoinSet;
 use super::endpoints::Endpoint;
 use super::feed::Event;
 use super::signing;
+use crate::clock::{Clock, elapsed_since, monotonic};
 use crate::telemetry;
 
 /// Why a delivery was not accepted, and how long the receiver asked to be left alone.
@@ -41,6 +42,7 @@ pub struct Outcome {
 /// adds the ones accepted now to it.
 pub async fn round(
     client: &reqwest::Client,
+    clock: &Clock,
     endpoint: &Endpoint,
     batch: &[Event],
     accepted: &mut HashSet<i64>,
@@ -58,9 +60,10 @@ pub async fn round(
     let mut running = JoinSet::new();
     for (_, group) in groups {
         let (client, endpoint, permits) = (client.clone(), endpoint.clone(), permits.clone());
+        let clock = clock.clone();
         running.spawn(async move {
             let _permit = permits.acquire_owned().await;
-            send_group(&client, &endpoint, group).await
+            send_group(&client, &clock, &endpoint, group).await
         });
     }
     let mut failure = None;
@@ -97,12 +100,13 @@ pub async fn round(
 /// One order's events, in sequence, stopping at the first not accepted.
 async fn send_group(
     client: &reqwest::Client,
+    clock: &Clock,
     endpoint: &Endpoint,
     group: Vec<Event>,
 ) -> (Vec<i64>, Option<Failure>) {
     let mut done = Vec::with_capacity(group.len());
     for event in group {
-        match send(client, endpoint, &event).await {
+        match send(client, clock, endpoint, &event).await {
             Ok(()) => done.push(event.id),
             Err(failure) => return (done, Some(failure)),
         }
@@ -111,15 +115,21 @@ async fn send_group(
 }
 
 /// One signed request; a 2xx answer is acceptance.
-async fn send(client: &reqwest::Client, endpoint: &Endpoint, event: &Event) -> Result<(), Failure> {
+async fn send(
+    client: &reqwest::Client,
+    clock: &Clock,
+    endpoint: &Endpoint,
+    event: &Event,
+) -> Result<(), Failure> {
     let body = serde_json::to_vec(&event.body()).expect("an event serialises");
     let id = event.public_id();
-    let timestamp = unix_now();
+    // The receiver compares it with its own clock: wall time.
+    let timestamp = clock.now().timestamp();
     let mut keys: Vec<&[u8]> = vec![&endpoint.secret];
     keys.extend(endpoint.previous_secret.as_deref());
     let signature = signing::header(&keys, &id, timestamp, &body);
     let label = endpoint.id.to_string();
-    let started = Instant::now();
+    let started = monotonic();
     let sent = client
         .post(&endpoint.url)
         .header("content-type", "application/json")
@@ -129,7 +139,8 @@ async fn send(client: &reqwest::Client, endpoint: &Endpoint, event: &Event) -> R
         .body(body)
         .send()
         .await;
-    metrics::histogram!(telemetry::EVENT_DELIVERY_SECONDS).record(started.elapsed().as_secs_f64());
+    metrics::histogram!(telemetry::EVENT_DELIVERY_SECONDS)
+        .record(elapsed_since(started).as_secs_f64());
     let (outcome, result) = match sent {
         Ok(answer) if answer.status().is_success() => ("accepted", Ok(())),
         Ok(answer) => (
@@ -191,14 +202,6 @@ pub fn backoff(
         Some(asked) => wait.max(asked.min(max)),
         None => wait,
     }
-}
-
-/// Seconds since the epoch, for `webhook-timestamp`: the receiver compares it with its own
-/// clock, so it is the wall clock by definition.
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
 }
 
 #[cfg(test)]

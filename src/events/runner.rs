@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{EventError, EventSettings, delivery, endpoints, feed, sequencer, target};
+use crate::clock::{Clock, elapsed_since, monotonic};
 use crate::telemetry;
 
 /// The advisory lock key held by the instance that runs the events.
@@ -32,6 +33,7 @@ const EXPIRE_BATCH: i64 = 10_000;
 struct Context {
     pool: PgPool,
     client: reqwest::Client,
+    clock: Clock,
     settings: EventSettings,
     wake: Arc<Notify>,
 }
@@ -39,6 +41,7 @@ struct Context {
 /// Runs until `shutdown`: takes the lead when free, and keeps it while its connection lives.
 pub async fn run(
     pool: PgPool,
+    clock: Clock,
     leader_url: String,
     settings: EventSettings,
     shutdown: CancellationToken,
@@ -54,6 +57,7 @@ pub async fn run(
     let context = Context {
         pool,
         client,
+        clock,
         settings,
         wake: Arc::new(Notify::new()),
     };
@@ -102,12 +106,12 @@ async fn serve(context: &Context, mut connection: PgConnection, shutdown: &Cance
     let mut workers: HashMap<Uuid, JoinHandle<()>> = HashMap::new();
     let check = Duration::from_millis(context.settings.leader_retry_ms);
     let maintain = Duration::from_millis(context.settings.maintenance_interval_ms);
-    let mut last_maintenance = tokio::time::Instant::now() - maintain;
+    let mut last_maintenance: Option<std::time::Instant> = None;
     loop {
         supervise(context, &mut workers, &stop).await;
-        if last_maintenance.elapsed() >= maintain {
+        if last_maintenance.is_none_or(|at| elapsed_since(at) >= maintain) {
             maintenance(context).await;
-            last_maintenance = tokio::time::Instant::now();
+            last_maintenance = Some(monotonic());
         }
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -223,6 +227,7 @@ async fn serve_endpoint(context: Context, id: Uuid, stop: CancellationToken) {
             Ok(_) => {
                 delivery::round(
                     &context.client,
+                    &context.clock,
                     &endpoint,
                     &batch,
                     &mut accepted,
