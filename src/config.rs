@@ -213,6 +213,7 @@ impl Settings {
             redis: self.redis.clone(),
             waiting_room: self.waiting_room.clone(),
             audit: self.audit(),
+            events: self.events.clone(),
         }
     }
 

@@ -190,7 +190,7 @@ async fn an_endpoint_is_created_shown_changed_rotated_and_deleted() {
 
 #[tokio::test]
 async fn the_feed_holds_one_event_per_committed_change_in_sequence() {
-    let app = spawn_app_with(|_| {}).await;
+    let app = spawn_app_with(crate::events_delivery::fast_events).await;
     let deal = app.given_deal(&new_deal("evfeed", 2, 2)).await;
     let first = app.order("u1", &deal, 1).await.expect(201);
     let second = app.order("u2", &deal, 1).await.expect(201);

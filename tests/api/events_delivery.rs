@@ -21,6 +21,7 @@ const SALE: Duration = Duration::from_secs(60);
 
 /// Event machinery sped up for a test: quick polls, short retries, inward targets allowed.
 pub fn fast_events(s: &mut Settings) {
+    s.events.enabled = true;
     s.events.allow_private_targets = true;
     s.events.leader_retry_ms = 200;
     s.events.poll_interval_max_ms = 100;

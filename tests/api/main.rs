@@ -23,6 +23,7 @@ mod dashboard_render;
 mod deals;
 mod demo;
 mod events_api;
+mod events_cli;
 mod events_delivery;
 mod events_faults;
 mod failover;

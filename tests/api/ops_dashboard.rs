@@ -378,6 +378,7 @@ pub(crate) async fn sale_app() -> PayApp {
         s.waiting_room.stock_refresh_ms = 100;
         s.waiting_room.abandon_after_seconds = 2;
         s.waiting_room.refresh_after_seconds_max = 1;
+        s.events.enabled = true;
         s.events.allow_private_targets = true;
         s.events.leader_retry_ms = 200;
         s.events.maintenance_interval_ms = 200;

@@ -66,6 +66,10 @@ pub fn test_settings(database_url: &str) -> Settings {
     s.database.url = database_url.to_owned();
     s.database.request_pool_max = 8;
     s.database.background_pool_max = 2;
+    // The event sequencer and deliveries hold connections of their own; tests about events
+    // turn them on (`events_delivery::fast_events`), the shared server's other tests spare them.
+    s.events.enabled = false;
+    s.database.events_pool_max = 2;
     s.redis.url = redis_url();
     s.redis.key_prefix = format!("fgtest:{suffix}:");
     s.auth.jwt_secret = format!("test-jwt-secret-{suffix}");
