@@ -9,10 +9,12 @@ ones), and appended as one JSON line to --log (or stdout): its webhook-id, which
 verified it, and the event. A delivery no secret verifies is answered 401 and logged with
 "verified_by": []. The tests steer it over HTTP:
 
-    POST /control   {"mode": "ok" | "fail" | "hang", "secrets": [...], "retry_after": N}
+    POST /control   {"mode": "ok" | "fail" | "hang", "secrets": [...], "retry_after": N,
+                     "delay_ms": N}
     GET  /received  every delivery so far, as a JSON array
 
-"fail" answers 500 (with Retry-After when set), "hang" never answers. The first line on
+"fail" answers 500 (with Retry-After when set), "hang" never answers; "delay_ms" holds
+each answer that long after logging the delivery (a sender killed meanwhile sends it again). The first line on
 stdout is "listening <port>".
 """
 
@@ -25,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-STATE = {"mode": "ok", "secrets": [], "retry_after": None}
+STATE = {"mode": "ok", "secrets": [], "retry_after": None, "delay_ms": 0}
 RECEIVED = []
 LOCK = threading.Lock()
 
@@ -94,6 +96,8 @@ class Handler(BaseHTTPRequestHandler):
         with LOCK:
             RECEIVED.append(entry)
             print(json.dumps(entry), file=LOG, flush=True)
+        if STATE["delay_ms"]:
+            time.sleep(STATE["delay_ms"] / 1000)
         self.reply(204 if passed else 401)
 
 

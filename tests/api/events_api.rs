@@ -11,7 +11,7 @@ use crate::helpers::{TestApp, new_deal, send, spawn_app_with, wait_until};
 const SETTLE: Duration = Duration::from_secs(20);
 
 async fn admin(
-    app: &TestApp,
+    app: &crate::helpers::Api,
     method: reqwest::Method,
     path: &str,
     body: Option<Value>,
@@ -29,7 +29,7 @@ async fn admin(
 }
 
 /// Every event of the feed, page by page.
-pub async fn pull_all(app: &TestApp) -> Vec<Value> {
+pub async fn pull_all(app: &crate::helpers::Api) -> Vec<Value> {
     let mut events = Vec::new();
     let mut path = "/admin/events?limit=2".to_owned();
     loop {

@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use flashgate::config::Settings;
 use serde_json::{Value, json};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::events_api::pull_all;
 use crate::helpers::{
-    PayApp, Receiver, TestApp, intent_id, new_deal, send, spawn_pay_app_with, wait_until,
+    Api, PayApp, Receiver, TestApp, intent_id, new_deal, send, spawn_pay_app_with, wait_until,
 };
 
 /// Long enough for late payments (a one-second reservation, its expiry and the provider's
@@ -32,7 +33,7 @@ pub fn fast_events(s: &mut Settings) {
 }
 
 /// Subscribes `receiver` to every event; returns the endpoint's id and secret.
-pub async fn subscribe(app: &TestApp, receiver: &Receiver) -> (String, String) {
+pub async fn subscribe(app: &Api, receiver: &Receiver) -> (String, String) {
     let request = app.client.post(app.url("/admin/event-endpoints"));
     let body = json!({"url": receiver.url()});
     let created = send(request.bearer_auth(&app.admin_token).json(&body))
@@ -130,13 +131,18 @@ struct Row {
 /// Waits until the receiver holds every event PostgreSQL committed (and the sequencer
 /// positioned); returns what the receiver got.
 pub async fn wait_delivered(app: &TestApp, receiver: &Receiver, limit: Duration) -> Vec<Value> {
+    wait_delivered_on(&app.db, receiver, limit).await
+}
+
+/// As [`wait_delivered`], for a gateway reading `db`.
+pub async fn wait_delivered_on(db: &PgPool, receiver: &Receiver, limit: Duration) -> Vec<Value> {
     wait_until("every committed event at the receiver", limit, || async {
         let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM events WHERE position IS NULL")
-            .fetch_one(&app.db)
+            .fetch_one(db)
             .await
             .unwrap();
         let committed: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
-            .fetch_one(&app.db)
+            .fetch_one(db)
             .await
             .unwrap();
         let received = receiver.received().await;
@@ -156,6 +162,11 @@ pub async fn wait_delivered(app: &TestApp, receiver: &Receiver, limit: Duration)
 /// library, each order's (and deal's) first arrivals in sequence, every order's last event
 /// stating its status in `orders`, and no event for an order that does not exist.
 pub async fn check_against_database(app: &TestApp, received: &[Value]) -> usize {
+    check_on(app, &app.db, received).await
+}
+
+/// As [`check_against_database`], for the gateway of `api` on `db`.
+pub async fn check_on(app: &Api, db: &PgPool, received: &[Value]) -> usize {
     let mut first: Vec<&Value> = Vec::new();
     let mut seen: HashMap<&str, &Value> = HashMap::new();
     for delivery in received {
@@ -179,7 +190,7 @@ pub async fn check_against_database(app: &TestApp, received: &[Value]) -> usize 
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT id, type, order_id, deal_id, sequence, status FROM events ORDER BY position",
     )
-    .fetch_all(&app.db)
+    .fetch_all(db)
     .await
     .unwrap();
     let by_id: BTreeMap<String, &Row> = rows.iter().map(|r| (format!("evt_{}", r.id), r)).collect();
@@ -208,7 +219,7 @@ pub async fn check_against_database(app: &TestApp, received: &[Value]) -> usize 
         );
     }
     let orders: Vec<(Uuid, String)> = sqlx::query_as("SELECT id, status FROM orders")
-        .fetch_all(&app.db)
+        .fetch_all(db)
         .await
         .unwrap();
     let statuses: HashMap<Uuid, &str> = orders.iter().map(|(id, s)| (*id, s.as_str())).collect();

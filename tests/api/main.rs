@@ -24,6 +24,7 @@ mod deals;
 mod demo;
 mod events_api;
 mod events_cli;
+mod events_crash;
 mod events_delivery;
 mod events_faults;
 mod failover;
