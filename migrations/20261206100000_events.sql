@@ -21,8 +21,9 @@ CREATE TABLE events (
     -- The order the event is about; NULL for an event about the deal itself.
     order_id      UUID,
     deal_id       TEXT NOT NULL,
-    -- 1, 2, 3... per order (or per deal, for deal events), in the order of the changes.
-    sequence      INTEGER NOT NULL CHECK (sequence >= 1),
+    -- 1, 2, 3... per order (or per deal, for deal events), in the order of the changes. An
+    -- order's is set by its change; a deal's by the sequencer with its position (NULL until).
+    sequence      INTEGER CHECK (sequence >= 1),
     -- The order's status after the change, or NULL for a deal event.
     status        TEXT,
     user_id       TEXT,
@@ -41,7 +42,8 @@ CREATE UNIQUE INDEX events_position ON events (position) WHERE position IS NOT N
 CREATE INDEX events_unpositioned ON events (id) WHERE position IS NULL;
 CREATE UNIQUE INDEX events_order_sequence ON events (order_id, sequence)
     WHERE order_id IS NOT NULL;
-CREATE UNIQUE INDEX events_deal_sequence ON events (deal_id, sequence) WHERE order_id IS NULL;
+CREATE UNIQUE INDEX events_deal_sequence ON events (deal_id, sequence)
+    WHERE order_id IS NULL AND sequence IS NOT NULL;
 CREATE INDEX events_occurred ON events (occurred_at) WHERE position IS NOT NULL;
 
 -- The event type a new order status announces.
@@ -107,15 +109,13 @@ CREATE TRIGGER events_orders_deleted AFTER DELETE ON orders
     REFERENCING OLD TABLE AS old_rows
     FOR EACH STATEMENT EXECUTE FUNCTION events_orders_deleted();
 
--- Pausing and resuming a deal; the deal row is locked by the change, so its deal events
--- are numbered one after the other.
+-- Pausing and resuming a deal. The sequencer numbers deal events as it positions them,
+-- together with the sold-out and reopened events it writes itself.
 CREATE FUNCTION events_deals_updated() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 BEGIN
-    INSERT INTO events (type, deal_id, sequence, paused, available)
+    INSERT INTO events (type, deal_id, paused, available)
     SELECT CASE WHEN n.paused THEN 'deal.paused' ELSE 'deal.resumed' END, n.id,
-           coalesce((SELECT max(e.sequence) FROM events e
-                      WHERE e.order_id IS NULL AND e.deal_id = n.id), 0) + 1,
            n.paused,
            (SELECT coalesce(sum(b.available), 0) FROM inventory_buckets b WHERE b.deal_id = n.id)
       FROM new_rows n JOIN old_rows o ON o.id = n.id
