@@ -43,6 +43,10 @@ pub struct Changes {
     pub enabled: Option<bool>,
 }
 
+/// Pending events are counted up to this many, so the view and the gauges of an endpoint
+/// with a huge backlog cost a bounded scan.
+pub const PENDING_COUNTED_MAX: i64 = 100_000;
+
 const COLUMNS: &str = "id, url, event_types, enabled, secret,
                        CASE WHEN previous_until > now() THEN previous_secret END
                            AS previous_secret, previous_until,
@@ -105,11 +109,13 @@ pub async fn view(pool: &PgPool, endpoint: Endpoint) -> Result<EndpointView, Sto
     let row = sqlx::query(
         "SELECT count(*) AS pending,
                 coalesce(extract(epoch FROM now() - min(occurred_at)), 0)::float8 AS oldest
-           FROM events
-          WHERE position > $1 AND ($2::text[] IS NULL OR type = ANY($2))",
+           FROM (SELECT occurred_at FROM events
+                  WHERE position > $1 AND ($2::text[] IS NULL OR type = ANY($2))
+                  ORDER BY position LIMIT $3) pending",
     )
     .bind(endpoint.delivered_position)
     .bind(&endpoint.event_types)
+    .bind(PENDING_COUNTED_MAX)
     .fetch_one(pool)
     .await?;
     Ok(EndpointView {

@@ -3,9 +3,11 @@
 //! old ones; the others ask again every `events.leader_retry_ms`. Everything here uses the
 //! events' own pool, so a dead receiver costs the sale nothing.
 //!
-//! Idle costs nothing that grows: the sequencer polls one index of unpositioned rows and
-//! backs off to `events.poll_interval_max_ms`; an endpoint with nothing to send sleeps until
-//! the sequencer positions something.
+//! Idle costs nothing that grows with the events kept: the sequencer polls one index of
+//! unpositioned rows and backs off to `events.poll_interval_max_ms`; an endpoint with
+//! nothing to send sleeps until the sequencer positions something (or, at the latest,
+//! `events.maintenance_interval_ms`, to see a replay); backlogs are counted up to
+//! `endpoints::PENDING_COUNTED_MAX`.
 
 use std::collections::{HashMap, HashSet};
 use std::pin::pin;
@@ -18,6 +20,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::endpoints::Endpoint;
 use super::{EventError, EventSettings, delivery, endpoints, feed, sequencer, target};
 use crate::clock::{Clock, elapsed_since, monotonic};
 use crate::telemetry;
@@ -184,6 +187,7 @@ async fn serve_endpoint(context: Context, id: Uuid, stop: CancellationToken) {
         Duration::from_millis(settings.retry_initial_ms),
         Duration::from_millis(settings.retry_max_ms),
     );
+    let idle = Duration::from_millis(settings.maintenance_interval_ms);
     let mut accepted = HashSet::new();
     let mut attempt = 0;
     loop {
@@ -200,57 +204,16 @@ async fn serve_endpoint(context: Context, id: Uuid, stop: CancellationToken) {
                 continue;
             }
         };
-        let batch = match feed::after(
-            &context.pool,
-            endpoint.delivered_position,
-            settings.delivery_batch_max,
-            endpoint.event_types.as_deref(),
-        )
-        .await
-        {
-            Ok(batch) => batch,
-            Err(error) => {
-                tracing::debug!(%error, "event feed not read");
-                Vec::new()
-            }
-        };
+        let batch = next_batch(&context, &endpoint).await;
         if batch.is_empty() {
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = woken => {}
-                () = tokio::time::sleep(Duration::from_millis(settings.poll_interval_max_ms)) => {}
+                () = tokio::time::sleep(idle) => {}
             }
             continue;
         }
-        let outcome = match target::parse(&endpoint.url, usize::MAX, settings.allow_private_targets)
-        {
-            Ok(_) => {
-                delivery::round(
-                    &context.client,
-                    &context.clock,
-                    &endpoint,
-                    &batch,
-                    &mut accepted,
-                    settings.concurrency_per_endpoint,
-                )
-                .await
-            }
-            Err(error) => delivery::Outcome {
-                accepted_to: None,
-                failure: Some(delivery::Failure {
-                    error: error.to_string(),
-                    retry_after: None,
-                }),
-            },
-        };
-        if let Some(to) = outcome.accepted_to {
-            let moved =
-                endpoints::advance(&context.pool, id, endpoint.delivered_position, to).await;
-            if !matches!(moved, Ok(true)) {
-                accepted.clear();
-            }
-        }
-        let Some(failure) = outcome.failure else {
+        let Some(failure) = deliver(&context, &endpoint, &batch, &mut accepted).await else {
             attempt = 0;
             continue;
         };
@@ -263,6 +226,49 @@ async fn serve_endpoint(context: Context, id: Uuid, stop: CancellationToken) {
             return;
         }
     }
+}
+
+/// The endpoint's next events after what it accepted (none when the feed cannot be read).
+async fn next_batch(context: &Context, endpoint: &Endpoint) -> Vec<feed::Event> {
+    let types = endpoint.event_types.as_deref();
+    let limit = context.settings.delivery_batch_max;
+    match feed::after(&context.pool, endpoint.delivered_position, limit, types).await {
+        Ok(batch) => batch,
+        Err(error) => {
+            tracing::debug!(%error, "event feed not read");
+            Vec::new()
+        }
+    }
+}
+
+/// One round to the endpoint (unless its URL is now refused), recording how far it
+/// accepted; the round's first failure, if any.
+async fn deliver(
+    context: &Context,
+    endpoint: &Endpoint,
+    batch: &[feed::Event],
+    accepted: &mut HashSet<i64>,
+) -> Option<delivery::Failure> {
+    let settings = &context.settings;
+    if let Err(error) = target::parse(&endpoint.url, usize::MAX, settings.allow_private_targets) {
+        let error = error.to_string();
+        return Some(delivery::Failure {
+            error,
+            retry_after: None,
+        });
+    }
+    let concurrency = settings.concurrency_per_endpoint;
+    let (client, clock) = (&context.client, &context.clock);
+    let outcome = delivery::round(client, clock, endpoint, batch, accepted, concurrency).await;
+    if let Some(to) = outcome.accepted_to {
+        let from = endpoint.delivered_position;
+        let moved = endpoints::advance(&context.pool, endpoint.id, from, to).await;
+        if !matches!(moved, Ok(true)) {
+            // A replay moved the endpoint meanwhile: what was accepted is sent again.
+            accepted.clear();
+        }
+    }
+    outcome.failure
 }
 
 /// Records a failed attempt; true when the endpoint is now failing (or gone).

@@ -44,7 +44,8 @@ pub struct EventSettings {
     /// Events older than this are deleted (each order's and deal's last event is kept, so
     /// its sequence goes on).
     pub retention_hours: u64,
-    /// How often old events are deleted and the backlog gauges refreshed.
+    /// How often old events are deleted and the backlog gauges refreshed; also the longest
+    /// an idle endpoint waits before looking for a replay when no new event woke it.
     pub maintenance_interval_ms: u64,
     /// Most events a pull (`GET /admin/events`) returns.
     pub page_limit_max: i64,

@@ -64,7 +64,12 @@ impl Receiver {
     }
 
     /// Subscribes the receiver to every event through the admin API at `ops`.
-    pub async fn subscribe(&self, http: &reqwest::Client, ops: &str, token: &str) -> Result<(), String> {
+    pub async fn subscribe(
+        &self,
+        http: &reqwest::Client,
+        ops: &str,
+        token: &str,
+    ) -> Result<(), String> {
         let url = format!("http://{}/hooks", self.addr);
         let answer = http
             .post(format!("{ops}/admin/event-endpoints"))
@@ -74,7 +79,9 @@ impl Receiver {
             .await
             .map_err(|e| e.to_string())?;
         let created: Value = answer.json().await.map_err(|e| e.to_string())?;
-        let secret = created["secret"].as_str().ok_or(format!("no endpoint: {created}"))?;
+        let secret = created["secret"]
+            .as_str()
+            .ok_or(format!("no endpoint: {created}"))?;
         let key = STANDARD
             .decode(secret.trim_start_matches("whsec_"))
             .map_err(|e| e.to_string())?;
@@ -89,16 +96,33 @@ async fn record(
     arrived: Arc<Mutex<Vec<Delivery>>>,
 ) -> Result<Response<Full<Bytes>>, hyper::Error> {
     let header = |name: &str| {
-        request.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
+        request
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
     };
-    let (id, timestamp, signatures) =
-        (header("webhook-id"), header("webhook-timestamp"), header("webhook-signature"));
+    let (id, timestamp, signatures) = (
+        header("webhook-id"),
+        header("webhook-timestamp"),
+        header("webhook-signature"),
+    );
     let body = request.into_body().collect().await?.to_bytes();
     let key = key.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let expected = format!("v1,{}", STANDARD.encode(hmac_sha256(&key, &[id.as_bytes(), b".", timestamp.as_bytes(), b".", &body])));
+    let expected = format!(
+        "v1,{}",
+        STANDARD.encode(hmac_sha256(
+            &key,
+            &[id.as_bytes(), b".", timestamp.as_bytes(), b".", &body]
+        ))
+    );
     let signed = signatures.split(' ').any(|s| s == expected);
     let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    arrived.lock().unwrap_or_else(|e| e.into_inner()).push(Delivery { id, signed, body });
+    arrived
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(Delivery { id, signed, body });
     let mut answer = Response::new(Full::new(Bytes::new()));
     *answer.status_mut() = StatusCode::NO_CONTENT;
     Ok(answer)
@@ -128,11 +152,10 @@ fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
 pub async fn check(db: &PgPool, receiver: &Receiver) -> (Vec<String>, Value) {
     let started = Instant::now();
     let committed = loop {
-        let counts: Result<(i64, i64), _> = sqlx::query_as(
-            "SELECT count(*), count(*) FILTER (WHERE position IS NULL) FROM events",
-        )
-        .fetch_one(db)
-        .await;
+        let counts: Result<(i64, i64), _> =
+            sqlx::query_as("SELECT count(*), count(*) FILTER (WHERE position IS NULL) FROM events")
+                .fetch_one(db)
+                .await;
         let distinct = distinct(receiver);
         match counts {
             Ok((all, 0)) if all == distinct as i64 => break all,
@@ -141,7 +164,11 @@ pub async fn check(db: &PgPool, receiver: &Receiver) -> (Vec<String>, Value) {
         }
     };
     let violations = compare(db, receiver).await.unwrap_or_else(|e| vec![e]);
-    let arrived = receiver.arrived.lock().unwrap_or_else(|e| e.into_inner()).len();
+    let arrived = receiver
+        .arrived
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .len();
     let figures = json!({"events": committed, "deliveries": arrived,
                          "drained_in_seconds": started.elapsed().as_secs_f64()});
     (violations, figures)
@@ -149,7 +176,11 @@ pub async fn check(db: &PgPool, receiver: &Receiver) -> (Vec<String>, Value) {
 
 fn distinct(receiver: &Receiver) -> usize {
     let arrived = receiver.arrived.lock().unwrap_or_else(|e| e.into_inner());
-    arrived.iter().map(|d| d.id.as_str()).collect::<BTreeSet<_>>().len()
+    arrived
+        .iter()
+        .map(|d| d.id.as_str())
+        .collect::<BTreeSet<_>>()
+        .len()
 }
 
 async fn compare(db: &PgPool, receiver: &Receiver) -> Result<Vec<String>, String> {
@@ -173,11 +204,17 @@ async fn compare(db: &PgPool, receiver: &Receiver) -> Result<Vec<String>, String
     let mut last_status: HashMap<String, String> = HashMap::new();
     for delivery in arrived.iter() {
         if !delivery.signed {
-            violations.push(format!("event {} arrived with a wrong signature", delivery.id));
+            violations.push(format!(
+                "event {} arrived with a wrong signature",
+                delivery.id
+            ));
         }
         if let Some(earlier) = first.get(delivery.id.as_str()) {
             if earlier.body != delivery.body {
-                violations.push(format!("event {} arrived twice with different bodies", delivery.id));
+                violations.push(format!(
+                    "event {} arrived twice with different bodies",
+                    delivery.id
+                ));
             }
             continue;
         }
@@ -190,7 +227,9 @@ async fn compare(db: &PgPool, receiver: &Receiver) -> Result<Vec<String>, String
         let sequence = data["sequence"].as_i64().unwrap_or(0);
         let previous = last_sequence.insert(object.clone(), sequence).unwrap_or(0);
         if sequence != previous + 1 {
-            violations.push(format!("{object}: event {sequence} arrived after {previous}"));
+            violations.push(format!(
+                "{object}: event {sequence} arrived after {previous}"
+            ));
         }
         if let Some(status) = data["status"].as_str() {
             last_status.insert(object, status.to_owned());
@@ -206,7 +245,10 @@ async fn compare(db: &PgPool, receiver: &Receiver) -> Result<Vec<String>, String
     }
     for (order, status) in &orders {
         if last_status.get(order) != Some(status) {
-            violations.push(format!("order {order} is {status}; its last event said {:?}", last_status.get(order)));
+            violations.push(format!(
+                "order {order} is {status}; its last event said {:?}",
+                last_status.get(order)
+            ));
         }
     }
     Ok(violations)
