@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use flashgate_loadtest::cli::{Cli, Command};
-use flashgate_loadtest::{bare, chaos, chart, crowd, crowd_chart, flood, sale};
+use flashgate_loadtest::{bare, chaos, chart, crowd, crowd_chart, flood, sale, timeline};
 
 fn main() -> ExitCode {
     let command = Cli::parse().command;
@@ -99,7 +99,7 @@ fn write_outputs(
         std::fs::write(path, serde_json::to_vec_pretty(report)?)?;
     }
     if let Some(path) = chart_path {
-        let timeline = sale::timeline_from_report(report);
+        let timeline = timeline::timeline_from_report(report);
         let title = format!(
             "flashgate sale: {} units over {} buckets, {} users, {:.0} req/s",
             report["stock"],
@@ -107,7 +107,7 @@ fn write_outputs(
             report["users"],
             report["requests_per_second"].as_f64().unwrap_or(0.0)
         );
-        let samples = sale::stock_samples_from_report(report);
+        let samples = timeline::stock_samples_from_report(report);
         let run = chart::Run {
             stock: report["stock"].as_i64().unwrap_or(0),
             elapsed_seconds: report["elapsed_seconds"].as_f64().unwrap_or(0.0),
