@@ -380,7 +380,9 @@ fn print_demo_state(found: &DemoDeal) -> Result<(), String> {
 /// The operator CLI's command line that sees what this demo serves: its database and its
 /// Redis keys (the password, if any, redacted), with this program's own path.
 fn demo_cli_command(settings: &Settings) -> String {
-    let program = std::env::args().next().unwrap_or_else(|| "flashgate".into());
+    let program = std::env::args()
+        .next()
+        .unwrap_or_else(|| "flashgate".into());
     format!(
         "DATABASE_URL='{}' REDIS_URL='{}' FLASHGATE__REDIS__KEY_PREFIX='{}' {program}",
         flashgate::settings::redact_url(&settings.database.url),
