@@ -15,6 +15,7 @@ mod connection;
 mod events;
 mod front;
 mod guard;
+mod http1;
 mod integer;
 mod ops;
 mod payments;
@@ -24,8 +25,10 @@ mod queue;
 pub mod request_id;
 mod review;
 mod router;
+mod routes;
 mod server;
 mod settings;
+mod stream;
 mod wait_page;
 
 use std::sync::Arc;
