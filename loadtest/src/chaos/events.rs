@@ -184,13 +184,11 @@ fn distinct(receiver: &Receiver) -> usize {
 }
 
 async fn compare(db: &PgPool, receiver: &Receiver) -> Result<Vec<String>, String> {
-    let rows: Vec<(i64, String, Option<String>, i32, Option<String>)> = sqlx::query_as(
-        "SELECT id, type, order_id::text, sequence, status FROM events
-          WHERE position IS NOT NULL ORDER BY position",
-    )
-    .fetch_all(db)
-    .await
-    .map_err(|e| e.to_string())?;
+    let ids: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM events WHERE position IS NOT NULL ORDER BY position")
+            .fetch_all(db)
+            .await
+            .map_err(|e| e.to_string())?;
     let orders: HashMap<String, String> = sqlx::query_as("SELECT id::text, status FROM orders")
         .fetch_all(db)
         .await
@@ -235,7 +233,7 @@ async fn compare(db: &PgPool, receiver: &Receiver) -> Result<Vec<String>, String
             last_status.insert(object, status.to_owned());
         }
     }
-    let expected: BTreeSet<String> = rows.iter().map(|r| format!("evt_{}", r.0)).collect();
+    let expected: BTreeSet<String> = ids.iter().map(|id| format!("evt_{id}")).collect();
     let got: BTreeSet<String> = first.keys().map(|k| (*k).to_owned()).collect();
     for missing in expected.difference(&got).take(10) {
         violations.push(format!("{missing} committed but never delivered"));

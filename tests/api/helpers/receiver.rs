@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::{crate_root, free_port, http_client, wait_until};
+use super::{crate_root, free_port, http_client};
 
 /// A running receiver on a port of its own, which a restart keeps, as it keeps the log of
 /// what arrived.
@@ -97,25 +97,6 @@ impl Receiver {
         text.lines()
             .filter_map(|line| serde_json::from_str(line).ok())
             .collect()
-    }
-
-    /// Waits until the receiver holds `count` distinct webhook ids, all verified; returns
-    /// every delivery.
-    pub async fn wait_for(&self, count: usize, limit: Duration) -> Vec<Value> {
-        wait_until(
-            &format!("{count} distinct verified events"),
-            limit,
-            || async {
-                let received = self.received().await;
-                let distinct = distinct_ids(&received);
-                if distinct >= count {
-                    Ok(received)
-                } else {
-                    Err(format!("{distinct} so far"))
-                }
-            },
-        )
-        .await
     }
 
     /// Answers 500 to everything from now on.
