@@ -25,6 +25,7 @@ mod demo;
 mod failover;
 mod faults;
 mod front;
+mod gateway_clock;
 mod gateway_dependencies;
 mod global_limits;
 mod grouping;
