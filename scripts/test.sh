@@ -380,7 +380,7 @@ pgbouncer_pass() {
     trap 'bash scripts/scale.sh stop "$pgbouncer_dir"' EXIT
     trap 'exit 143' TERM
     bash scripts/scale.sh pgbouncer start "$pgbouncer_dir" "$port"
-    DATABASE_POOLER_URL="postgres://postgres@127.0.0.1:${port}/test" nextest -E \
+    DATABASE_POOLER_URL="postgres://postgres@127.0.0.1:${port}/test" nextest --test-threads 2 -E \
         "$kept & binary_id(flashgate::api) & (test(/^concurrency::/) | test(/^orders::/) | test(/^payments_/) | test(/^pooled_writes::/)) & not test(/^payments_soak::/)"
 }
 
@@ -399,12 +399,13 @@ redis_cluster_pass() {
     trap 'bash scripts/scale.sh stop "$cluster_dir"' EXIT
     trap 'exit 143' TERM
     bash scripts/scale.sh redis-cluster start "$cluster_dir" "${ports[@]}"
-    REDIS_URL=$(IFS=,; printf '%s' "${urls[*]}") nextest -E \
+    REDIS_URL=$(IFS=,; printf '%s' "${urls[*]}") nextest --test-threads 2 -E \
         "$kept & binary_id(flashgate::api) & (test(/^waiting_room/) | test(/^global_limits::/) | test(/^rate_limits::/) | test(/sold_out/)) \
          & not (test(/^waiting_room_idle::/) | test(/^waiting_room_multi::flash_sale/) | test(/^waiting_room_edge::a_crowd/))"
 }
 
-# The PgBouncer pass, then the Redis Cluster pass.
+# The PgBouncer pass, then the Redis Cluster pass, two tests at a time each: they run beside
+# the four of the main run.
 pooler_and_cluster_passes() {
     if ((skip_pgbouncer)); then
         note "skipped: the PgBouncer pass (needs pgbouncer: scripts/scale.sh install)"
