@@ -24,9 +24,13 @@
 # at the end.
 #
 # A full run overlaps what waits: the steps mostly wait on timers, PostgreSQL and child
-# processes, not on the cores. After the build, clippy, the chaos seeds with schemathesis,
-# and the PgBouncer and Redis Cluster passes run alongside the tests (each with its log in
-# target/steps/); their verdicts are awaited at the end, and a failure prints its log.
+# processes, not on the cores. After the build, clippy and the chaos seeds with
+# schemathesis (private PostgreSQL and Redis, one gateway on the shared ones) run alongside
+# the tests (each with its log in target/steps/); both tiers run in one nextest run; then
+# the PgBouncer and the Redis Cluster passes run side by side. A failure does not stop the
+# steps after it: every verdict is awaited, the logs of failed steps are printed, and the
+# run fails at the end. The tests on the shared PostgreSQL stay at four at a time: each
+# holds a dozen connections, and more would reach its max_connections (100).
 #
 # Tests read DATABASE_URL and REDIS_URL; each test creates its own database from that
 # base URL and uses its own Redis key prefix, so runs do not disturb one another.
@@ -208,9 +212,9 @@ planned_steps() {
     elif ((full_run)); then
         local side="chaos seeds ${CHAOS_SEEDS:-1 2 3}" passes="Redis Cluster pass"
         ((skip_schemathesis)) || side+=" then schemathesis"
-        ((skip_pgbouncer)) || passes="PgBouncer pass then $passes"
+        ((skip_pgbouncer)) || passes="PgBouncer pass and $passes side by side"
         steps+=("build once" "alongside the tests: clippy" "alongside the tests: $side"
-            "alongside the tests: $passes" "both tiers at once" doctests)
+            "both tiers at once" "$passes" doctests)
     else
         steps+=("build once" "clippy alongside the tests" "tests matching: $*" doctests)
     fi
@@ -363,6 +367,8 @@ kept_tests() {
     printf 'not (%s)' "${skipped_tests[*]}"
 }
 kept=$(kept_tests)
+# Set by a failed step that does not stop the run; the run fails at the end.
+failed=0
 
 # Every nextest step selects `--workspace`, as the build step does, so cargo resolves the
 # same features and has nothing to compile again.
@@ -404,18 +410,6 @@ redis_cluster_pass() {
          & not (test(/^waiting_room_idle::/) | test(/^waiting_room_multi::flash_sale/) | test(/^waiting_room_edge::a_crowd/))"
 }
 
-# The PgBouncer pass, then the Redis Cluster pass, two tests at a time each: they run beside
-# the four of the main run.
-pooler_and_cluster_passes() {
-    if ((skip_pgbouncer)); then
-        note "skipped: the PgBouncer pass (needs pgbouncer: scripts/scale.sh install)"
-    else
-        note "through PgBouncer (transaction pooling): oversell and payment tests"
-        (pgbouncer_pass)
-    fi
-    note "on a Redis Cluster: waiting-room, sold-out and limit tests"
-    (redis_cluster_pass)
-}
 
 # Whole sales under seeded fault schedules (private PostgreSQL and Redis; about 30 s a
 # seed). A failure prints the seed and the schedule to replay it. Then the OpenAPI
@@ -459,10 +453,29 @@ else
     if ((full_run)); then
         alongside "chaos: seeded fault schedules over whole sales (seeds ${CHAOS_SEEDS:-1 2 3}), then schemathesis" \
             chaos_and_schemathesis
-        alongside "the PgBouncer pass, then the Redis Cluster pass" pooler_and_cluster_passes
         # Both tiers in one run, the slowest tests first (.config/nextest.toml, profile all).
         begin "both tiers at once: unit, in-process and process-starting tests (profile all)"
-        nextest --profile all -E "$kept"
+        nextest --profile all -E "$kept" || failed=1
+        # Side by side, two tests at a time each: four on the shared PostgreSQL, as above.
+        begin "through PgBouncer and on a Redis Cluster, side by side"
+        mkdir -p target/steps
+        passes=()
+        if ((skip_pgbouncer)); then
+            note "skipped: the PgBouncer pass (needs pgbouncer: scripts/scale.sh install)"
+        else
+            note "through PgBouncer (transaction pooling): oversell and payment tests (log: target/steps/pgbouncer.log)"
+            (pgbouncer_pass) >target/steps/pgbouncer.log 2>&1 &
+            passes+=("$!:target/steps/pgbouncer.log")
+        fi
+        note "on a Redis Cluster: waiting-room, sold-out and limit tests (log: target/steps/redis-cluster.log)"
+        (redis_cluster_pass) >target/steps/redis-cluster.log 2>&1 &
+        passes+=("$!:target/steps/redis-cluster.log")
+        for pass in "${passes[@]}"; do
+            wait "${pass%%:*}" && continue
+            tail -n 300 "${pass#*:}" >&2
+            note "failed: ${pass#*:}"
+            failed=1
+        done
     else
         begin "cargo nextest run --workspace $*"
         nextest -E "$kept" "$@"
@@ -470,7 +483,7 @@ else
 
     # nextest does not run doctests.
     begin "cargo test --workspace --doc"
-    cargo test --workspace --doc
+    cargo test --workspace --doc || failed=1
 
 fi
 
@@ -490,9 +503,8 @@ else
     promtool test rules config/prometheus/tests/*.yml
 fi
 
-alongside_failed=0
-await_alongside || alongside_failed=1
-[[ -z ${clippy_pid:-} ]] || finish_clippy
-((alongside_failed == 0)) || { note "a step run alongside the tests failed (above)"; exit 1; }
+await_alongside || failed=1
+if [[ -n ${clippy_pid:-} ]]; then finish_clippy || failed=1; fi
+((failed == 0)) || { note "a step failed (above)"; exit 1; }
 finish_step
 step "all checks passed"
