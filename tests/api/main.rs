@@ -30,6 +30,7 @@ mod events_faults;
 mod failover;
 mod faults;
 mod front;
+mod gateway_clock;
 mod gateway_dependencies;
 mod global_limits;
 mod grouping;

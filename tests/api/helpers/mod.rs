@@ -15,6 +15,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use flashgate::app::Application;
+use flashgate::clock::Clock;
 use flashgate::config::Settings;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
@@ -146,13 +147,20 @@ pub async fn spawn_app() -> TestApp {
 }
 
 pub async fn spawn_app_with(configure: impl FnOnce(&mut Settings)) -> TestApp {
+    spawn_app_on(Clock::system(), configure).await
+}
+
+/// A gateway whose rules run on `clock`: a test about time (a sale's window, a pass's or a
+/// token's expiry, a cache's age, a breaker's cool-down) hands it a `ManualClock` and moves
+/// that instead of sleeping. What PostgreSQL and Redis decide stays on their own clocks.
+pub async fn spawn_app_on(clock: Clock, configure: impl FnOnce(&mut Settings)) -> TestApp {
     let database = TestDb::create().await;
     let mut settings = test_settings(&database.url);
     configure(&mut settings);
     if test_log() {
         flashgate::telemetry::init_logging(&settings.telemetry);
     }
-    let app = Application::build(settings.clone())
+    let app = Application::build_on(settings.clone(), clock)
         .await
         .expect("application builds");
     let addr = app.local_addr();
