@@ -26,6 +26,7 @@
 pub mod advancer;
 pub mod challenge;
 pub mod controller;
+pub mod follow;
 pub mod health;
 mod line_cache;
 pub mod pass;
@@ -44,6 +45,7 @@ use crate::redis_link::{RedisError, RedisHandle, Script};
 use crate::telemetry;
 
 pub use challenge::{Challenge, ChallengeError, Challenges};
+pub use follow::Far;
 use line_cache::LineCache;
 pub use pass::{PassError, Passes, VerifiedPass};
 pub use position::{Position, PositionError, Positions};
@@ -127,6 +129,8 @@ pub struct LineStatus {
     /// Units of the last stock snapshot not yet promised to an outstanding pass; `None`
     /// until the advancer has read the deal's stock.
     pub units_left: Option<u64>,
+    /// An operator drained the line: it takes no tickets and admits nobody any more.
+    pub closed: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -151,6 +155,15 @@ pub struct Drained {
     /// Passes handed out before the drain and not yet used or expired; they stay valid
     /// until their expiry (pause the deal to refuse their orders too).
     pub passes_active: u64,
+}
+
+/// What a join may do with the user's ticket.
+#[derive(Debug, Clone, Copy)]
+enum Take<'a> {
+    /// Issue one if the user holds none (or its pass ran out unused).
+    Issue,
+    /// Only return the one the user holds, and only if it is this ticket (empty: any).
+    Held(&'a str),
 }
 
 /// Waiting tickets expired per script while draining, so no single script runs long.
@@ -263,34 +276,53 @@ impl WaitingRoom {
 
     /// The user's ticket for the deal, issued on the first call; the same afterwards. When
     /// the deal asks for a proof of work, only issuing a ticket takes `solution`: a user who
-    /// holds one already gets it back without (a proof of work buys a place, and joining
-    /// again takes none).
+    /// holds one already gets it back without, by showing the `position` token a ticket
+    /// answer gave it (a proof of work buys a place, and joining again takes none). Both
+    /// are checked in memory before anything touches Redis, so a join with a wrong, missing
+    /// or forged proof costs Redis nothing.
     pub async fn join(
         &self,
         deal: &Deal,
         user: &str,
         solution: Option<&[u8]>,
+        position: Option<&[u8]>,
     ) -> Result<TicketStatus, QueueError> {
         if let Some(floor) = pow_floor(deal) {
-            if let Some(held) = self.take_ticket(deal, user, false).await? {
+            let shown =
+                position.and_then(|token| self.positions.verify(token, &deal.id, user).ok());
+            if let Some(shown) = shown
+                && let Some(held) = self
+                    .take_ticket(deal, user, Take::Held(&shown.ticket))
+                    .await?
+            {
                 return Ok(held);
             }
-            self.check_solution(deal, user, floor, solution).await?;
+            let solved = self.check_solution(deal, user, floor, solution)?;
+            // A valid proof from a user who holds a ticket already buys no second place and
+            // is not used up: the ticket comes back.
+            if let Some(held) = self.take_ticket(deal, user, Take::Held("")).await? {
+                return Ok(held);
+            }
+            self.claim_solution(&solved).await?;
         }
-        let issued = self.take_ticket(deal, user, true).await?;
+        let issued = self.take_ticket(deal, user, Take::Issue).await?;
         issued.ok_or_else(|| QueueError::Unexpected("join issued no ticket".into()))
     }
 
-    /// The user's ticket, issued if `may_issue`; `None` when the user holds none and may not
-    /// take one.
+    /// The user's ticket, issued when `take` allows; `None` when the user holds none (or
+    /// not the one named) and may not take one.
     async fn take_ticket(
         &self,
         deal: &Deal,
         user: &str,
-        may_issue: bool,
+        take: Take<'_>,
     ) -> Result<Option<TicketStatus>, QueueError> {
         // 128 random bits: a ticket cannot be guessed, and only its holder can poll it.
-        let ticket = hex::encode(rand::random::<[u8; 16]>());
+        let fresh = hex::encode(rand::random::<[u8; 16]>());
+        let (ticket, issue) = match take {
+            Take::Issue => (fresh.as_str(), "1"),
+            Take::Held(ticket) => (ticket, "0"),
+        };
         let (seed, hash) = if deal.waiting_room.is_random() {
             let seed = shuffle::new_seed();
             let hash = shuffle::commitment(&seed);
@@ -299,8 +331,7 @@ impl WaitingRoom {
             (String::new(), String::new())
         };
         let keys_ttl = (self.settings.keys_ttl_seconds * 1000).to_string();
-        let issue = if may_issue { "1" } else { "0" };
-        let args = [user, &ticket, &seed, &hash, &keys_ttl, issue];
+        let args = [user, ticket, &seed, &hash, &keys_ttl, issue];
         let reply: Value = self.eval(&self.scripts.join, &deal.id, &args).await?;
         if reply == Value::Int(0) {
             return Ok(None);
@@ -375,6 +406,7 @@ impl WaitingRoom {
             total,
             outflow,
             left,
+            closed,
         ] = m.as_slice()
         else {
             return Err(QueueError::Unexpected(format!("line status {m:?}")));
@@ -391,6 +423,7 @@ impl WaitingRoom {
             admitted_total: total.parse().unwrap_or(0),
             outflow_per_second: outflow.parse().ok().filter(|rate: &f64| *rate > 0.0),
             units_left: left.parse().ok(),
+            closed: closed == "1",
         })
     }
 
@@ -443,20 +476,23 @@ impl WaitingRoom {
         Ok(self.challenges.issue(&deal.id, user, bits, now_ms))
     }
 
-    /// Checks a join's proof of work against the deal's `floor` bits, and refuses its reuse
-    /// by recording the challenge's id in Redis until the challenge expires.
-    async fn check_solution(
+    /// Checks a join's proof of work against the deal's `floor` bits, in memory.
+    fn check_solution(
         &self,
         deal: &Deal,
         user: &str,
         floor: u32,
         solution: Option<&[u8]>,
-    ) -> Result<(), QueueError> {
+    ) -> Result<challenge::Solved, QueueError> {
         let now_ms = chrono::Utc::now().timestamp_millis();
         let checked = self
             .challenges
             .check(solution, &deal.id, user, floor, now_ms);
-        let solved = checked.inspect_err(|e| count_challenge(e.outcome()))?;
+        Ok(checked.inspect_err(|e| count_challenge(e.outcome()))?)
+    }
+
+    /// Refuses a solved challenge's reuse by recording its id in Redis until it expires.
+    async fn claim_solution(&self, solved: &challenge::Solved) -> Result<(), QueueError> {
         let cmd = redis::cmd("SET")
             .arg(self.redis.key(&format!("wr:pow:{}", solved.id)))
             .arg(1)

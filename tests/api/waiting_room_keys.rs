@@ -164,17 +164,39 @@ async fn joining_again_keeps_the_ticket_without_a_new_proof_of_work() {
         .await
         .expect(201);
 
-    // Act: she leaves the page and comes back, with no solution or a stale one.
-    let bare = join_with(&app, "alice", &deal, None).await;
-    let stale = join_with(&app, "alice", &deal, Some("stale:0")).await;
+    // Act: she leaves the page and comes back showing her signed position, with no
+    // solution or a stale one.
+    let token = first["position_token"].as_str().unwrap();
+    let rejoin = |solution: Option<&'static str>| {
+        let request = app
+            .client
+            .post(app.url(&format!("/v1/deals/{deal}/queue")))
+            .bearer_auth(app.token("alice"))
+            .header("Flashgate-Position", token);
+        match solution {
+            Some(solution) => send(request.header("Flashgate-Pow", solution)),
+            None => send(request),
+        }
+    };
+    let bare = rejoin(None).await;
+    let stale = rejoin(Some("stale:0")).await;
 
-    // Assert: the same ticket and place both times; a user without a ticket still pays.
+    // Assert: the same ticket and place both times; a user without a ticket still pays,
+    // and so does one who shows someone else's position.
     for again in [bare, stale] {
         let again = again.expect(201);
         assert_eq!(again["ticket"], first["ticket"]);
         assert_eq!(again["position"], first["position"]);
     }
     join_with(&app, "bob", &deal, None)
+        .await
+        .expect_problem(403, "challenge-required");
+    let borrowed = app
+        .client
+        .post(app.url(&format!("/v1/deals/{deal}/queue")))
+        .bearer_auth(app.token("bob"))
+        .header("Flashgate-Position", token);
+    send(borrowed)
         .await
         .expect_problem(403, "challenge-required");
     app.cleanup().await;
