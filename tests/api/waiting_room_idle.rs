@@ -485,5 +485,18 @@ async fn a_poll_from_far_outside_the_window_is_answered_from_memory_and_told_whe
     }
     assert_eq!(near["checked_in"], true, "{near}");
     send(other).await.expect_problem(403, "forbidden");
+    // The public state tells a reader further back to come back later.
+    for (behind, told) in [("0", 1), ("32", 14), ("1024", 60)] {
+        let public = app
+            .get(&format!("/v1/deals/{deal}/queue?behind={behind}"))
+            .await;
+        assert_eq!(
+            public.expect(200)["refresh_after_seconds"],
+            told,
+            "behind {behind}"
+        );
+    }
+    let odd = app.get(&format!("/v1/deals/{deal}/queue?behind=3")).await;
+    odd.expect_problem(400, "invalid-request");
     app.cleanup().await;
 }
