@@ -464,12 +464,12 @@ impl WaitingRoom {
     }
 
     /// A proof-of-work challenge for `user`'s join, as hard as the deal and its crowd ask.
+    /// The crowd is counted on the line state this instance holds (read from Redis at most
+    /// once per `line_state_refresh_ms`), so asking for challenges costs Redis nothing per
+    /// request either.
     pub async fn challenge(&self, deal: &Deal, user: &str) -> Result<Challenge, QueueError> {
         let base = u32::try_from(deal.waiting_room.pow_bits).unwrap_or(0);
-        let cmd = redis::cmd("ZCARD")
-            .arg(line_key(&self.redis, &deal.id, "line"))
-            .clone();
-        let waiting: u64 = self.redis.run(&cmd).await?;
+        let waiting = self.line(&deal.id).await?.waiting;
         let s = &self.settings;
         let bits = challenge::difficulty(base, waiting, s.pow_crowd_step, s.pow_bits_max);
         let now_ms = chrono::Utc::now().timestamp_millis();

@@ -10,7 +10,7 @@ use flashgate::waiting_room::{Challenges, Passes};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::helpers::{Api, Reply, send, spawn_app_with};
+use crate::helpers::{Api, Reply, send, spawn_app_with, wait_until};
 use crate::waiting_room::{join, order_with_pass, poll_until, room_deal};
 use crate::waiting_room_edge::{EVENTUALLY, fast_room, ticket_of};
 
@@ -138,11 +138,16 @@ async fn joining_a_deal_with_a_challenge_takes_a_fresh_solution_of_the_user_for_
             .await
             .expect(201);
     }
-    let raised = fetch_challenge(&app, "dave", &deal).await;
-    assert!(
-        raised["difficulty_bits"].as_u64().unwrap() >= 10,
-        "{raised}"
-    );
+    // The crowd is counted on the line state each instance holds, read again at most once
+    // per `line_state_refresh_ms`.
+    wait_until("the difficulty to rise", EVENTUALLY, || async {
+        let raised = fetch_challenge(&app, "dave", &deal).await;
+        match raised["difficulty_bits"].as_u64().unwrap() >= 10 {
+            true => Ok(()),
+            false => Err(raised.to_string()),
+        }
+    })
+    .await;
     let metrics = app.metrics().await;
     assert!(metrics.contains("flashgate_waiting_room_challenges_total"));
     app.cleanup().await;
