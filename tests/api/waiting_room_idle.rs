@@ -55,6 +55,26 @@ pub async fn commands(redis: &mut TestRedis) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// Every command Redis ran since the last `CONFIG RESETSTAT` (the test's own `INFO` and
+/// `CONFIG` left out), and the microseconds of Redis CPU they took.
+pub async fn commands_and_cpu(redis: &mut TestRedis) -> (u64, u64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(redis)
+        .await
+        .unwrap();
+    let field = |stats: &str, name: &str| -> u64 {
+        let value = stats.split(',').find_map(|kv| kv.strip_prefix(name));
+        value.and_then(|v| v.parse().ok()).unwrap_or(0)
+    };
+    info.lines()
+        .filter_map(|line| line.strip_prefix("cmdstat_")?.split_once(':'))
+        .filter(|(name, _)| !name.starts_with("info") && !name.starts_with("config"))
+        .fold((0, 0), |(calls, usec), (_, stats)| {
+            (calls + field(stats, "calls="), usec + field(stats, "usec="))
+        })
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_idle_gateway_leaves_redis_alone_and_wakes_when_someone_joins() {
     // Arrange: a private Redis; a gateway with the default timers (but a slow sleep check)
