@@ -338,20 +338,17 @@ const BEHIND_MAX: u64 = 1 << 40;
 /// `BEHIND_MAX` (a client rounds its distance down to one), so an edge caches a few dozen
 /// answers per line rather than one per position.
 fn behind(query: Option<&str>) -> Result<u64, Problem> {
-    let refused = || Problem::invalid("behind must be 0 or a power of two up to 2^40");
-    let mut behind = 0;
-    for pair in query
-        .unwrap_or_default()
-        .split('&')
-        .filter(|p| !p.is_empty())
-    {
-        let Some(("behind", value)) = pair.split_once('=') else {
-            return Err(Problem::invalid("the only query parameter is behind"));
-        };
-        behind = value.parse::<u64>().map_err(|_| refused())?;
-        if behind > BEHIND_MAX || (behind != 0 && !behind.is_power_of_two()) {
-            return Err(refused());
-        }
+    let Some(query) = query.filter(|q| !q.is_empty()) else {
+        return Ok(0);
+    };
+    let refused =
+        || Problem::invalid("the only query parameter is behind: 0 or a power of two up to 2^40");
+    let value = query.strip_prefix("behind=").ok_or_else(refused)?;
+    let behind = value.parse::<u64>().map_err(|_| refused())?;
+    // One spelling per value (no leading zeros, no repeats), so no query busts a cache.
+    let canonical = value == behind.to_string();
+    if !canonical || behind > BEHIND_MAX || (behind != 0 && !behind.is_power_of_two()) {
+        return Err(refused());
     }
     Ok(behind)
 }
@@ -534,5 +531,25 @@ mod tests {
         assert_eq!(wait_seconds(199, Some(25.0), &terms), 8);
         assert_eq!(wait_seconds(0, Some(0.5), &terms), 2);
         assert_eq!(wait_seconds(9, Some(0.0), &terms), 10_000);
+    }
+
+    #[test]
+    fn behind_takes_one_spelling_of_a_power_of_two() {
+        assert_eq!(behind(None).ok(), Some(0));
+        assert_eq!(behind(Some("")).ok(), Some(0));
+        assert_eq!(behind(Some("behind=0")).ok(), Some(0));
+        assert_eq!(behind(Some("behind=1024")).ok(), Some(1024));
+        assert_eq!(behind(Some("behind=1099511627776")).ok(), Some(BEHIND_MAX));
+        for refused in [
+            "behind=3",
+            "behind=0004",
+            "behind=+4",
+            "behind=4&behind=8",
+            "behind=2199023255552",
+            "other=1",
+            "behind=",
+        ] {
+            assert!(behind(Some(refused)).is_err(), "{refused}");
+        }
     }
 }
