@@ -20,6 +20,11 @@
 //! Without Redis, tickets cannot be taken or polled (503) and the line stands still; orders
 //! on deals with a waiting room still need a valid pass, so nobody skips the line.
 //!
+//! A join is checked in memory first (`join`): a proof of work for a new place, or the
+//! signed position a returning buyer shows instead, so a refused join costs Redis nothing.
+//! A poll from far outside the check-in window is answered from the signed position and
+//! the line state in memory (`follow`), which also says how often a client far back reads.
+//!
 //! An operator can drain a line (`flashgate deals drain-queue`, `WaitingRoom::drain`): it
 //! closes for good, every waiting ticket reads `expired`, and no pass is handed out again.
 
@@ -28,6 +33,7 @@ pub mod challenge;
 pub mod controller;
 pub mod follow;
 pub mod health;
+mod join;
 mod line_cache;
 pub mod pass;
 pub mod position;
@@ -41,7 +47,6 @@ use std::sync::Arc;
 use redis::Value;
 
 use crate::clock::Clock;
-use crate::deals::Deal;
 use crate::redis_link::{RedisError, RedisHandle, Script};
 use crate::telemetry;
 
@@ -156,15 +161,6 @@ pub struct Drained {
     /// Passes handed out before the drain and not yet used or expired; they stay valid
     /// until their expiry (pause the deal to refuse their orders too).
     pub passes_active: u64,
-}
-
-/// What a join may do with the user's ticket.
-#[derive(Debug, Clone, Copy)]
-enum Take<'a> {
-    /// Issue one if the user holds none (or its pass ran out unused).
-    Issue,
-    /// Only return the one the user holds, and only if it is this ticket (empty: any).
-    Held(&'a str),
 }
 
 /// Waiting tickets expired per script while draining, so no single script runs long.
@@ -284,79 +280,6 @@ impl WaitingRoom {
         self.redis.eval(script, keys, &args).await
     }
 
-    /// The user's ticket for the deal, issued on the first call; the same afterwards. When
-    /// the deal asks for a proof of work, only issuing a ticket takes `solution`: a user who
-    /// holds one already gets it back without, by showing the `position` token a ticket
-    /// answer gave it (a proof of work buys a place, and joining again takes none). Both
-    /// are checked in memory before anything touches Redis, so a join with a wrong, missing
-    /// or forged proof costs Redis nothing.
-    pub async fn join(
-        &self,
-        deal: &Deal,
-        user: &str,
-        solution: Option<&[u8]>,
-        position: Option<&[u8]>,
-    ) -> Result<TicketStatus, QueueError> {
-        if let Some(floor) = pow_floor(deal) {
-            let shown =
-                position.and_then(|token| self.positions.verify(token, &deal.id, user).ok());
-            if let Some(shown) = shown
-                && let Some(held) = self
-                    .take_ticket(deal, user, Take::Held(&shown.ticket))
-                    .await?
-            {
-                return Ok(held);
-            }
-            let solved = self.check_solution(deal, user, floor, solution)?;
-            // A valid proof from a user who holds a ticket already buys no second place and
-            // is not used up: the ticket comes back.
-            if let Some(held) = self.take_ticket(deal, user, Take::Held("")).await? {
-                return Ok(held);
-            }
-            self.claim_solution(&solved).await?;
-        }
-        let issued = self.take_ticket(deal, user, Take::Issue).await?;
-        issued.ok_or_else(|| QueueError::Unexpected("join issued no ticket".into()))
-    }
-
-    /// The user's ticket, issued when `take` allows; `None` when the user holds none (or
-    /// not the one named) and may not take one.
-    async fn take_ticket(
-        &self,
-        deal: &Deal,
-        user: &str,
-        take: Take<'_>,
-    ) -> Result<Option<TicketStatus>, QueueError> {
-        // 128 random bits: a ticket cannot be guessed, and only its holder can poll it.
-        let fresh = hex::encode(rand::random::<[u8; 16]>());
-        let (ticket, issue) = match take {
-            Take::Issue => (fresh.as_str(), "1"),
-            Take::Held(ticket) => (ticket, "0"),
-        };
-        let (seed, hash) = if deal.waiting_room.is_random() {
-            let seed = shuffle::new_seed();
-            let hash = shuffle::commitment(&seed);
-            (seed, hash)
-        } else {
-            (String::new(), String::new())
-        };
-        let keys_ttl = (self.settings.keys_ttl_seconds * 1000).to_string();
-        let args = [user, ticket, &seed, &hash, &keys_ttl, issue];
-        let reply: Value = self.eval(&self.scripts.join, &deal.id, &args).await?;
-        if reply == Value::Int(0) {
-            return Ok(None);
-        }
-        let status = parse_status(reply)?.ok_or(QueueError::Closed)?;
-        let in_line = matches!(status.state, TicketState::Waiting | TicketState::SoldOut);
-        // A new line (or its first buyer again) is read at once; a line someone waits in
-        // is stepped again if the advancer left it idle or sleeps. A failure is returned:
-        // joining again wakes it.
-        if in_line || status.position == 1 {
-            advancer::wake(self, &deal.id, status.position == 1).await?;
-        }
-        Ok(Some(status))
-    }
-
     /// Closes the deal's line for good: no new tickets, no more passes, and every ticket
     /// still waiting reads `expired` at its next poll. Ticket holders keep their (expired)
     /// ticket; the keys leave Redis after `keys_ttl_seconds` like any finished line. Safe
@@ -473,52 +396,6 @@ impl WaitingRoom {
         Ok(self.eval(&self.scripts.forget, deal_id, tickets).await?)
     }
 
-    /// A proof-of-work challenge for `user`'s join, as hard as the deal and its crowd ask.
-    /// The crowd is counted on the line state this instance holds (read from Redis at most
-    /// once per `line_state_refresh_ms`), so asking for challenges costs Redis nothing per
-    /// request either.
-    pub async fn challenge(&self, deal: &Deal, user: &str) -> Result<Challenge, QueueError> {
-        let base = u32::try_from(deal.waiting_room.pow_bits).unwrap_or(0);
-        let waiting = self.line(&deal.id).await?.waiting;
-        let s = &self.settings;
-        let bits = challenge::difficulty(base, waiting, s.pow_crowd_step, s.pow_bits_max);
-        let now_ms = self.clock.now().timestamp_millis();
-        Ok(self.challenges.issue(&deal.id, user, bits, now_ms))
-    }
-
-    /// Checks a join's proof of work against the deal's `floor` bits, in memory.
-    fn check_solution(
-        &self,
-        deal: &Deal,
-        user: &str,
-        floor: u32,
-        solution: Option<&[u8]>,
-    ) -> Result<challenge::Solved, QueueError> {
-        let now_ms = self.clock.now().timestamp_millis();
-        let checked = self
-            .challenges
-            .check(solution, &deal.id, user, floor, now_ms);
-        Ok(checked.inspect_err(|e| count_challenge(e.outcome()))?)
-    }
-
-    /// Refuses a solved challenge's reuse by recording its id in Redis until it expires.
-    async fn claim_solution(&self, solved: &challenge::Solved) -> Result<(), QueueError> {
-        let cmd = redis::cmd("SET")
-            .arg(self.redis.key(&format!("wr:pow:{}", solved.id)))
-            .arg(1)
-            .arg("NX")
-            .arg("PX")
-            .arg(solved.ttl_ms)
-            .clone();
-        let first: Option<String> = self.redis.run(&cmd).await?;
-        if first.is_none() {
-            count_challenge(ChallengeError::Replayed.outcome());
-            return Err(ChallengeError::Replayed.into());
-        }
-        count_challenge("solved");
-        Ok(())
-    }
-
     /// Ends `user`'s session on the deal's line (an operator's call, or the user's order was
     /// paid or cancelled): the pass stops working on every instance within
     /// `revocation_poll_ms`, here at once, and a waiting ticket leaves the line. Returns the
@@ -569,17 +446,6 @@ impl WaitingRoom {
                     .increment(1);
             })
     }
-}
-
-/// The bits of proof of work the deal asks of a new ticket; `None` when it asks none.
-fn pow_floor(deal: &Deal) -> Option<u32> {
-    u32::try_from(deal.waiting_room.pow_bits)
-        .ok()
-        .filter(|bits| *bits > 0)
-}
-
-fn count_challenge(outcome: &'static str) {
-    metrics::counter!(telemetry::WAITING_ROOM_CHALLENGES, "outcome" => outcome).increment(1);
 }
 
 /// Reads the `status` tuple of the scripts (nil: no such ticket).
