@@ -350,6 +350,18 @@ async fn wrong_missing_or_forged_proofs_cost_redis_nothing_and_a_returning_buyer
     let token = first["position_token"].as_str().unwrap().to_owned();
     let bob_solution = solved(&app, "bob", &deal).await;
     let wrong = format!("{}:x", bob_solution.rsplit_once(':').unwrap().0);
+    // Alice is admitted and the advancer falls asleep: both windows below are idle.
+    let asleep = format!("{}wr:{{advancer}}:asleep", app.settings.redis.key_prefix);
+    wait_until("the advancer to fall asleep", WINDOW, || async {
+        let mut redis = redis_connection(&url).await.unwrap();
+        let marked: i64 = redis::cmd("EXISTS")
+            .arg(&asleep)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        marked == 1
+    })
+    .await;
     let mut redis = redis_connection(&url).await.unwrap();
 
     // Act: bob sends bad joins of each kind; carol shows alice's token.
