@@ -117,6 +117,8 @@ machine_changes() {
     fi
     have promtool || apt+=(prometheus)
     ((${#apt[@]} == 0)) || printf 'apt-get install (as root or through sudo): %s\n' "${apt[*]}"
+    python3 -c 'import standardwebhooks' >/dev/null 2>&1 ||
+        printf "pip install 'standardwebhooks==1.3.0' (python3 -m pip; the event tests' receiver)\n"
     if ((full_run)) && ! have schemathesis; then
         printf "pip install 'schemathesis>=4.32,<5' (python3 -m pip, for this user or system-wide)\n"
     fi

@@ -5,6 +5,7 @@ mod api;
 mod db;
 mod process;
 mod psp;
+mod receiver;
 mod redis_server;
 mod source;
 mod wait;
@@ -24,6 +25,7 @@ pub use api::*;
 pub use db::*;
 pub use process::*;
 pub use psp::*;
+pub use receiver::*;
 pub use redis_server::*;
 pub use source::*;
 pub use wait::*;
@@ -64,6 +66,10 @@ pub fn test_settings(database_url: &str) -> Settings {
     s.database.url = database_url.to_owned();
     s.database.request_pool_max = 8;
     s.database.background_pool_max = 2;
+    // The event sequencer and deliveries hold connections of their own; tests about events
+    // turn them on (`events_delivery::fast_events`), the shared server's other tests spare them.
+    s.events.enabled = false;
+    s.database.events_pool_max = 2;
     s.redis.url = redis_url();
     s.redis.key_prefix = format!("fgtest:{suffix}:");
     s.auth.jwt_secret = format!("test-jwt-secret-{suffix}");
