@@ -83,6 +83,7 @@ mod sweeper_crash;
 mod tiers;
 mod waiting_room;
 mod waiting_room_adaptive;
+mod waiting_room_crowd;
 mod waiting_room_edge;
 mod waiting_room_idle;
 mod waiting_room_keys;

@@ -171,17 +171,14 @@ fn report_slow(app: &TestApp, deal: &str, p99_ms: f64, stop: Arc<AtomicBool>) {
     });
 }
 
-/// A line kept busy (one pass outstanding), so the advancer steps it every interval.
+/// A line kept busy (one pass outstanding, the only one allowed, and someone waiting behind
+/// it), so the advancer steps it every interval.
 async fn busy_adaptive_line(app: &Api, id: &str, min: i64, max: i64) -> String {
-    let deal = app
-        .given_deal(&room_deal(
-            id,
-            1000,
-            adaptive_room(min, max, 200),
-            json!({}),
-        ))
-        .await;
+    let mut room = adaptive_room(min, max, 200);
+    room["max_active"] = json!(1);
+    let deal = app.given_deal(&room_deal(id, 1000, room, json!({}))).await;
     join(app, "holder", &deal).await.expect(201);
+    join(app, "waiter", &deal).await.expect(201);
     deal
 }
 
