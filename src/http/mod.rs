@@ -22,6 +22,7 @@ mod public;
 mod queue;
 pub mod request_id;
 mod review;
+mod revoked_feed;
 mod router;
 mod server;
 mod settings;

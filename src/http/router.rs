@@ -16,7 +16,7 @@ use tracing::{Instrument, Span};
 use super::guard::Headers;
 use super::problem::Problem;
 use super::request_id::{self, RequestId};
-use super::{State, admin, ops, payments, public, queue, review, wait_page};
+use super::{State, admin, ops, payments, public, queue, review, revoked_feed, wait_page};
 use crate::domain::DealId;
 use crate::telemetry;
 
@@ -59,6 +59,7 @@ pub enum Route<'a> {
     OpenApi,
     QueueChallenge(&'a str),
     PassKeys,
+    RevokedPasses,
     RevokeQueue(&'a str),
     WaitPage(&'a str),
     ReviewQueue,
@@ -110,6 +111,11 @@ impl<'a> Route<'a> {
                 "/.well-known/flashgate-keys.json",
                 "GET, HEAD",
                 Route::PassKeys,
+            ),
+            [".well-known", "flashgate-revoked.json"] => (
+                "/.well-known/flashgate-revoked.json",
+                "GET, HEAD",
+                Route::RevokedPasses,
             ),
             ["wait", id] => ("/wait/{deal_id}", "GET, HEAD", Route::WaitPage(id)),
             ["admin", "deals", id, "queue", "revoke"] => (
@@ -241,6 +247,7 @@ impl<'a> Route<'a> {
             Route::OpenApi => "/openapi.json",
             Route::QueueChallenge(_) => "/v1/deals/{id}/queue/challenge",
             Route::PassKeys => "/.well-known/flashgate-keys.json",
+            Route::RevokedPasses => "/.well-known/flashgate-revoked.json",
             Route::RevokeQueue(_) => "/admin/deals/{id}/queue/revoke",
             Route::WaitPage(_) => "/wait/{deal_id}",
             Route::ReviewQueue => "/admin/payments/review",
@@ -582,6 +589,7 @@ async fn dispatch(
         Route::OpenApi => Ok(ops::openapi()),
         Route::QueueChallenge(id) => Box::pin(queue::challenge(state, peer, &request, id)).await,
         Route::PassKeys => queue::keys(state),
+        Route::RevokedPasses => Ok(revoked_feed::feed(state)),
         Route::RevokeQueue(id) => Box::pin(queue::revoke(state, request, id)).await,
         Route::WaitPage(id) => wait_page::page(state, id),
         Route::ReviewQueue => Box::pin(review::list(state, &request)).await,
