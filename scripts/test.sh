@@ -111,6 +111,7 @@ machine_changes() {
     have curl || apt+=(curl)
     have jq || apt+=(jq)
     have_browser || apt+=(chromium chromium-driver fonts-dejavu-core)
+    have npm || apt+=(nodejs npm)
     if ((full_run)); then
         have_pgbouncer || apt+=(pgbouncer)
         have_pg_auto_failover || apt+=(pg-auto-failover-cli "postgresql-<version>-auto-failover")
@@ -160,6 +161,10 @@ decide_skips() {
     if ((full_run)) && ! have_pgbouncer; then
         skip_pgbouncer=1
         skipped_reasons+=("the PgBouncer pass (needs pgbouncer: scripts/scale.sh install)")
+    fi
+    if [[ ! -x edge/cloudflare/node_modules/.bin/workerd ]]; then
+        skipped_tests+=('test(/^edge_worker::/)')
+        skipped_reasons+=("edge_worker tests (need workerd: scripts/edge.sh runs npm ci in edge/cloudflare)")
     fi
     if ! have promtool; then
         skip_promtool=1
@@ -245,6 +250,7 @@ else
     begin "services"
     bash scripts/services.sh
     bash scripts/browser.sh
+    bash scripts/edge.sh
 fi
 printf 'test: DATABASE_URL=%s\ntest: REDIS_URL=%s\n' "$DATABASE_URL" "$REDIS_URL" >&2
 

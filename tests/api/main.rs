@@ -21,6 +21,7 @@ mod dashboard_docs;
 mod dashboard_render;
 mod deals;
 mod demo;
+mod edge_worker;
 mod failover;
 mod faults;
 mod front;
