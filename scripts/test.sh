@@ -118,6 +118,9 @@ machine_changes() {
     fi
     have promtool || apt+=(prometheus)
     ((${#apt[@]} == 0)) || printf 'apt-get install (as root or through sudo): %s\n' "${apt[*]}"
+    if ! python3 -c 'import opentelemetry.proto' 2>/dev/null; then
+        printf "pip install opentelemetry-proto==1.27.0 (python3 -m pip, for the OTLP receiver of the tracing tests)\n"
+    fi
     if ((full_run)) && ! have schemathesis; then
         printf "pip install 'schemathesis>=4.32,<5' (python3 -m pip, for this user or system-wide)\n"
     fi
@@ -161,6 +164,10 @@ decide_skips() {
     if ((full_run)) && ! have_pgbouncer; then
         skip_pgbouncer=1
         skipped_reasons+=("the PgBouncer pass (needs pgbouncer: scripts/scale.sh install)")
+    fi
+    if ! python3 -c 'import opentelemetry.proto' 2>/dev/null; then
+        skipped_tests+=('test(/^traces::/)')
+        skipped_reasons+=("traces tests (need the opentelemetry-proto package: scripts/otlp.sh)")
     fi
     if [[ ! -x edge/cloudflare/node_modules/.bin/workerd ]]; then
         skipped_tests+=('test(/^edge_worker::/)')
@@ -251,6 +258,7 @@ else
     bash scripts/services.sh
     bash scripts/browser.sh
     bash scripts/edge.sh
+    bash scripts/otlp.sh
 fi
 printf 'test: DATABASE_URL=%s\ntest: REDIS_URL=%s\n' "$DATABASE_URL" "$REDIS_URL" >&2
 

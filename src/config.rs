@@ -149,6 +149,7 @@ impl Settings {
         self.sweeper.validate()?;
         self.soldout.validate()?;
         self.ops.validate()?;
+        self.telemetry.validate()?;
         self.validate_across()
     }
 
@@ -199,6 +200,7 @@ impl Settings {
             orders: self.orders.clone(),
             waiting_room: self.waiting_room.clone(),
             audit: self.audit(),
+            telemetry: self.telemetry.clone(),
         }
     }
 

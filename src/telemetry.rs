@@ -10,6 +10,7 @@ mod process;
 pub mod retention;
 mod settings;
 pub mod tally;
+pub mod trace;
 mod zeroes;
 
 pub use settings::{LogFormat, TelemetrySettings};

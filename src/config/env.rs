@@ -21,7 +21,7 @@ pub const PREFIX: &str = "FLASHGATE__";
 const NAMESPACE: &str = "FLASHGATE_";
 
 /// The short names kept from before the canonical scheme, and the key each one sets.
-pub const ALIASES: [(&str, &str); 7] = [
+pub const ALIASES: [(&str, &str); 8] = [
     ("DATABASE_URL", "database.url"),
     ("DATABASE_DIRECT_URL", "database.direct_url"),
     ("REDIS_URL", "redis.url"),
@@ -29,6 +29,8 @@ pub const ALIASES: [(&str, &str); 7] = [
     ("FLASHGATE_OPS_LISTEN", "server.ops_listen"),
     ("FLASHGATE_ADMIN_TOKEN", "auth.admin_token"),
     ("FLASHGATE_JWT_SECRET", "auth.jwt_secret"),
+    // The OpenTelemetry SDKs' standard name for the collector.
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "telemetry.otlp_endpoint"),
 ];
 
 /// Names under `FLASHGATE_` that other programs of this project read (the payment

@@ -42,6 +42,7 @@ use crate::payments::attempts::InitialAttempt;
 use crate::redis_link::RedisHandle;
 use crate::sale::Sale;
 use crate::store::Pools;
+use crate::telemetry::trace::Tracer;
 
 pub use server::{Listeners, serve, serve_public};
 pub use settings::{HandlerSettings, ServerSettings, WORKER_THREADS_MAX};
@@ -60,6 +61,8 @@ pub struct State {
     /// The application's clock: what every time-dependent rule asks (admission's own copy
     /// is the same clock).
     pub clock: Clock,
+    /// Starts and ends request traces; `None` with tracing off.
+    pub tracer: Option<Tracer>,
     /// False once shutdown has begun, so load balancers stop sending traffic.
     pub ready: AtomicBool,
     /// True once shutdown has begun: every answer closes its connection.
@@ -91,7 +94,9 @@ impl State {
         let clock = admission.clock().clone();
         let client_ip_header = HeaderName::from_bytes(settings.server.client_ip_header.as_bytes())
             .expect("validated: client_ip_header is a header name");
+        let tracer = Tracer::start(&settings.telemetry, clock.clone());
         Arc::new(Self {
+            tracer,
             settings,
             pools,
             redis,

@@ -7,7 +7,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{CONNECTION, HeaderValue};
+use http::header::{CONNECTION, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::{Body, Incoming};
@@ -20,6 +20,11 @@ use super::{State, admin, ops, payments, public, queue, review, revoked_feed, wa
 use crate::clock::{elapsed_since, monotonic};
 use crate::domain::DealId;
 use crate::telemetry;
+use crate::telemetry::trace::{Parent, RequestSpan, Trace, Tracer, Value as TraceValue};
+
+/// The W3C Trace Context headers a traced request joins its caller's trace with.
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// Which listener a request came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -284,6 +289,8 @@ pub struct Waiting {
     span: Span,
     request: Request<Incoming>,
     work: Work,
+    /// The request's trace, when tracing is on.
+    trace: Option<Trace>,
 }
 
 impl Waiting {
@@ -336,6 +343,9 @@ pub fn begin(
                 Err(problem) => {
                     let answered = Answered::new(Err(problem), started, &id, template);
                     let (response, at) = answered.complete(state, &span);
+                    let elapsed = at.saturating_duration_since(started);
+                    let status = response.status();
+                    tracing_refusal(state, request.headers(), &id, template, status, elapsed);
                     let body = request.into_body();
                     return Begun::Answered { response, at, body };
                 }
@@ -343,6 +353,14 @@ pub fn begin(
         }
         _ => Work::Route(face),
     };
+    let trace = state.tracer.as_ref().map(|tracer| {
+        let headers = request.headers();
+        let trace = tracer.begin(headers.first(&TRACEPARENT), headers.first(&TRACESTATE));
+        if !span.is_disabled() {
+            span.record("trace_id", trace.id());
+        }
+        trace
+    });
     Begun::Waits(Box::new(Waiting {
         started,
         id,
@@ -350,6 +368,7 @@ pub fn begin(
         span,
         request,
         work,
+        trace,
     }))
 }
 
@@ -391,6 +410,7 @@ pub fn begin_front(
     let (status, slug) = (problem.status(), problem.slug());
     problem.write_http1(&id, date, out);
     let elapsed = elapsed_since(started);
+    tracing_refusal(state, headers, &id, route.template(), status, elapsed);
     span.record("outcome", slug);
     span.record("latency_ms", elapsed.as_secs_f64() * 1000.0);
     tracing::debug!(parent: &span, status = status.as_u16(), "answered");
@@ -412,15 +432,67 @@ pub async fn finish(
         span,
         request,
         work,
+        trace,
     } = *waiting;
     let timeout = Duration::from_millis(state.settings.server.request_timeout_ms);
-    let serving = std::pin::pin!(serve(state, peer, request, work).instrument(span.clone()));
-    let reply = in_time(timeout, serving)
-        .await
-        .unwrap_or_else(|_| Err(Problem::overloaded("the request took too long")));
-    Answered::new(reply, started, &id, template)
-        .complete(state, &span)
-        .0
+    let method = request.method().clone();
+    let serving = serve(state, peer, request, work).instrument(span.clone());
+    let reply = match &trace {
+        None => in_time(timeout, std::pin::pin!(serving)).await,
+        Some(trace) => {
+            in_time(
+                timeout,
+                std::pin::pin!(Tracer::within(trace.clone(), serving)),
+            )
+            .await
+        }
+    };
+    let reply = reply.unwrap_or_else(|_| Err(Problem::overloaded("the request took too long")));
+    let (response, at) = Answered::new(reply, started, &id, template).complete(state, &span);
+    if let (Some(tracer), Some(trace)) = (&state.tracer, &trace) {
+        let request = trace_span(&method, template, &id, response.status());
+        tracer.end(trace, request, at.saturating_duration_since(started));
+    }
+    response
+}
+
+/// The request span of a trace: its route, method, id and answer.
+fn trace_span(method: &Method, template: &str, id: &RequestId, status: StatusCode) -> RequestSpan {
+    RequestSpan {
+        name: format!("{method} {template}"),
+        status: status.as_u16(),
+        attributes: vec![
+            ("http.request.method", TraceValue::from(method.as_str())),
+            ("http.route", TraceValue::from(template)),
+            ("flashgate.request_id", TraceValue::from(id.as_str())),
+        ],
+    }
+}
+
+/// A refusal answered before its request waited: traced as one span when the caller or
+/// the ratio sampled it (5xx refusals too); otherwise it costs a random draw at most.
+fn tracing_refusal(
+    state: &State,
+    headers: &impl Headers,
+    id: &RequestId,
+    template: &'static str,
+    status: StatusCode,
+    elapsed: Duration,
+) {
+    let Some(tracer) = &state.tracer else {
+        return;
+    };
+    let parent = headers.first(&TRACEPARENT).and_then(Parent::parse);
+    if !tracer.head_sampled(parent.as_ref()) && !status.is_server_error() {
+        return;
+    }
+    let trace = tracer.begin(headers.first(&TRACEPARENT), headers.first(&TRACESTATE));
+    let method = if template == "/v1/deals/{id}/orders" {
+        Method::POST
+    } else {
+        Method::GET
+    };
+    tracer.end(&trace, trace_span(&method, template, id, status), elapsed);
 }
 
 async fn serve(
@@ -522,6 +594,7 @@ fn request_span(id: &RequestId, route: &Route<'_>) -> Span {
         user = tracing::field::Empty,
         outcome = tracing::field::Empty,
         latency_ms = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
     );
     if !span.is_disabled()
         && let Some(deal) = route.deal_id().filter(|raw| DealId::parse(raw).is_ok())

@@ -159,4 +159,6 @@ pub struct HandlerSettings {
     pub waiting_room: WaitingRoomSettings,
     /// How the audit behind the admin API runs.
     pub audit: audit::Options,
+    /// Where request traces go, and which are kept.
+    pub telemetry: crate::telemetry::TelemetrySettings,
 }

@@ -75,6 +75,7 @@ mod sql_functions;
 mod startup_errors;
 mod sweeper_crash;
 mod tiers;
+mod traces;
 mod waiting_room;
 mod waiting_room_adaptive;
 mod waiting_room_edge;
