@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Installs what the tracing tests' OTLP receiver (scripts/otlp_receiver.py) decodes with:
-# the OpenTelemetry protobuf definitions from PyPI, pinned.
+# Installs what the tracing tests check with, from PyPI, pinned: the OpenTelemetry protobuf
+# definitions their OTLP receiver decodes with (scripts/otlp_receiver.py), and the
+# Prometheus client whose OpenMetrics parser reads /metrics (scripts/openmetrics_exemplars.py).
 set -euo pipefail
 
-if python3 -c 'import opentelemetry.proto.collector.trace.v1.trace_service_pb2' 2>/dev/null; then
+packages=('opentelemetry-proto==1.27.0' 'prometheus-client==0.21.1')
+if python3 -c 'import opentelemetry.proto.collector.trace.v1.trace_service_pb2, prometheus_client.openmetrics.parser' 2>/dev/null; then
     exit 0
 fi
-printf 'otlp: python3 -m pip install opentelemetry-proto==1.27.0\n' >&2
-python3 -m pip install --quiet 'opentelemetry-proto==1.27.0'
+printf 'otlp: python3 -m pip install %s\n' "${packages[*]}" >&2
+python3 -m pip install --quiet "${packages[@]}"

@@ -118,8 +118,8 @@ machine_changes() {
     fi
     have promtool || apt+=(prometheus)
     ((${#apt[@]} == 0)) || printf 'apt-get install (as root or through sudo): %s\n' "${apt[*]}"
-    if ! python3 -c 'import opentelemetry.proto' 2>/dev/null; then
-        printf "pip install opentelemetry-proto==1.27.0 (python3 -m pip, for the OTLP receiver of the tracing tests)\n"
+    if ! python3 -c 'import opentelemetry.proto, prometheus_client' 2>/dev/null; then
+        printf "pip install opentelemetry-proto==1.27.0 prometheus-client==0.21.1 (python3 -m pip, for the tracing tests: scripts/otlp.sh)\n"
     fi
     if ((full_run)) && ! have schemathesis; then
         printf "pip install 'schemathesis>=4.32,<5' (python3 -m pip, for this user or system-wide)\n"
@@ -165,9 +165,9 @@ decide_skips() {
         skip_pgbouncer=1
         skipped_reasons+=("the PgBouncer pass (needs pgbouncer: scripts/scale.sh install)")
     fi
-    if ! python3 -c 'import opentelemetry.proto' 2>/dev/null; then
+    if ! python3 -c 'import opentelemetry.proto, prometheus_client' 2>/dev/null; then
         skipped_tests+=('test(/^traces::/)')
-        skipped_reasons+=("traces tests (need the opentelemetry-proto package: scripts/otlp.sh)")
+        skipped_reasons+=("traces tests (need opentelemetry-proto and prometheus-client: scripts/otlp.sh)")
     fi
     if [[ ! -x edge/cloudflare/node_modules/.bin/workerd ]]; then
         skipped_tests+=('test(/^edge_worker::/)')

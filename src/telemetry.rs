@@ -6,6 +6,7 @@
 //! `deals.metrics_retain_seconds` ago ([`retention`]). The documented list of every family
 //! is docs/METRICS.md, checked against `/metrics` by a test.
 
+pub mod openmetrics;
 mod process;
 pub mod retention;
 mod settings;

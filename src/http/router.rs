@@ -457,9 +457,15 @@ pub async fn finish(
 }
 
 /// The request span of a trace: its route, method, id and answer.
-fn trace_span(method: &Method, template: &str, id: &RequestId, status: StatusCode) -> RequestSpan {
+fn trace_span(
+    method: &Method,
+    template: &'static str,
+    id: &RequestId,
+    status: StatusCode,
+) -> RequestSpan {
     RequestSpan {
         name: format!("{method} {template}"),
+        route: template,
         status: status.as_u16(),
         attributes: vec![
             ("http.request.method", TraceValue::from(method.as_str())),
@@ -634,7 +640,7 @@ async fn dispatch(
     match route {
         Route::Healthz => Ok(admin::healthz()),
         Route::Readyz => Ok(Box::pin(admin::readyz(state)).await),
-        Route::Metrics => Ok(admin::metrics(state)),
+        Route::Metrics => Ok(admin::metrics(state, request.headers())),
         Route::GetDeal(id) => Box::pin(public::get_deal(state, peer, &request, id)).await,
         Route::PlaceOrder(id) => {
             let deal_id = public::check_order(state, peer, request.headers(), id)?;

@@ -126,7 +126,11 @@ impl Tracer {
         });
         if self.0.exports.try_send(spans).is_err() {
             tracing::debug!("trace dropped: the OTLP export queue is full");
+            return;
         }
+        let ended = trace.0.wall_unix_nanos + nanos(elapsed);
+        let seconds = elapsed.as_secs_f64();
+        super::openmetrics::record_exemplar(request.route, seconds, trace.id(), ended as f64 / 1e9);
     }
 
     /// Runs `work` with `trace` as the request's trace, so [`span`] records into it.
@@ -139,6 +143,8 @@ impl Tracer {
 pub struct RequestSpan {
     /// `METHOD /route/template`.
     pub name: String,
+    /// The route template, whose latency bucket takes the trace as its exemplar.
+    pub route: &'static str,
     pub status: u16,
     pub attributes: Vec<(&'static str, Value)>,
 }

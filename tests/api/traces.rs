@@ -208,7 +208,57 @@ async fn a_sampled_purchase_is_one_trace_under_the_callers_traceparent_with_ever
         vec![CALLER_TRACE.to_owned()],
         "one trace"
     );
+
+    // The latency histogram in OpenMetrics carries the trace as an exemplar.
+    let exemplars = openmetrics_exemplars(&app).await;
+    let ours = exemplars.iter().find(|e| e["trace_id"] == CALLER_TRACE);
+    let ours = ours.unwrap_or_else(|| panic!("no exemplar of the trace: {exemplars:#?}"));
+    assert_eq!(
+        ours["sample"],
+        "flashgate_http_request_duration_seconds_bucket"
+    );
+    assert_eq!(ours["labels"]["route"], "/v1/deals/{id}/orders");
     app.cleanup().await;
+}
+
+/// The exemplars of `/metrics` asked for as OpenMetrics, read by the Prometheus client's
+/// strict OpenMetrics parser (which fails on anything the format does not allow).
+async fn openmetrics_exemplars(app: &TestApp) -> Vec<Value> {
+    use std::io::Write;
+    let reply = app
+        .client
+        .get(app.url("/metrics"))
+        .header("accept", "application/openmetrics-text; version=1.0.0")
+        .send()
+        .await
+        .unwrap();
+    let content_type = reply.headers()["content-type"].to_str().unwrap().to_owned();
+    assert!(
+        content_type.starts_with("application/openmetrics-text"),
+        "{content_type}"
+    );
+    let exposition = reply.text().await.unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/openmetrics_exemplars.py");
+    let mut parser = std::process::Command::new("python3")
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the OpenMetrics parser");
+    parser
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(exposition.as_bytes())
+        .unwrap();
+    let output = parser.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "the OpenMetrics parser refused /metrics: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]
