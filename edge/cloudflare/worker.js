@@ -87,8 +87,9 @@ export default {
       return method === "HEAD" ? new Response(null, answer) : answer;
     }
     const order = method === "POST" ? ORDER_PATH.exec(url.pathname) : null;
-    if (order && request.headers.has("flashgate-pass")) {
-      const refusal = await judgePass(request.headers.get("flashgate-pass"), decodeURIComponent(order[1]), origin, ctx);
+    const deal = order ? decodedSegment(order[1]) : null;
+    if (deal !== null && request.headers.has("flashgate-pass")) {
+      const refusal = await judgePass(request.headers.get("flashgate-pass"), deal, origin, ctx);
       if (refusal) {
         const answer = problem(403, "waiting-room-required", "Waiting room pass required", PASS_REFUSALS[refusal], requestId);
         answer.headers.set("flashgate-edge", `refused ${refusal}`);
@@ -322,6 +323,15 @@ async function revokedIds(origin, ctx) {
 }
 
 // ------------------------------------------------------------------ encodings
+
+/** A path segment percent-decoded, or null when it does not decode (the origin answers it). */
+function decodedSegment(segment) {
+  try {
+    return decodeURIComponent(segment);
+  } catch {
+    return null;
+  }
+}
 
 /** `text` without leading and trailing ASCII whitespace, as Rust's trim_ascii. */
 function trimAscii(text) {
