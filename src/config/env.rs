@@ -36,7 +36,8 @@ pub const ALIASES: [(&str, &str); 8] = [
 /// Names under `FLASHGATE_` that other programs of this project read (the payment
 /// simulator, the build script, the test, API-check and load scripts); they set no setting
 /// of the gateway, and a shell that exports them for those programs must still start it.
-const OTHER_PROGRAMS: [&str; 7] = [
+const OTHER_PROGRAMS: [&str; 8] = [
+    "FLASHGATE_EDGE_ORIGIN",
     "FLASHGATE_PSP_WEBHOOK_URL",
     "FLASHGATE_PSP_WEBHOOK_SECRET",
     "FLASHGATE_PSP_API_KEY",
