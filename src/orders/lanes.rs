@@ -199,6 +199,7 @@ fn record_spans(
     failed: bool,
 ) {
     let batch = trace.record(Finished {
+        id: [0; 8],
         name: "reservation batch",
         kind: Kind::Internal,
         parent: trace.root(),
@@ -211,6 +212,7 @@ fn record_spans(
         error: failed,
     });
     trace.record(Finished {
+        id: [0; 8],
         name: "postgresql orders_place_batch",
         kind: Kind::Client,
         parent: batch,

@@ -105,8 +105,9 @@ impl Tracer {
         if !(trace.0.head_sampled || failed || elapsed >= self.0.slow) {
             return;
         }
-        let mut spans =
+        let recorded =
             std::mem::take(&mut *trace.0.spans.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut spans: Vec<otlp::Span> = recorded.into_iter().map(|r| trace.exported(r)).collect();
         let mut attributes = request.attributes;
         attributes.push((
             "http.response.status_code",
@@ -165,7 +166,8 @@ struct TraceInner {
     /// spans' times are offsets from it.
     wall_unix_nanos: u64,
     started: Instant,
-    spans: Mutex<Vec<otlp::Span>>,
+    /// Kept as recorded, cheap to make: only a trace that is exported is converted.
+    spans: Mutex<Vec<Finished>>,
 }
 
 impl Trace {
@@ -180,14 +182,25 @@ impl Trace {
     }
 
     /// Records a finished span under `parent`; returns its id, the parent of spans below it.
-    pub fn record(&self, finished: Finished) -> [u8; 8] {
+    pub fn record(&self, mut finished: Finished) -> [u8; 8] {
         let span_id = rand::random();
+        finished.id = span_id;
+        self.0
+            .spans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(finished);
+        span_id
+    }
+
+    /// A recorded span as exported: wall-clock times, the trace's id.
+    fn exported(&self, finished: Finished) -> otlp::Span {
         let at = |moment: Instant| {
             self.0.wall_unix_nanos + nanos(moment.saturating_duration_since(self.0.started))
         };
-        let span = otlp::Span {
+        otlp::Span {
             trace_id: self.0.trace_id,
-            span_id,
+            span_id: finished.id,
             parent_span_id: Some(finished.parent),
             trace_state: None,
             name: finished.name.to_owned(),
@@ -196,18 +209,14 @@ impl Trace {
             end_unix_nanos: at(finished.end),
             attributes: finished.attributes,
             error: finished.error,
-        };
-        self.0
-            .spans
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(span);
-        span_id
+        }
     }
 }
 
 /// A span that ended, for [`Trace::record`].
 pub struct Finished {
+    /// Its span id, given by [`Trace::record`] (leave it zero).
+    pub id: [u8; 8],
     pub name: &'static str,
     pub kind: Kind,
     pub parent: [u8; 8],
@@ -273,6 +282,7 @@ impl Drop for SpanGuard {
     fn drop(&mut self) {
         if let Some(live) = self.live.take() {
             live.trace.record(Finished {
+                id: [0; 8],
                 name: live.name,
                 kind: live.kind,
                 parent: live.parent,
