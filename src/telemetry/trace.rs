@@ -72,7 +72,7 @@ impl Tracer {
     pub fn head_sampled(&self, parent: Option<&Parent>) -> bool {
         match parent {
             Some(parent) => parent.sampled,
-            None => self.0.ratio > 0.0 && rand::random::<f64>() < self.0.ratio,
+            None => self.0.ratio > 0.0 && unit_draw() < self.0.ratio,
         }
     }
 
@@ -85,10 +85,8 @@ impl Tracer {
             .and_then(|state| std::str::from_utf8(state).ok())
             .map(str::to_owned);
         Trace(Arc::new(TraceInner {
-            trace_id: parent
-                .as_ref()
-                .map_or_else(rand::random::<[u8; 16]>, |p| p.trace_id),
-            root: rand::random(),
+            trace_id: parent.as_ref().map_or_else(trace_id, |p| p.trace_id),
+            root: next_id().to_be_bytes(),
             caller: parent.map(|p| p.span_id),
             trace_state,
             head_sampled,
@@ -183,7 +181,7 @@ impl Trace {
 
     /// Records a finished span under `parent`; returns its id, the parent of spans below it.
     pub fn record(&self, mut finished: Finished) -> [u8; 8] {
-        let span_id = rand::random();
+        let span_id = next_id().to_be_bytes();
         finished.id = span_id;
         self.0
             .spans
@@ -293,6 +291,42 @@ impl Drop for SpanGuard {
             });
         }
     }
+}
+
+thread_local! {
+    /// This thread's id generator (SplitMix64), seeded once from the system's randomness:
+    /// ids and sampling draws cost a few arithmetic operations, not a CSPRNG block each.
+    static IDS: std::cell::Cell<u64> = std::cell::Cell::new(rand::random());
+}
+
+/// A fresh 64-bit id (never zero, which W3C reserves for "none").
+fn next_id() -> u64 {
+    IDS.with(|state| {
+        loop {
+            let seed = state.get().wrapping_add(0x9e37_79b9_7f4a_7c15);
+            state.set(seed);
+            let mut z = seed;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            let id = z ^ (z >> 31);
+            if id != 0 {
+                return id;
+            }
+        }
+    })
+}
+
+/// A new 128-bit trace id.
+fn trace_id() -> [u8; 16] {
+    let mut id = [0; 16];
+    id[..8].copy_from_slice(&next_id().to_be_bytes());
+    id[8..].copy_from_slice(&next_id().to_be_bytes());
+    id
+}
+
+/// A uniform draw in [0, 1) for head sampling.
+fn unit_draw() -> f64 {
+    (next_id() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 fn nanos(duration: Duration) -> u64 {
