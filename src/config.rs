@@ -19,6 +19,7 @@ use serde::Deserialize;
 
 use crate::admission::{AdmissionSettings, AuthSettings, LimitSettings, SoldOutSettings};
 use crate::deals::DealSettings;
+use crate::events::EventSettings;
 use crate::http::{HandlerSettings, ServerSettings};
 use crate::ops::OpsSettings;
 use crate::ops::audit;
@@ -68,6 +69,7 @@ pub struct Settings {
     pub ops: OpsSettings,
     pub payments: PaymentSettings,
     pub waiting_room: WaitingRoomSettings,
+    pub events: EventSettings,
     /// Where each value came from, so later messages name the setting as it was given.
     #[serde(skip)]
     pub sources: Sources,
@@ -150,6 +152,7 @@ impl Settings {
         self.soldout.validate()?;
         self.ops.validate()?;
         self.telemetry.validate()?;
+        self.events.validate()?;
         self.validate_across()
     }
 
@@ -201,6 +204,7 @@ impl Settings {
             waiting_room: self.waiting_room.clone(),
             audit: self.audit(),
             telemetry: self.telemetry.clone(),
+            events: self.events.clone(),
         }
     }
 
@@ -211,6 +215,7 @@ impl Settings {
             redis: self.redis.clone(),
             waiting_room: self.waiting_room.clone(),
             audit: self.audit(),
+            events: self.events.clone(),
         }
     }
 

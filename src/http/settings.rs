@@ -8,6 +8,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 
 use crate::admission::AuthSettings;
+use crate::events::EventSettings;
 use crate::ops::audit;
 use crate::orders::OrderSettings;
 use crate::settings::require;
@@ -161,4 +162,6 @@ pub struct HandlerSettings {
     pub audit: audit::Options,
     /// Where request traces go, and which are kept.
     pub telemetry: crate::telemetry::TelemetrySettings,
+    /// Endpoint URL checks, rotation overlap and page limits of the events' admin API.
+    pub events: EventSettings,
 }

@@ -103,7 +103,7 @@ async fn buy(api: &Api, deal: &str, user: &str, stop: &AtomicBool) -> bool {
         if let Some(pass) = polled["pass"].as_str() {
             return order_with_pass(api, user, deal, Some(pass)).await.status == 201;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        crate::helpers::pace(Duration::from_millis(50)).await;
     }
     false
 }
@@ -166,7 +166,7 @@ fn report_slow(app: &TestApp, deal: &str, p99_ms: f64, stop: Arc<AtomicBool>) {
                 .query_async(&mut redis)
                 .await
                 .unwrap();
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            crate::helpers::pace(Duration::from_millis(100)).await;
         }
     });
 }

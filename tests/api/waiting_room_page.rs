@@ -307,7 +307,7 @@ async fn crowd_member(
             return;
         }
         // A buyer's own pace between polls: the crowd's load is part of the sale.
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        crate::helpers::pace(Duration::from_millis(300)).await;
     }
 }
 
