@@ -120,12 +120,16 @@ machine_changes() {
     have curl || apt+=(curl)
     have jq || apt+=(jq)
     have_browser || apt+=(chromium chromium-driver fonts-dejavu-core)
+    have npm || apt+=(nodejs npm)
     if ((full_run)); then
         have_pgbouncer || apt+=(pgbouncer)
         have_pg_auto_failover || apt+=(pg-auto-failover-cli "postgresql-<version>-auto-failover")
     fi
     have promtool || apt+=(prometheus)
     ((${#apt[@]} == 0)) || printf 'apt-get install (as root or through sudo): %s\n' "${apt[*]}"
+    if ! python3 -c 'import opentelemetry.proto, prometheus_client' 2>/dev/null; then
+        printf "pip install opentelemetry-proto==1.27.0 prometheus-client==0.21.1 (python3 -m pip, for the tracing tests: scripts/otlp.sh)\n"
+    fi
     python3 -c 'import standardwebhooks' >/dev/null 2>&1 ||
         printf "pip install 'standardwebhooks==1.3.0' (python3 -m pip; the event tests' receiver)\n"
     if ((full_run)) && ! have schemathesis; then
@@ -171,6 +175,14 @@ decide_skips() {
     if ((full_run)) && ! have_pgbouncer; then
         skip_pgbouncer=1
         skipped_reasons+=("the PgBouncer pass (needs pgbouncer: scripts/scale.sh install)")
+    fi
+    if ! python3 -c 'import opentelemetry.proto, prometheus_client' 2>/dev/null; then
+        skipped_tests+=('test(/^traces::/)')
+        skipped_reasons+=("traces tests (need opentelemetry-proto and prometheus-client: scripts/otlp.sh)")
+    fi
+    if [[ ! -x edge/cloudflare/node_modules/.bin/workerd ]]; then
+        skipped_tests+=('test(/^edge_worker::/)')
+        skipped_reasons+=("edge_worker tests (need workerd: scripts/edge.sh runs npm ci in edge/cloudflare)")
     fi
     if ! have promtool; then
         skip_promtool=1
@@ -250,6 +262,8 @@ else
     begin "services"
     bash scripts/services.sh
     bash scripts/browser.sh
+    bash scripts/edge.sh
+    bash scripts/otlp.sh
 fi
 printf 'test: DATABASE_URL=%s\ntest: REDIS_URL=%s\n' "$DATABASE_URL" "$REDIS_URL" >&2
 

@@ -7,10 +7,12 @@
 //! is docs/METRICS.md, checked against `/metrics` by a test.
 
 mod events;
+pub mod openmetrics;
 mod process;
 pub mod retention;
 mod settings;
 pub mod tally;
+pub mod trace;
 mod zeroes;
 
 pub use settings::{LogFormat, TelemetrySettings};

@@ -79,8 +79,8 @@ pub enum Rejection {
 }
 
 impl Rejection {
-    /// The metric label.
-    fn reason(&self) -> &'static str {
+    /// The metric label (and the admission span's outcome).
+    pub fn reason(&self) -> &'static str {
         match self {
             Rejection::RateLimited(limited) => limited.scope.rejection_reason(),
             Rejection::SoldOut => "sold_out",

@@ -380,15 +380,28 @@ pub async fn readyz(state: &State) -> Response<Full<Bytes>> {
     body::respond(status, &report, Caching::Private)
 }
 
-pub fn metrics(state: &State) -> Response<Full<Bytes>> {
+pub fn metrics(state: &State, headers: &http::HeaderMap) -> Response<Full<Bytes>> {
     state.pools.record_metrics();
     let handle = telemetry::prometheus();
     handle.run_upkeep();
-    body::text(
-        StatusCode::OK,
-        "text/plain; version=0.0.4; charset=utf-8",
-        handle.render(),
-    )
+    // A scraper that asks for OpenMetrics gets it, with the latency histogram's exemplars.
+    let openmetrics = headers
+        .get_all(http::header::ACCEPT)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .any(|value| value.contains("application/openmetrics-text"));
+    match openmetrics {
+        true => body::text(
+            StatusCode::OK,
+            telemetry::openmetrics::CONTENT_TYPE,
+            telemetry::openmetrics::render(&handle.render()),
+        ),
+        false => body::text(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            handle.render(),
+        ),
+    }
 }
 
 /// The `waiting_room` object of `POST /admin/deals`; missing fields take the defaults.

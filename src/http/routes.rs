@@ -42,6 +42,7 @@ pub enum Route<'a> {
     OpenApi,
     QueueChallenge(&'a str),
     PassKeys,
+    RevokedPasses,
     RevokeQueue(&'a str),
     WaitPage(&'a str),
     ReviewQueue,
@@ -99,6 +100,11 @@ impl<'a> Route<'a> {
                 "/.well-known/flashgate-keys.json",
                 "GET, HEAD",
                 Route::PassKeys,
+            ),
+            [".well-known", "flashgate-revoked.json"] => (
+                "/.well-known/flashgate-revoked.json",
+                "GET, HEAD",
+                Route::RevokedPasses,
             ),
             ["wait", id] => ("/wait/{deal_id}", "GET, HEAD", Route::WaitPage(id)),
             ["admin", "deals", id, "queue", "revoke"] => (
@@ -258,6 +264,7 @@ impl<'a> Route<'a> {
             Route::OpenApi => "/openapi.json",
             Route::QueueChallenge(_) => "/v1/deals/{id}/queue/challenge",
             Route::PassKeys => "/.well-known/flashgate-keys.json",
+            Route::RevokedPasses => "/.well-known/flashgate-revoked.json",
             Route::RevokeQueue(_) => "/admin/deals/{id}/queue/revoke",
             Route::WaitPage(_) => "/wait/{deal_id}",
             Route::ReviewQueue => "/admin/payments/review",

@@ -427,6 +427,11 @@ impl WaitingRoom {
         }
     }
 
+    /// The passes revoked before their expiry that this instance knows of.
+    pub fn revoked(&self) -> &Revoked {
+        &self.revoked
+    }
+
     /// Verifies a pass for an order, counting refusals by reason.
     pub fn check_pass(
         &self,

@@ -3,6 +3,7 @@
 
 mod api;
 mod db;
+mod edge;
 mod process;
 mod psp;
 mod receiver;
@@ -24,6 +25,7 @@ use uuid::Uuid;
 
 pub use api::*;
 pub use db::*;
+pub use edge::*;
 pub use process::*;
 pub use psp::*;
 pub use receiver::*;
