@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admission::Admission;
+use crate::admission::oidc::OidcVerifier;
 use crate::config::Settings;
 use crate::deals::DealSettings;
 use crate::http::{self, State};
@@ -40,6 +41,9 @@ pub enum AppError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    /// The identity provider's keys could not be read; the message names the setting.
+    #[error("{0}")]
+    Identity(String),
     #[error("payment provider client: {0}")]
     Provider(#[from] crate::payments::http_provider::ClientError),
 }
@@ -103,7 +107,8 @@ impl Application {
         let pools = Pools::new(&settings.database)?;
         let redis = RedisHandle::from_settings(&settings.redis);
         redis.connect().await;
-        let admission = Admission::new(settings.admission(), redis.clone());
+        let provider = identity_provider(&settings).await?;
+        let admission = Admission::new(settings.admission(), redis.clone(), provider);
         let payments = build_payments(&settings)?;
         let stock_events = subscribe_stock_events(&admission, &pools);
         let state = State::new(
@@ -168,6 +173,18 @@ impl Application {
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+/// The OpenID Connect provider's verifier with its keys read, when `[auth.oidc]` names one.
+async fn identity_provider(settings: &Settings) -> Result<Option<Arc<OidcVerifier>>, AppError> {
+    let auth = &settings.auth;
+    if !auth.oidc.enabled() {
+        return Ok(None);
+    }
+    OidcVerifier::start(&auth.oidc, auth.jwt_leeway_seconds, auth.user_id_bytes_max)
+        .await
+        .map(Some)
+        .map_err(AppError::Identity)
 }
 
 /// What this instance runs with, for operators and the load scripts: the figures chosen from
@@ -236,6 +253,9 @@ fn spawn_background(
     shutdown: &CancellationToken,
 ) {
     let background = state.pools.background.clone();
+    if let Some(provider) = state.admission.provider() {
+        tasks.spawn(provider.clone().keep_fresh(shutdown.clone()));
+    }
     tasks.spawn(state.redis.clone().keep_connected(
         Duration::from_millis(settings.redis.reconnect_interval_ms),
         shutdown.clone(),

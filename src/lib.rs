@@ -25,6 +25,7 @@
 //! - [`config`]: assembles the sections every module declares in its own `settings.rs` into
 //!   one tree, in layers (defaults, file, environment), and checks them; [`settings`] holds
 //!   what the sections' checks share.
+//! - [`operators`]: the operator log: every admin change with who made it.
 //! - [`ops`]: operator tools: pause/resume, bucket rebalance, the invariant audit, the CLI.
 //! - [`waiting_room`]: the per-deal line in Redis, signed passes checked by admission, and
 //!   the advancer that admits buyers at a controlled rate: the deal's fixed
@@ -44,6 +45,7 @@ pub mod deals;
 pub mod domain;
 pub mod http;
 pub mod inventory;
+pub mod operators;
 pub mod ops;
 pub mod orders;
 pub mod payments;

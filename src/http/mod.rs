@@ -15,6 +15,7 @@ mod connection;
 mod front;
 mod guard;
 mod integer;
+mod operator_log;
 mod ops;
 mod payments;
 pub mod problem;

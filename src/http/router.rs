@@ -16,7 +16,7 @@ use tracing::{Instrument, Span};
 use super::guard::Headers;
 use super::problem::Problem;
 use super::request_id::{self, RequestId};
-use super::{State, admin, ops, payments, public, queue, review, wait_page};
+use super::{State, admin, operator_log, ops, payments, public, queue, review, wait_page};
 use crate::domain::DealId;
 use crate::telemetry;
 
@@ -56,6 +56,7 @@ pub enum Route<'a> {
     ResumeDeal(&'a str),
     Rebalance(&'a str),
     Audit,
+    OperatorLog,
     OpenApi,
     QueueChallenge(&'a str),
     PassKeys,
@@ -157,6 +158,7 @@ impl<'a> Route<'a> {
                 ("/admin/deals/{id}/rebalance", "POST", Route::Rebalance(id))
             }
             ["admin", "audit"] => ("/admin/audit", "GET, HEAD", Route::Audit),
+            ["admin", "operator-log"] => ("/admin/operator-log", "GET, HEAD", Route::OperatorLog),
             ["admin", "payments", "review"] => {
                 ("/admin/payments/review", "GET, HEAD", Route::ReviewQueue)
             }
@@ -238,6 +240,7 @@ impl<'a> Route<'a> {
             Route::ResumeDeal(_) => "/admin/deals/{id}/resume",
             Route::Rebalance(_) => "/admin/deals/{id}/rebalance",
             Route::Audit => "/admin/audit",
+            Route::OperatorLog => "/admin/operator-log",
             Route::OpenApi => "/openapi.json",
             Route::QueueChallenge(_) => "/v1/deals/{id}/queue/challenge",
             Route::PassKeys => "/.well-known/flashgate-keys.json",
@@ -579,6 +582,7 @@ async fn dispatch(
         Route::ResumeDeal(id) => Box::pin(ops::set_paused(state, &request, id, false)).await,
         Route::Rebalance(id) => Box::pin(ops::rebalance(state, request, id)).await,
         Route::Audit => Box::pin(ops::audit(state, &request)).await,
+        Route::OperatorLog => Box::pin(operator_log::list(state, &request)).await,
         Route::OpenApi => Ok(ops::openapi()),
         Route::QueueChallenge(id) => Box::pin(queue::challenge(state, peer, &request, id)).await,
         Route::PassKeys => queue::keys(state),
