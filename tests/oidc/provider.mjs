@@ -6,8 +6,10 @@
 //
 // Usage: node provider.mjs --port <port|0> --key <file> [--generate-only]
 //   --key           the provider's private signing key as a JWK; generated (RS256, with a
-//                   fresh kid) and written there when the file does not exist. Restarting
-//                   with another key file is a key rotation: the old kid leaves the JWKS.
+//                   fresh kid) and written there when the file does not exist, with the
+//                   same key as PEM beside it (<file>.pem, private; <file>.pub.pem,
+//                   public) for the tests that forge tokens. Restarting with another key
+//                   file is a key rotation: the old kid leaves the JWKS.
 //   --generate-only write the key file and exit (a key the provider never publishes).
 // It prints `listening <port>` once it serves. GET /test/jwks-fetches answers how many
 // times the JWKS has been fetched since this process started.
@@ -27,8 +29,10 @@ const { values } = parseArgs({
 
 function signingKey(path) {
   if (existsSync(path)) return JSON.parse(readFileSync(path, 'utf8'));
-  const { privateKey } = generateKeyPairSync('rsa', { modulusLength: 2048 });
+  const { privateKey, publicKey } = generateKeyPairSync('rsa', { modulusLength: 2048 });
   const jwk = { ...privateKey.export({ format: 'jwk' }), kid: randomUUID(), alg: 'RS256', use: 'sig' };
+  writeFileSync(`${path}.pem`, privateKey.export({ format: 'pem', type: 'pkcs8' }));
+  writeFileSync(`${path}.pub.pem`, publicKey.export({ format: 'pem', type: 'spki' }));
   writeFileSync(path, JSON.stringify(jwk));
   return jwk;
 }

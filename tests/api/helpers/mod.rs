@@ -3,6 +3,7 @@
 
 mod api;
 mod db;
+mod oidc;
 mod process;
 mod psp;
 mod redis_server;
@@ -22,6 +23,7 @@ use uuid::Uuid;
 
 pub use api::*;
 pub use db::*;
+pub use oidc::*;
 pub use process::*;
 pub use psp::*;
 pub use redis_server::*;
