@@ -12,6 +12,7 @@ use flashgate::admission::limits::RateLimits;
 use flashgate::admission::soldout::SoldOut;
 use flashgate::admission::token::{TokenVerifier, mint_token};
 use flashgate::admission::{LimitSettings, RateSettings};
+use flashgate::clock::Clock;
 use flashgate::domain::{OrderEvent, OrderStatus};
 use flashgate::http::problem::Problem;
 use flashgate::http::request_id::RequestId;
@@ -70,7 +71,13 @@ fn limiters(c: &mut Criterion) {
 }
 
 fn tokens(c: &mut Criterion) {
-    let verifier = TokenVerifier::new("bench-secret", flashgate::auth::Audience::DEFAULT, 0, 128);
+    let verifier = TokenVerifier::new(
+        "bench-secret",
+        flashgate::auth::Audience::DEFAULT,
+        0,
+        128,
+        Clock::system(),
+    );
     let header = format!("Bearer {}", mint_token("bench-secret", "user-42", 3600)).into_bytes();
     c.bench_function("token/verify_hs256", |b| {
         b.iter(|| verifier.verify(black_box(Some(&header))))
@@ -149,7 +156,7 @@ fn sold_out_mirror(c: &mut Criterion) {
         },
         Duration::from_secs(60),
     );
-    let sold_out = SoldOut::new(redis, 1000, Duration::from_secs(60));
+    let sold_out = SoldOut::new(redis, 1000, Duration::from_secs(60), Clock::system());
     runtime.block_on(async {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .acquire_timeout(Duration::from_millis(1))

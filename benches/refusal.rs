@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 use flashgate::admission::Admission;
 use flashgate::auth::mint_token_for;
+use flashgate::clock::Clock;
 use flashgate::config::Settings;
 use flashgate::deals::{self, NewDeal};
 use flashgate::domain::DealId;
@@ -177,7 +178,7 @@ fn state(runtime: &tokio::runtime::Runtime, per_ip_limited: bool) -> Arc<State> 
             },
             Duration::from_secs(60),
         );
-        let admission = Admission::new(settings.admission(), redis.clone(), None);
+        let admission = Admission::new(settings.admission(), redis.clone(), Clock::system(), None);
         let holders = BenchDatabase::create().await;
         deals::create(&holders.pool, &sold_out_deal())
             .await

@@ -13,6 +13,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::admission::Admission;
 use crate::admission::oidc::OidcVerifier;
+use crate::clock::Clock;
 use crate::config::Settings;
 use crate::deals::DealSettings;
 use crate::http::{self, State};
@@ -88,6 +89,11 @@ impl Application {
     /// Binds, then connects and migrates (when configured). Redis being down is not an
     /// error. Both ports are taken first, so a port in use is said before anything is dialled.
     pub async fn build(settings: Settings) -> Result<Self, AppError> {
+        Self::build_on(settings, Clock::system()).await
+    }
+
+    /// As `build`, with every time-dependent rule on `clock` (a test's manual clock).
+    pub async fn build_on(settings: Settings, clock: Clock) -> Result<Self, AppError> {
         let (public, local_addr) = bind(Listener::Public, settings.server.listen).await?;
         let (ops, ops_addr) = bind(Listener::Ops, settings.server.ops_listen).await?;
         telemetry::prometheus();
@@ -107,9 +113,10 @@ impl Application {
         let pools = Pools::new(&settings.database)?;
         let redis = RedisHandle::from_settings(&settings.redis);
         redis.connect().await;
-        let provider = identity_provider(&settings).await?;
-        let admission = Admission::new(settings.admission(), redis.clone(), provider);
-        let payments = build_payments(&settings)?;
+        let provider = identity_provider(&settings, &clock).await?;
+        let admission =
+            Admission::new(settings.admission(), redis.clone(), clock.clone(), provider);
+        let payments = build_payments(&settings, &clock)?;
         let stock_events = subscribe_stock_events(&admission, &pools);
         let state = State::new(
             settings.handlers(),
@@ -176,15 +183,24 @@ impl Application {
 }
 
 /// The OpenID Connect provider's verifier with its keys read, when `[auth.oidc]` names one.
-async fn identity_provider(settings: &Settings) -> Result<Option<Arc<OidcVerifier>>, AppError> {
+async fn identity_provider(
+    settings: &Settings,
+    clock: &Clock,
+) -> Result<Option<Arc<OidcVerifier>>, AppError> {
     let auth = &settings.auth;
     if !auth.oidc.enabled() {
         return Ok(None);
     }
-    OidcVerifier::start(&auth.oidc, auth.jwt_leeway_seconds, auth.user_id_bytes_max)
-        .await
-        .map(Some)
-        .map_err(AppError::Identity)
+    let clock = clock.clone();
+    OidcVerifier::start(
+        &auth.oidc,
+        auth.jwt_leeway_seconds,
+        auth.user_id_bytes_max,
+        clock,
+    )
+    .await
+    .map(Some)
+    .map_err(AppError::Identity)
 }
 
 /// What this instance runs with, for operators and the load scripts: the figures chosen from
@@ -216,15 +232,16 @@ async fn bind(listener: Listener, addr: SocketAddr) -> Result<(TcpListener, Sock
 }
 
 /// The payment provider client, when payments are enabled.
-pub fn build_payments(settings: &Settings) -> Result<Option<Payments>, AppError> {
+pub fn build_payments(settings: &Settings, clock: &Clock) -> Result<Option<Payments>, AppError> {
     if !settings.payments.enabled {
         return Ok(None);
     }
-    let provider = HttpProvider::new(&settings.payments)?;
+    let provider = HttpProvider::new(&settings.payments, clock.clone())?;
     Ok(Some(Payments::new(
         Arc::new(provider),
         settings.payments.clone(),
         Writes::new(&settings.database),
+        clock.clone(),
     )))
 }
 

@@ -22,6 +22,8 @@
 //! - [`domain`]: pure types: ids, quantities, the order state machine.
 //! - [`store`]: pools and migrations; [`redis_link`]: the optional Redis connection.
 //! - [`app`]: builds everything from [`config::Settings`].
+//! - [`clock`]: the one clock every time-dependent rule asks, carried in the state so that
+//!   tests can move it.
 //! - [`config`]: assembles the sections every module declares in its own `settings.rs` into
 //!   one tree, in layers (defaults, file, environment), and checks them; [`settings`] holds
 //!   what the sections' checks share.
@@ -40,6 +42,7 @@
 
 pub mod admission;
 pub mod app;
+pub mod clock;
 pub mod config;
 pub mod deals;
 pub mod domain;

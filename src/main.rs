@@ -279,7 +279,7 @@ async fn serve(mut settings: Settings, demo: bool) -> Result<(), String> {
 
 /// One reconciliation pass against the configured provider; findings go to stdout as JSON.
 async fn reconcile(settings: &Settings) -> Result<(), String> {
-    let payments = flashgate::app::build_payments(settings)
+    let payments = flashgate::app::build_payments(settings, &flashgate::clock::Clock::system())
         .map_err(|e| e.to_string())?
         .ok_or("payments are disabled (payments.enabled = false)")?;
     let pools = store::Pools::connect(&settings.database)

@@ -29,7 +29,7 @@ mod settings;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
@@ -38,9 +38,9 @@ use redis::cluster_routing::Slot;
 use redis::{AsyncConnectionConfig, Client, Cmd, FromRedisValue, RedisResult, ToRedisArgs, Value};
 use tokio::sync::RwLock;
 // Tokio's clock (the same as std's unless a test pauses it), so tests can advance it.
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::{elapsed_since, monotonic};
 use crate::settings::redact_url;
 
 use crate::telemetry;
@@ -222,7 +222,7 @@ impl RedisHandle {
                 command_timeout: timeouts.command,
                 unresponsive_after: timeouts.unresponsive_after,
                 answered_ms: AtomicU64::new(0),
-                created: Instant::now(),
+                created: monotonic(),
                 url: redact_url(url),
                 outage: Mutex::new(Outage::default()),
                 refused: AtomicU64::new(0),
@@ -337,7 +337,7 @@ impl RedisHandle {
 
     /// Records that Redis answered just now.
     fn answered(&self) {
-        let ms = u64::try_from(self.inner.created.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let ms = u64::try_from(elapsed_since(self.inner.created).as_millis()).unwrap_or(u64::MAX);
         self.inner.answered_ms.store(ms, Ordering::Relaxed);
     }
 
@@ -355,7 +355,7 @@ impl RedisHandle {
 
     fn unresponsive(&self) -> bool {
         let answered = Duration::from_millis(self.inner.answered_ms.load(Ordering::Relaxed));
-        self.inner.created.elapsed().saturating_sub(answered) >= self.inner.unresponsive_after
+        elapsed_since(self.inner.created).saturating_sub(answered) >= self.inner.unresponsive_after
     }
 
     /// Connects whenever disconnected, until `shutdown`.
@@ -462,7 +462,7 @@ impl RedisHandle {
     fn lost(&self, error: &dyn std::fmt::Display) {
         self.inner.health.set(false);
         metrics::gauge!(telemetry::REDIS_UP).set(0.0);
-        let now = Instant::now();
+        let now = monotonic();
         let mut outage = self.outage();
         outage.failures += 1;
         let since = *outage.since.get_or_insert(now);
@@ -507,7 +507,7 @@ impl RedisHandle {
         match since {
             Some(since) if announced => tracing::info!(
                 %url,
-                down_seconds = since.elapsed().as_secs(),
+                down_seconds = elapsed_since(since).as_secs(),
                 "redis reachable again"
             ),
             _ if first => tracing::info!(%url, "redis connected"),

@@ -77,12 +77,15 @@ mod tests {
     async fn ticks_at_once_then_every_interval_until_shutdown() {
         let shutdown = CancellationToken::new();
         let mut every = Every::new(Duration::from_millis(100), shutdown.clone());
-        let started = tokio::time::Instant::now();
+        let started = crate::clock::monotonic();
 
         assert!(every.tick().await);
-        assert_eq!(started.elapsed(), Duration::ZERO);
+        assert_eq!(crate::clock::elapsed_since(started), Duration::ZERO);
         assert!(every.tick().await);
-        assert_eq!(started.elapsed(), Duration::from_millis(100));
+        assert_eq!(
+            crate::clock::elapsed_since(started),
+            Duration::from_millis(100)
+        );
 
         shutdown.cancel();
         assert!(!every.tick().await, "no tick once shutdown began");
@@ -91,13 +94,16 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_late_tick_delays_the_next_instead_of_bunching() {
         let mut every = Every::new(Duration::from_millis(100), CancellationToken::new());
-        let started = tokio::time::Instant::now();
+        let started = crate::clock::monotonic();
         every.tick().await;
         tokio::time::sleep(Duration::from_millis(350)).await;
 
         every.tick().await;
         every.tick().await;
 
-        assert_eq!(started.elapsed(), Duration::from_millis(450));
+        assert_eq!(
+            crate::clock::elapsed_since(started),
+            Duration::from_millis(450)
+        );
     }
 }

@@ -30,8 +30,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::limits::{Limited, Scope, SharedLimiter};
-use super::slices::{Clock, Need, Slices, SystemClock};
+use super::slices::{Need, Slices, shared_now_us};
 use super::{GlobalLimitSettings, LimitSettings, RateSettings};
+use crate::clock::Clock;
 use crate::redis_link::{RedisError, RedisHandle, Script};
 use crate::telemetry;
 
@@ -168,13 +169,10 @@ struct Inner {
 }
 
 impl GlobalLimits {
-    pub fn new(settings: &LimitSettings, redis: RedisHandle) -> Self {
-        Self::with_clock(settings, redis, Arc::new(SystemClock))
-    }
-
-    /// As `new`, with the slices and the shared budget on `clock`'s time (a test advances
-    /// it); the fallback share while Redis is down keeps the process's clock.
-    pub fn with_clock(settings: &LimitSettings, redis: RedisHandle, clock: Arc<dyn Clock>) -> Self {
+    /// The slices and the shared budget run on `clock`'s time (a test advances it; the
+    /// system's clock leaves the budget on Redis's); the fallback share while Redis is down
+    /// keeps the process's clock.
+    pub fn new(settings: &LimitSettings, redis: RedisHandle, clock: Clock) -> Self {
         let g = settings.global;
         let n = g.instances_assumed;
         let slice_max = g.deal_slice.min(settings.per_deal.burst);
@@ -267,7 +265,7 @@ impl GlobalLimits {
             rate: self.inner.deal.rate,
             want,
             give_back,
-            now_us: self.inner.slices.clock().shared_now_us(),
+            now_us: shared_now_us(self.inner.slices.clock()),
         };
         let answers = take(&self.inner.redis, &self.inner.gcra, &[key], call).await;
         answers.ok()?.first().copied()
@@ -393,7 +391,7 @@ async fn answer_group(limits: &Inner, group: Vec<UserCheck>) {
         rate: limits.user.rate,
         want: 1,
         give_back: 0,
-        now_us: limits.slices.clock().shared_now_us(),
+        now_us: shared_now_us(limits.slices.clock()),
     };
     let answers = take(&limits.redis, &limits.gcra, &keys, call).await.ok();
     for (i, check) in group.into_iter().enumerate() {

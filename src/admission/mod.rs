@@ -22,9 +22,9 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
 use sqlx::PgPool;
 
+use crate::clock::Clock;
 use crate::deals::{Deal, DealCache, Window};
 use crate::domain::{Quantity, UserId};
 use crate::redis_link::RedisHandle;
@@ -105,6 +105,8 @@ pub struct Admission {
     sold_out: SoldOut,
     deals: DealCache,
     waiting_room: WaitingRoom,
+    /// Decides the sale window; every part of admission that keeps time shares it.
+    clock: Clock,
 }
 
 impl Admission {
@@ -113,18 +115,20 @@ impl Admission {
     pub fn new(
         settings: AdmissionSettings<'_>,
         redis: RedisHandle,
+        clock: Clock,
         provider: Option<Arc<OidcVerifier>>,
     ) -> Self {
         Self {
             client_ip: ClientIp::new(settings.trusted_proxies.to_vec()),
             limits: RateLimits::new(settings.limits),
-            global: GlobalLimits::new(settings.limits, redis.clone()),
+            global: GlobalLimits::new(settings.limits, redis.clone(), clock.clone()),
             tokens: Tokens::new(
                 TokenVerifier::new(
                     &settings.auth.jwt_secret,
                     token::Audience::of(settings.auth),
                     settings.auth.jwt_leeway_seconds,
                     settings.auth.user_id_bytes_max,
+                    clock.clone(),
                 ),
                 provider,
             ),
@@ -132,13 +136,16 @@ impl Admission {
                 redis.clone(),
                 settings.soldout.holders_max,
                 Duration::from_millis(settings.soldout.holders_refresh_ms),
+                clock.clone(),
             ),
             deals: DealCache::new(
                 Duration::from_millis(settings.deals.cache_ttl_ms),
                 settings.deals.cache_entries_max,
                 settings.deals.catalogue_ids_max,
+                clock.clone(),
             ),
-            waiting_room: WaitingRoom::new(settings.waiting_room, redis),
+            waiting_room: WaitingRoom::new(settings.waiting_room, redis, clock.clone()),
+            clock,
         }
     }
 
@@ -146,6 +153,11 @@ impl Admission {
     /// a background task).
     pub fn provider(&self) -> Option<&Arc<OidcVerifier>> {
         self.tokens.provider()
+    }
+
+    /// The application's clock.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     pub fn waiting_room(&self) -> &WaitingRoom {
@@ -221,7 +233,7 @@ impl Admission {
         // tens of microseconds for a provider's token; the deal is read from the cache
         // (and an unknown id from the catalogue) almost always.
         let deal = self.deal(pool, deal_id).await.map_err(counted)?;
-        match deal.window(Utc::now()) {
+        match deal.window(self.clock.now()) {
             Window::Open => {}
             closed => return Err(counted(Rejection::SaleNotOpen(closed))),
         }

@@ -1,4 +1,4 @@
-//! Slices of a deal's shared budget held by this instance, and the clock they run on.
+//! Slices of a deal's shared budget held by this instance, on the application's clock.
 //!
 //! Taking a fixed slice per Redis call wastes the budget on sparse traffic: an instance that
 //! sees one request per `slice_ttl_ms` would take a whole slice for it and drop the rest. So
@@ -9,68 +9,19 @@
 //! then costs one request of budget per request and a flood takes whole slices, and either
 //! way the deal's budget is spent on requests, not dropped.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 
-/// Time for the shared limits. The budget in Redis runs on Redis's clock (`TIME`), so that
-/// instances with skewed clocks agree; a test clock supplies its own time to both.
-pub trait Clock: Send + Sync {
-    fn now(&self) -> Instant;
-    /// Microseconds for the budget in Redis; `None` for Redis's own clock.
-    fn shared_now_us(&self) -> Option<u64>;
-}
+use crate::clock::Clock;
 
-/// The real clock: this process's for slices, Redis's for the budget.
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> Instant {
-        Instant::now()
-    }
-
-    fn shared_now_us(&self) -> Option<u64> {
-        None
-    }
-}
-
-/// A clock that moves only when told, for tests and simulations of the limits.
-pub struct ManualClock {
-    start: Instant,
-    elapsed_us: AtomicU64,
-}
-
-/// Where a manual clock's shared time starts, so that it is never zero.
-const MANUAL_EPOCH_US: u64 = 1_000_000_000;
-
-impl ManualClock {
-    pub fn new() -> Arc<Self> {
-        Arc::new(Self {
-            start: Instant::now(),
-            elapsed_us: AtomicU64::new(0),
-        })
-    }
-
-    pub fn advance(&self, by: Duration) {
-        let us = u64::try_from(by.as_micros()).unwrap_or(u64::MAX);
-        self.elapsed_us.fetch_add(us, Ordering::Relaxed);
-    }
-
-    fn elapsed(&self) -> Duration {
-        Duration::from_micros(self.elapsed_us.load(Ordering::Relaxed))
-    }
-}
-
-impl Clock for ManualClock {
-    fn now(&self) -> Instant {
-        self.start + self.elapsed()
-    }
-
-    fn shared_now_us(&self) -> Option<u64> {
-        Some(MANUAL_EPOCH_US + self.elapsed_us.load(Ordering::Relaxed))
-    }
+/// The shared budget's time: `None` is Redis's clock (`TIME`), so that instances with
+/// skewed clocks agree; on a manual clock the budget runs on that clock's time too, so that
+/// a test moves both together.
+pub fn shared_now_us(clock: &Clock) -> Option<u64> {
+    clock
+        .is_manual()
+        .then(|| u64::try_from(clock.now().timestamp_micros()).unwrap_or(0))
 }
 
 /// What a check on this instance needs from the shared budget.
@@ -94,12 +45,12 @@ struct Slice {
 pub struct Slices {
     max: u32,
     ttl: Duration,
-    clock: Arc<dyn Clock>,
+    clock: Clock,
     by_deal: DashMap<String, Slice>,
 }
 
 impl Slices {
-    pub fn new(max: u32, ttl: Duration, clock: Arc<dyn Clock>) -> Self {
+    pub fn new(max: u32, ttl: Duration, clock: Clock) -> Self {
         Self {
             max: max.max(1),
             ttl,
@@ -108,13 +59,13 @@ impl Slices {
         }
     }
 
-    pub fn clock(&self) -> &dyn Clock {
-        self.clock.as_ref()
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// Spends one request of `deal`'s live slice, or says what to ask Redis for.
     pub fn take(&self, deal: &str) -> Need {
-        let now = self.clock.now();
+        let now = self.clock.instant();
         let mut slice = self.by_deal.entry(deal.to_owned()).or_insert(Slice {
             left: 0,
             expires: now,
@@ -146,7 +97,7 @@ impl Slices {
         if left == 0 {
             return;
         }
-        let expires = self.clock.now() + self.ttl;
+        let expires = self.clock.instant() + self.ttl;
         if let Some(mut slice) = self.by_deal.get_mut(deal) {
             slice.left += left;
             slice.expires = expires;
@@ -155,7 +106,7 @@ impl Slices {
 
     /// Takes the requests left in lapsed slices, to return them: `(deal, requests)`.
     pub fn lapsed(&self) -> Vec<(String, u32)> {
-        let now = self.clock.now();
+        let now = self.clock.instant();
         let mut lapsed = Vec::new();
         for mut slice in self.by_deal.iter_mut() {
             if slice.left > 0 && slice.expires <= now {
@@ -168,7 +119,7 @@ impl Slices {
 
     /// Drops lapsed and empty slices (their size starts over at one).
     pub fn forget_idle(&self) {
-        let now = self.clock.now();
+        let now = self.clock.instant();
         self.by_deal.retain(|_, s| s.left > 0 || s.expires > now);
     }
 }
@@ -176,10 +127,11 @@ impl Slices {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ManualClock;
 
-    fn slices(max: u32) -> (Slices, Arc<ManualClock>) {
-        let clock = ManualClock::new();
-        let slices = Slices::new(max, Duration::from_millis(50), clock.clone());
+    fn slices(max: u32) -> (Slices, ManualClock) {
+        let clock = ManualClock::starting_now();
+        let slices = Slices::new(max, Duration::from_millis(50), clock.clock());
         (slices, clock)
     }
 

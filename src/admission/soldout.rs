@@ -32,6 +32,7 @@ use dashmap::{DashMap, DashSet};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::Clock;
 use crate::inventory;
 use crate::redis_link::RedisHandle;
 use crate::shutdown::Every;
@@ -122,12 +123,20 @@ pub struct SoldOut {
     redis: RedisHandle,
     holders_max: usize,
     holders_ttl: Duration,
+    /// What the holders' age is measured on.
+    clock: Clock,
 }
 
 impl SoldOut {
     /// `holders_max` bounds the users remembered per deal (beyond it, replays after the
-    /// sell-out are answered sold out); `holders_ttl` is how often they are re-read.
-    pub fn new(redis: RedisHandle, holders_max: usize, holders_ttl: Duration) -> Self {
+    /// sell-out are answered sold out); `holders_ttl` is how often they are re-read, on
+    /// `clock`.
+    pub fn new(
+        redis: RedisHandle,
+        holders_max: usize,
+        holders_ttl: Duration,
+        clock: Clock,
+    ) -> Self {
         Self {
             mirror: Arc::new(DashMap::new()),
             checking: Arc::new(DashSet::new()),
@@ -138,6 +147,7 @@ impl SoldOut {
             redis,
             holders_max,
             holders_ttl,
+            clock,
         }
     }
 
@@ -347,10 +357,9 @@ impl SoldOut {
             .mirror
             .iter()
             .filter(|entry| {
-                entry
-                    .loaded_at
-                    .is_none_or(|at| at.elapsed() >= self.holders_ttl)
-                    || entry.freed != freed_now.get(&**entry.key()).copied()
+                entry.loaded_at.is_none_or(|at| {
+                    self.clock.instant().saturating_duration_since(at) >= self.holders_ttl
+                }) || entry.freed != freed_now.get(&**entry.key()).copied()
             })
             .map(|entry| entry.key().to_string())
             .collect();
@@ -379,7 +388,7 @@ impl SoldOut {
         };
         if let Some(mut holders) = self.mirror.get_mut(deal_id) {
             holders.users = Some(Arc::new(users));
-            holders.loaded_at = Some(Instant::now());
+            holders.loaded_at = Some(self.clock.instant());
             holders.freed = (read.available == 0).then_some(read.freed);
         }
         self.publish();

@@ -14,6 +14,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
 use super::oidc::{Identity, OidcVerifier};
+use crate::clock::Clock;
 use crate::domain::UserId;
 
 /// The `iss` and `aud` that `config/default.toml` requires (checked by a unit test), used
@@ -79,6 +80,9 @@ pub struct TokenVerifier {
     key: DecodingKey,
     validation: Validation,
     user_id_bytes_max: usize,
+    /// `exp` and `nbf` are checked on the application's clock, with this much leeway.
+    leeway_seconds: i64,
+    clock: Clock,
 }
 
 impl TokenVerifier {
@@ -87,11 +91,12 @@ impl TokenVerifier {
         expected: Audience<'_>,
         leeway_seconds: u64,
         user_id_bytes_max: usize,
+        clock: Clock,
     ) -> Self {
         let mut validation = Validation::new(Algorithm::HS256);
-        validation.leeway = leeway_seconds;
-        validation.validate_exp = true;
-        validation.validate_nbf = true;
+        // The times are checked against `clock` after the signature, not the library's.
+        validation.validate_exp = false;
+        validation.validate_nbf = false;
         validation.set_issuer(&[expected.issuer]);
         validation.set_audience(&[expected.audience]);
         validation.set_required_spec_claims(&["exp", "sub", "iss", "aud"]);
@@ -100,6 +105,8 @@ impl TokenVerifier {
                 .expect("validated: secret is not empty"),
             validation,
             user_id_bytes_max,
+            leeway_seconds: i64::try_from(leeway_seconds).unwrap_or(i64::MAX),
+            clock,
         }
     }
 
@@ -110,13 +117,20 @@ impl TokenVerifier {
 
     /// Verifies a bearer token.
     pub fn verify_token(&self, token: &[u8]) -> Result<UserId, TokenError> {
-        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).map_err(
-            |error| match error.kind() {
-                jsonwebtoken::errors::ErrorKind::ExpiredSignature => TokenError::Expired,
-                _ => TokenError::Invalid,
-            },
-        )?;
-        UserId::parse(&data.claims.sub, self.user_id_bytes_max).map_err(|_| TokenError::Invalid)
+        let claims = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)
+            .map_err(|_| TokenError::Invalid)?
+            .claims;
+        let now = self.clock.now().timestamp();
+        if claims.exp < now.saturating_sub(self.leeway_seconds) {
+            return Err(TokenError::Expired);
+        }
+        if claims
+            .nbf
+            .is_some_and(|nbf| nbf > now.saturating_add(self.leeway_seconds))
+        {
+            return Err(TokenError::Invalid);
+        }
+        UserId::parse(&claims.sub, self.user_id_bytes_max).map_err(|_| TokenError::Invalid)
     }
 }
 
@@ -243,7 +257,7 @@ pub fn mint_token_for(
     user_id: &str,
     ttl_seconds: i64,
 ) -> String {
-    let now = chrono::Utc::now().timestamp();
+    let now = Clock::system().now().timestamp();
     sign(
         secret,
         &Claims {
@@ -278,11 +292,11 @@ mod tests {
     const SECRET: &str = "test-secret";
 
     fn verifier() -> TokenVerifier {
-        TokenVerifier::new(SECRET, Audience::DEFAULT, 0, 128)
+        TokenVerifier::new(SECRET, Audience::DEFAULT, 0, 128, Clock::system())
     }
 
     fn claims(iss: &str, aud: &str, nbf_in_seconds: i64) -> Claims {
-        let now = chrono::Utc::now().timestamp();
+        let now = Clock::system().now().timestamp();
         Claims {
             sub: "alice".into(),
             exp: now + 600,
@@ -313,7 +327,7 @@ mod tests {
         };
         let token = mint_token_for(SECRET, custom, "bob", 60);
         assert!(verifier().verify(Some(&header(&token))).is_err());
-        let verifier = TokenVerifier::new(SECRET, custom, 0, 128);
+        let verifier = TokenVerifier::new(SECRET, custom, 0, 128, Clock::system());
         assert_eq!(
             verifier.verify(Some(&header(&token))).unwrap().as_str(),
             "bob"
@@ -361,6 +375,20 @@ mod tests {
         assert_eq!(
             verifier().verify(Some(b"Bearer ")),
             Err(TokenError::Missing)
+        );
+    }
+
+    #[test]
+    fn a_token_expires_on_the_application_s_clock_after_the_leeway() {
+        let clock = crate::clock::ManualClock::starting_now();
+        let verifier = TokenVerifier::new(SECRET, Audience::DEFAULT, 5, 128, clock.clock());
+        let token = mint_token(SECRET, "alice", 60);
+        clock.advance(std::time::Duration::from_secs(64));
+        assert!(verifier.verify(Some(&header(&token))).is_ok());
+        clock.advance(std::time::Duration::from_secs(3));
+        assert_eq!(
+            verifier.verify(Some(&header(&token))),
+            Err(TokenError::Expired)
         );
     }
 

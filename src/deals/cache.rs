@@ -21,6 +21,7 @@ use dashmap::DashMap;
 use sqlx::PgPool;
 
 use super::Deal;
+use crate::clock::Clock;
 use crate::store::StoreError;
 
 struct Entry {
@@ -67,6 +68,8 @@ pub struct DealCache {
     ttl: Duration,
     entries_max: usize,
     ids_max: usize,
+    /// What a copy's age is measured on.
+    clock: Clock,
 }
 
 /// What the catalogue says about an id.
@@ -80,7 +83,7 @@ enum Known {
 }
 
 impl DealCache {
-    pub fn new(ttl: Duration, entries_max: usize, ids_max: usize) -> Self {
+    pub fn new(ttl: Duration, entries_max: usize, ids_max: usize, clock: Clock) -> Self {
         assert!(entries_max > 0 && ids_max > 0);
         Self {
             entries: DashMap::new(),
@@ -89,7 +92,13 @@ impl DealCache {
             ttl,
             entries_max,
             ids_max,
+            clock,
         }
+    }
+
+    /// How long ago `at` was.
+    fn age(&self, at: Instant) -> Duration {
+        self.clock.instant().saturating_duration_since(at)
     }
 
     /// The deal, from memory when fresh, else from `pool`. A stale deal is re-read by one
@@ -98,9 +107,9 @@ impl DealCache {
     /// for a deal never read).
     pub async fn get(&self, pool: &PgPool, id: &str) -> Result<Option<Arc<Deal>>, StoreError> {
         let refresh = match self.entries.get(id) {
-            Some(entry) if entry.loaded_at.elapsed() < self.ttl => return Ok(entry.deal.clone()),
+            Some(entry) if self.age(entry.loaded_at) < self.ttl => return Ok(entry.deal.clone()),
             Some(entry) => match Refresh::claim(&entry.refreshing) {
-                None if entry.loaded_at.elapsed() < 2 * self.ttl => {
+                None if self.age(entry.loaded_at) < 2 * self.ttl => {
                     return Ok(entry.deal.clone());
                 }
                 claim => claim,
@@ -126,7 +135,7 @@ impl DealCache {
     fn known(&self, id: &str) -> Known {
         let catalogue = self.catalogue.read().unwrap_or_else(|e| e.into_inner());
         match catalogue.as_ref() {
-            Some(c) if c.loaded_at.elapsed() < self.ttl => match &c.ids {
+            Some(c) if self.age(c.loaded_at) < self.ttl => match &c.ids {
                 Some(ids) if ids.contains(id) => Known::Yes,
                 Some(_) => Known::No,
                 None => Known::Unlisted,
@@ -152,7 +161,7 @@ impl DealCache {
         }
         *self.catalogue.write().unwrap_or_else(|e| e.into_inner()) = Some(Catalogue {
             ids,
-            loaded_at: Instant::now(),
+            loaded_at: self.clock.instant(),
         });
         Ok(())
     }
@@ -182,7 +191,7 @@ impl DealCache {
             id.into(),
             Entry {
                 deal,
-                loaded_at: Instant::now(),
+                loaded_at: self.clock.instant(),
                 refreshing: Arc::default(),
             },
         );

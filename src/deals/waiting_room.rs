@@ -206,7 +206,7 @@ mod tests {
 
     #[test]
     fn defaults_are_valid_and_bounds_are_checked() {
-        let starts = Some(Utc::now());
+        let starts = Some(crate::clock::Clock::system().now());
         assert_eq!(WaitingRoomTerms::default().validate(starts), Ok(()));
         let bad = [
             WaitingRoomTerms {
@@ -260,7 +260,7 @@ mod tests {
 
     #[test]
     fn the_queue_opens_at_the_prequeue_or_the_start() {
-        let now = Utc::now();
+        let now = crate::clock::Clock::system().now();
         let later = Some(now + chrono::Duration::seconds(60));
         let earlier = Some(now - chrono::Duration::seconds(60));
         let terms = WaitingRoomTerms::default();

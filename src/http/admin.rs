@@ -192,11 +192,11 @@ impl<'a> AdminWaitingRoom<'a> {
 
 impl<'a> AdminDealView<'a> {
     /// The view of `deal`; `outflow` is its line's published outflow, when known.
-    pub(super) fn new(deal: &'a Deal, outflow: Option<f64>) -> Self {
+    pub(super) fn new(deal: &'a Deal, outflow: Option<f64>, now: DateTime<Utc>) -> Self {
         Self {
             id: &deal.id,
             name: &deal.name,
-            state: deal.public_state(Utc::now(), deal.stock_total == 0),
+            state: deal.public_state(now, deal.stock_total == 0),
             stock_total: deal.stock_total,
             buckets: deal.bucket_count,
             unit_price_minor: deal.unit_price_minor,
@@ -236,7 +236,7 @@ pub(super) async fn deal_reply(state: &State, deal: &Deal) -> Reply {
     let outflow = published_outflow(state, deal).await;
     Ok(body::respond(
         StatusCode::OK,
-        &AdminDealView::new(deal, outflow),
+        &AdminDealView::new(deal, outflow, state.clock.now()),
         Caching::Private,
     ))
 }
@@ -302,7 +302,7 @@ pub async fn create_deal(state: &State, request: Request<Incoming>) -> Reply {
         .await;
     Ok(body::respond(
         StatusCode::CREATED,
-        &AdminDealView::new(&deal, None),
+        &AdminDealView::new(&deal, None, state.clock.now()),
         Caching::Private,
     ))
 }

@@ -25,6 +25,8 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
+use crate::clock::monotonic;
+
 /// The most bytes one read takes from the socket; a longer request takes several reads.
 const READ_BYTES_MAX: usize = 2048;
 
@@ -414,6 +416,11 @@ impl Future for HeadTimer {
     }
 }
 
+/// Tokio's monotonic time now (the head timers are tokio's).
+fn now() -> Instant {
+    Instant::from_std(monotonic())
+}
+
 /// When the connection began waiting for its next request head, or that it is answering
 /// one. Marked twice per request (two atomic stores), it lets one timer per connection,
 /// reset once per timeout at most, enforce the header read timeout: a timer per request
@@ -430,7 +437,7 @@ impl HeadClock {
     /// A new connection waits for its first head from now.
     pub fn new() -> Arc<Self> {
         Arc::new(Self {
-            origin: Instant::now(),
+            origin: now(),
             waiting_since: AtomicU64::new(0),
         })
     }
@@ -448,7 +455,7 @@ impl HeadClock {
 
     /// An answer was given: the connection waits for its next head from now.
     pub fn answered(&self) {
-        self.answered_at(Instant::now());
+        self.answered_at(now());
     }
 
     /// An answer was given at `at`: the connection waits for its next head from then.
@@ -460,7 +467,7 @@ impl HeadClock {
 
     /// When the wait for the current head ends, or `None` when it has ended already.
     pub(super) fn next_due(&self, head_timeout: Duration) -> Option<Instant> {
-        let now = Instant::now();
+        let now = now();
         match self.waiting_since.load(Ordering::Relaxed) {
             // The request's own timeout bounds an answer; the head clock starts after it.
             ANSWERING => Some(now + head_timeout),
@@ -519,11 +526,11 @@ mod tests {
         let answering = clock.answering();
         tokio::time::sleep(timeout).await;
         // Answering for longer than the timeout: not due, looked at a whole timeout later.
-        let before = Instant::now();
+        let before = now();
         assert!(clock.next_due(timeout).expect("answering") >= before + timeout);
 
         drop(answering);
-        let answered = Instant::now();
+        let answered = now();
         let due = clock.next_due(timeout).expect("waiting again");
         assert!(due > answered && due <= answered + timeout);
         tokio::time::sleep_until(due).await;
@@ -554,7 +561,7 @@ mod tests {
         let stream = SharedStream::new(listener.accept().await.unwrap().0);
         let (timeout, answering_for) = (Duration::from_millis(100), Duration::from_millis(250));
         let heads = HeadClock::new();
-        let start = Instant::now();
+        let start = now();
         let driven = tokio::spawn(drive(
             Silent,
             stream,
@@ -571,7 +578,7 @@ mod tests {
             .await
             .expect("closed after the timeout")
             .expect("no panic");
-        assert!(start.elapsed() >= answering_for + timeout);
+        assert!(now() - start >= answering_for + timeout);
     }
 
     #[tokio::test]

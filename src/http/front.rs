@@ -164,7 +164,14 @@ fn answer_one(state: &State, peer: SocketAddr, bytes: &[u8], out: &mut Vec<u8>) 
     };
     let path = path.split_once('?').map_or(path, |(path, _query)| path);
     let head = Head(request.headers);
-    match router::begin_front(state, peer, path, &head, &http_date(), out) {
+    match router::begin_front(
+        state,
+        peer,
+        path,
+        &head,
+        &http_date(state.clock.now().into()),
+        out,
+    ) {
         Early::Refused => One::Answered(whole),
         Early::Admitted(deal_id) => One::Stop(Next::Hyper(Some(deal_id))),
         Early::Other => One::Stop(Next::Hyper(None)),
@@ -234,9 +241,8 @@ thread_local! {
     static DATE: Cell<(u64, [u8; DATE_BYTES])> = const { Cell::new((0, [0; DATE_BYTES])) };
 }
 
-/// The `Date` header's value now.
-fn http_date() -> [u8; DATE_BYTES] {
-    let now = SystemTime::now();
+/// The `Date` header's value at `now`.
+fn http_date(now: SystemTime) -> [u8; DATE_BYTES] {
     let second = now
         .duration_since(UNIX_EPOCH)
         .map_or(0, |since| since.as_secs());
@@ -284,7 +290,7 @@ mod tests {
 
     #[test]
     fn the_date_is_an_imf_fixdate() {
-        let date = http_date();
+        let date = http_date(crate::clock::Clock::system().now().into());
         let text = std::str::from_utf8(&date).expect("ASCII");
         assert!(httpdate::parse_http_date(text).is_ok(), "{text}");
     }

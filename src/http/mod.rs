@@ -34,6 +34,7 @@ use std::sync::atomic::AtomicBool;
 use http::HeaderName;
 
 use crate::admission::Admission;
+use crate::clock::Clock;
 use crate::inventory::StockEvents;
 use crate::orders::lanes::{Engine, LaneSettings};
 use crate::payments::Payments;
@@ -56,6 +57,9 @@ pub struct State {
     /// Places, cancels and pays for orders: what the order and payment handlers call.
     pub sale: Sale,
     pub client_ip_header: HeaderName,
+    /// The application's clock: what every time-dependent rule asks (admission's own copy
+    /// is the same clock).
+    pub clock: Clock,
     /// False once shutdown has begun, so load balancers stop sending traffic.
     pub ready: AtomicBool,
     /// True once shutdown has begun: every answer closes its connection.
@@ -84,6 +88,7 @@ impl State {
             pools.clone(),
             stock_events,
         );
+        let clock = admission.clock().clone();
         let client_ip_header = HeaderName::from_bytes(settings.server.client_ip_header.as_bytes())
             .expect("validated: client_ip_header is a header name");
         Arc::new(Self {
@@ -93,6 +98,7 @@ impl State {
             admission,
             sale,
             client_ip_header,
+            clock,
             ready: AtomicBool::new(true),
             draining: AtomicBool::new(false),
         })

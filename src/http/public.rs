@@ -134,7 +134,10 @@ pub async fn get_deal(
     let view = DealView {
         id: &deal.id,
         name: &deal.name,
-        state: deal.public_state(Utc::now(), state.admission.sold_out().is_sold_out(&deal.id)),
+        state: deal.public_state(
+            state.clock.now(),
+            state.admission.sold_out().is_sold_out(&deal.id),
+        ),
         unit_price_minor: deal.unit_price_minor,
         currency: &deal.currency,
         starts_at: deal.starts_at,

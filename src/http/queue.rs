@@ -149,7 +149,7 @@ pub async fn join(
 ) -> Reply {
     let user = user(state, peer, request).await?;
     let deal = deal_with_room(state, raw_id).await?;
-    let now = Utc::now();
+    let now = state.clock.now();
     if deal.window(now) == Window::Ended {
         return Err(sale_not_open("the sale has ended"));
     }
@@ -214,7 +214,7 @@ pub async fn line(
         mode: deal.waiting_room.admission.mode.as_str(),
         outflow_per_second: line.outflow_per_second.map(round_rate),
         max_active: deal.waiting_room.max_active,
-        state: deal.public_state(Utc::now(), sold_out),
+        state: deal.public_state(state.clock.now(), sold_out),
         queue_order: deal.waiting_room.queue_order.clone(),
         seed_sha256: line.seed_sha256,
         seed: line.seed,

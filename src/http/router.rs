@@ -17,6 +17,7 @@ use super::guard::Headers;
 use super::problem::Problem;
 use super::request_id::{self, RequestId};
 use super::{State, admin, operator_log, ops, payments, public, queue, review, wait_page};
+use crate::clock::{elapsed_since, monotonic};
 use crate::domain::DealId;
 use crate::telemetry;
 
@@ -310,7 +311,7 @@ pub fn begin(
     request: Request<Incoming>,
     admitted: Option<DealId>,
 ) -> Begun {
-    let started = Instant::now();
+    let started = monotonic();
     let id = RequestId::of(
         request.headers(),
         state.settings.server.request_id_bytes_max,
@@ -371,7 +372,7 @@ pub fn begin_front(
     date: &[u8],
     out: &mut Vec<u8>,
 ) -> Early {
-    let started = Instant::now();
+    let started = monotonic();
     let route = route_of_path(&Method::POST, path, Face::Public);
     let Route::PlaceOrder(raw_id) = route else {
         return Early::Other;
@@ -385,7 +386,7 @@ pub fn begin_front(
     };
     let (status, slug) = (problem.status(), problem.slug());
     problem.write_http1(&id, date, out);
-    let elapsed = started.elapsed();
+    let elapsed = elapsed_since(started);
     span.record("outcome", slug);
     span.record("latency_ms", elapsed.as_secs_f64() * 1000.0);
     tracing::debug!(parent: &span, status = status.as_u16(), "answered");
@@ -495,7 +496,7 @@ impl<'a> Answered<'a> {
             let close = HeaderValue::from_static("close");
             response.headers_mut().insert(CONNECTION, close);
         }
-        let at = Instant::now();
+        let at = monotonic();
         let elapsed = at.saturating_duration_since(self.started);
         let status = response.status();
         span.record("outcome", outcome);

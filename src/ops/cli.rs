@@ -9,6 +9,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use super::{admission, audit, pause, rebalance};
+use crate::clock::Clock;
 use crate::deals::{
     self, AdmissionMode, AdmissionTerms, Deal, NewDeal, PaymentTerms, WaitingRoomTerms,
 };
@@ -349,7 +350,7 @@ async fn drain_queue(settings: &CliSettings, pool: &PgPool, id: &str) -> Result<
     }
     let redis = connect_redis(settings);
     redis.connect().await;
-    let room = WaitingRoom::new(&settings.waiting_room, redis);
+    let room = WaitingRoom::new(&settings.waiting_room, redis, Clock::system());
     let drained = room.drain(&deal.id).await.map_err(|e| e.to_string())?;
     print(&serde_json::json!({
         "deal_id": deal.id,
@@ -426,7 +427,7 @@ async fn set_admission(
 async fn connected_room(settings: &CliSettings) -> WaitingRoom {
     let redis = connect_redis(settings);
     redis.connect().await;
-    WaitingRoom::new(&settings.waiting_room, redis)
+    WaitingRoom::new(&settings.waiting_room, redis, Clock::system())
 }
 
 /// A deal's waiting room with who drives it and its outflow now (as published by the

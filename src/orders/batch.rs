@@ -16,6 +16,7 @@ use uuid::Uuid;
 
 use super::{Order, OrderError, Placed, StatusColumn, fingerprint};
 use crate::admission::Admitted;
+use crate::clock::{elapsed_since, monotonic};
 use crate::deals::Deal;
 use crate::domain::IdempotencyKey;
 use crate::store::StoreError;
@@ -169,10 +170,10 @@ async fn run(
     .bind(hook.map(PlacementHook::sql_function))
     .bind(hook.map(PlacementHook::argument))
     .bind(options.careful);
-    let waiting = std::time::Instant::now();
+    let waiting = monotonic();
     let mut conn = pool.acquire().await?;
-    metrics::histogram!(telemetry::DB_POOL_WAIT).record(waiting.elapsed().as_secs_f64());
-    let running = std::time::Instant::now();
+    metrics::histogram!(telemetry::DB_POOL_WAIT).record(elapsed_since(waiting).as_secs_f64());
+    let running = monotonic();
     let rows: Vec<Row> = if options.commit_before_answer {
         let mut tx = conn.begin().await?;
         let rows = query.fetch_all(&mut *tx).await?;
@@ -181,7 +182,8 @@ async fn run(
     } else {
         query.fetch_all(&mut *conn).await?
     };
-    metrics::histogram!(telemetry::RESERVATION_TRANSACTION).record(running.elapsed().as_secs_f64());
+    metrics::histogram!(telemetry::RESERVATION_TRANSACTION)
+        .record(elapsed_since(running).as_secs_f64());
     assert!(
         rows.iter()
             .enumerate()

@@ -71,7 +71,8 @@ impl Breaker {
             inner: Mutex::new(Inner {
                 state: BreakerState::Closed,
                 failures: 0,
-                opened_at: Instant::now(),
+                // Read only once opened, which sets it.
+                opened_at: crate::clock::monotonic(),
                 probe_in_flight: false,
             }),
         }
@@ -167,7 +168,7 @@ mod tests {
     #[test]
     fn opens_after_consecutive_failures_only() {
         let breaker = Breaker::new(3, OPEN_FOR);
-        let now = Instant::now();
+        let now = crate::clock::monotonic();
         fail(&breaker, now);
         fail(&breaker, now);
         let permit = breaker.admit(now).unwrap();
@@ -190,7 +191,7 @@ mod tests {
     #[test]
     fn one_probe_after_the_open_time_and_its_outcome_decides() {
         let breaker = Breaker::new(1, OPEN_FOR);
-        let start = Instant::now();
+        let start = crate::clock::monotonic();
         fail(&breaker, start);
         let later = start + OPEN_FOR;
         let probe = breaker.admit(later).expect("a probe");
@@ -214,7 +215,7 @@ mod tests {
     #[test]
     fn a_late_failure_from_before_the_opening_does_not_reopen_a_probe() {
         let breaker = Breaker::new(1, OPEN_FOR);
-        let start = Instant::now();
+        let start = crate::clock::monotonic();
         let early = breaker.admit(start).unwrap();
         fail(&breaker, start);
         let probe = breaker.admit(start + OPEN_FOR).unwrap();

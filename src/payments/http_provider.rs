@@ -6,7 +6,7 @@
 //! repeat: creates and refunds carry idempotency keys, reads and state changes are
 //! idempotent at the provider.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use reqwest::{Method, StatusCode};
@@ -18,6 +18,7 @@ use super::PaymentSettings;
 use super::breaker::{Breaker, CallOutcome};
 use super::provider::*;
 use super::signature;
+use crate::clock::{Clock, monotonic};
 use crate::telemetry;
 
 pub struct HttpProvider {
@@ -30,6 +31,8 @@ pub struct HttpProvider {
     retry_backoff: Duration,
     client: reqwest::Client,
     breaker: Breaker,
+    /// What the breaker's open time is measured on.
+    clock: Clock,
 }
 
 /// Why the provider client could not be built.
@@ -44,7 +47,7 @@ pub enum ClientError {
 impl HttpProvider {
     /// A client speaking HTTP or, for an `https` `base_url`, TLS through rustls, trusting
     /// the system's certificate authorities or only those in `payments.ca_file`.
-    pub fn new(settings: &PaymentSettings) -> Result<Self, ClientError> {
+    pub fn new(settings: &PaymentSettings, clock: Clock) -> Result<Self, ClientError> {
         let mut builder = reqwest::Client::builder()
             .tls_backend_rustls()
             .https_only(settings.base_url.starts_with("https://"))
@@ -67,6 +70,7 @@ impl HttpProvider {
                 settings.breaker_failures_max,
                 Duration::from_millis(settings.breaker_open_ms),
             ),
+            clock,
         })
     }
 
@@ -80,7 +84,7 @@ impl HttpProvider {
         key: Option<&str>,
         body: Option<Value>,
     ) -> Result<Value, ProviderError> {
-        let Some(permit) = self.breaker.admit(Instant::now()) else {
+        let Some(permit) = self.breaker.admit(self.clock.instant()) else {
             metrics::counter!(telemetry::PROVIDER_ERRORS, "op" => op, "kind" => ProviderError::CircuitOpen.label())
                 .increment(1);
             return Err(ProviderError::CircuitOpen);
@@ -90,7 +94,7 @@ impl HttpProvider {
             Err(error) if error.is_transient() => CallOutcome::Failed,
             _ => CallOutcome::Answered,
         };
-        self.breaker.record(permit, health, Instant::now());
+        self.breaker.record(permit, health, self.clock.instant());
         outcome
     }
 
@@ -102,7 +106,7 @@ impl HttpProvider {
         key: Option<&str>,
         body: Option<Value>,
     ) -> Result<Value, ProviderError> {
-        let started = Instant::now();
+        let started = monotonic();
         let mut attempt = 0;
         let outcome = loop {
             match self
@@ -117,7 +121,7 @@ impl HttpProvider {
             }
         };
         metrics::histogram!(telemetry::PROVIDER_CALL_DURATION, "op" => op)
-            .record(started.elapsed().as_secs_f64());
+            .record(monotonic().saturating_duration_since(started).as_secs_f64());
         if let Err(error) = &outcome {
             metrics::counter!(telemetry::PROVIDER_ERRORS, "op" => op, "kind" => error.label())
                 .increment(1);

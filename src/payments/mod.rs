@@ -35,6 +35,7 @@ pub mod workers;
 
 use std::sync::Arc;
 
+use crate::clock::Clock;
 use crate::store::Writes;
 use provider::PaymentProvider;
 
@@ -48,6 +49,8 @@ pub struct Payments {
     /// How bookkeeping written outside a transaction of its own is committed before the
     /// provider is called or anyone is answered.
     pub writes: Writes,
+    /// The application's clock: a webhook's age is judged on it.
+    pub clock: Clock,
 }
 
 impl Payments {
@@ -55,11 +58,13 @@ impl Payments {
         provider: Arc<dyn PaymentProvider>,
         settings: PaymentSettings,
         writes: Writes,
+        clock: Clock,
     ) -> Self {
         Self {
             provider,
             settings,
             writes,
+            clock,
         }
     }
 }

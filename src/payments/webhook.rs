@@ -4,7 +4,6 @@
 //! read. The event id is recorded in `payment_events` in the same transaction that applies
 //! the event, so each event takes effect exactly once however often it is delivered.
 
-use chrono::Utc;
 use sqlx::{PgConnection, PgPool};
 
 use super::Payments;
@@ -74,10 +73,10 @@ impl Payments {
             return Err(WebhookRejection::UnknownProvider);
         }
         self.provider
-            .verify_webhook(signature, body, Utc::now().timestamp())?;
+            .verify_webhook(signature, body, self.clock.now().timestamp())?;
         let event = self.provider.parse_event(body)?;
         if let Some(created_at) = event.created_at {
-            let lag = (Utc::now() - created_at).num_milliseconds().max(0) as f64 / 1000.0;
+            let lag = (self.clock.now() - created_at).num_milliseconds().max(0) as f64 / 1000.0;
             metrics::histogram!(telemetry::WEBHOOK_LAG).record(lag);
         }
         let mut tx = pool.begin().await.map_err(StoreError::from)?;

@@ -92,7 +92,7 @@ impl Sale {
 
     /// Admits, reserves, releases the waiting-room pass and opens the payment.
     pub async fn place(&self, request: OrderRequest<'_>) -> Result<OrderOutcome, SaleError> {
-        let started = tokio::time::Instant::now();
+        let started = crate::clock::monotonic();
         // Admission does not depend on the quantity: a quantity out of range is refused
         // after it, so that its key check is held to the same limits.
         let asked = request.quantity.as_ref().map_or(Quantity::ONE, |q| *q);

@@ -41,7 +41,7 @@ pub fn record(what: &'static str, error: &sqlx::Error) {
     let due = TALLY
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .record(Instant::now(), interval);
+        .record(crate::clock::monotonic(), interval);
     if let Some(failed) = due {
         tracing::warn!(
             %error, failed, what,
@@ -81,7 +81,7 @@ mod tests {
             warned_at: None,
             unlogged: 0,
         };
-        let start = Instant::now();
+        let start = crate::clock::monotonic();
         let interval = Duration::from_secs(10);
         let at = |ms: u64| start + Duration::from_millis(ms);
         assert_eq!(tally.record(at(0), interval), Some(1));

@@ -11,12 +11,13 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection, PgPool, Row};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+use crate::clock::{elapsed_since, monotonic};
 
 /// How long one probe of one host may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -47,7 +48,7 @@ pub struct Primary {
     current: AtomicUsize,
     /// Milliseconds after `epoch` of the last change of primary (0: none yet).
     changed_ms: AtomicU64,
-    /// On tokio's clock, so that tests can pause and advance it.
+    /// On tokio's clock ([`monotonic`]), so that tests can pause and advance it.
     epoch: Instant,
 }
 
@@ -60,7 +61,7 @@ impl Primary {
             options,
             current: AtomicUsize::new(0),
             changed_ms: AtomicU64::new(0),
-            epoch: Instant::now(),
+            epoch: monotonic(),
         })
     }
 
@@ -82,11 +83,7 @@ impl Primary {
     pub fn is_stale(&self, age: Duration) -> bool {
         let changed = self.changed_ms.load(Ordering::Acquire);
         changed > 0
-            && self
-                .epoch
-                .elapsed()
-                .saturating_sub(Duration::from_millis(changed))
-                < age
+            && elapsed_since(self.epoch).saturating_sub(Duration::from_millis(changed)) < age
     }
 
     /// Checks the believed primary; when it fails, finds the host that accepts writes and
@@ -119,7 +116,8 @@ impl Primary {
             }
             if index != current {
                 self.current.store(index, Ordering::Release);
-                let now_ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+                let now_ms =
+                    u64::try_from(elapsed_since(self.epoch).as_millis()).unwrap_or(u64::MAX);
                 self.changed_ms.store(now_ms.max(1), Ordering::Release);
                 for pool in pools {
                     pool.set_connect_options(options.clone());

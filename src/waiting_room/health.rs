@@ -10,13 +10,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::controller::Health;
 use super::{QueueError, WaitingRoom, line_key};
+use crate::clock::monotonic;
 use crate::shutdown::Every;
 
 /// ARGV: instance, p99 ms, orders timed, orders refused 503, breaker open (0/1), ttl ms.
@@ -83,7 +83,10 @@ pub struct Timing {
 
 impl Timing {
     pub fn finish(self, served: Served) {
-        let elapsed_ms = self.started.elapsed().as_secs_f64() * 1000.0;
+        let elapsed_ms = monotonic()
+            .saturating_duration_since(self.started)
+            .as_secs_f64()
+            * 1000.0;
         self.recorder.with(&self.deal, |window| match served {
             Served::Answered if window.latencies_ms.len() < LATENCIES_MAX => {
                 window.latencies_ms.push(elapsed_ms);
@@ -109,7 +112,7 @@ const LATENCIES_MAX: usize = 100_000;
 impl Recorder {
     /// Starts timing an order of `deal` placed with a pass.
     pub fn begin(self: &Arc<Self>, deal: &str) -> Timing {
-        self.begin_at(deal, Instant::now())
+        self.begin_at(deal, monotonic())
     }
 
     /// Times an order of `deal` placed with a pass, from when it `started`.
@@ -150,7 +153,7 @@ impl Recorder {
         let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
         windows
             .retain(|_, w| !w.in_flight.is_empty() || !w.latencies_ms.is_empty() || w.refused > 0);
-        let now = Instant::now();
+        let now = monotonic();
         windows
             .iter_mut()
             .map(|(deal, window)| {

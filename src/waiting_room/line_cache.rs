@@ -7,13 +7,13 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use tokio::sync::Mutex;
-use tokio::time::Instant;
 
 use super::{LineStatus, QueueError};
+use crate::clock::Clock;
 use crate::telemetry;
 
 /// One line's last read, and when it was taken.
@@ -24,13 +24,16 @@ type Slot = Arc<Mutex<Option<(Instant, LineStatus)>>>;
 pub(super) struct LineCache {
     refresh: Duration,
     slots: Arc<DashMap<String, Slot>>,
+    /// What a read's age is measured on.
+    clock: Clock,
 }
 
 impl LineCache {
-    pub fn new(refresh: Duration) -> Self {
+    pub fn new(refresh: Duration, clock: Clock) -> Self {
         Self {
             refresh,
             slots: Arc::default(),
+            clock,
         }
     }
 
@@ -49,14 +52,14 @@ impl LineCache {
             known.unwrap_or_else(|| self.slots.entry(deal_id.to_owned()).or_default().clone());
         let mut held = slot.lock().await;
         if let Some((at, line)) = held.as_ref()
-            && at.elapsed() < self.refresh
+            && self.clock.instant().saturating_duration_since(*at) < self.refresh
         {
             count("memory");
             return Ok(line.clone());
         }
         let line = read().await?;
         count("redis");
-        *held = Some((Instant::now(), line.clone()));
+        *held = Some((self.clock.instant(), line.clone()));
         Ok(line)
     }
 }
@@ -79,7 +82,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn reads_redis_once_per_interval_however_many_poll() {
-        let cache = LineCache::new(Duration::from_millis(1000));
+        let cache = LineCache::new(Duration::from_millis(1000), Clock::system());
         let reads = Arc::new(AtomicU64::new(0));
         let read = |reads: Arc<AtomicU64>| async move {
             let n = reads.fetch_add(1, Ordering::SeqCst);
@@ -107,7 +110,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_read_is_not_kept() {
-        let cache = LineCache::new(Duration::from_millis(1000));
+        let cache = LineCache::new(Duration::from_millis(1000), Clock::system());
         let failed = cache
             .get_or_refresh("d", || async { Err(QueueError::Unexpected("down".into())) })
             .await;

@@ -39,6 +39,7 @@ use std::sync::Arc;
 
 use redis::Value;
 
+use crate::clock::Clock;
 use crate::deals::Deal;
 use crate::redis_link::{RedisError, RedisHandle, Script};
 use crate::telemetry;
@@ -202,25 +203,34 @@ pub struct WaitingRoom {
     health: Arc<health::Recorder>,
     /// Names this instance's health reports.
     instance: String,
+    /// What passes, challenges, revocations and the line's opening are timed on.
+    clock: Clock,
 }
 
 impl WaitingRoom {
-    pub fn new(settings: &WaitingRoomSettings, redis: RedisHandle) -> Self {
+    pub fn new(settings: &WaitingRoomSettings, redis: RedisHandle, clock: Clock) -> Self {
         Self {
             redis,
             passes: Passes::from_settings(settings),
             positions: Positions::new(&settings.pass_secret),
             scripts: Arc::new(Scripts::new()),
-            line_cache: LineCache::new(std::time::Duration::from_millis(
-                settings.line_state_refresh_ms,
-            )),
+            line_cache: LineCache::new(
+                std::time::Duration::from_millis(settings.line_state_refresh_ms),
+                clock.clone(),
+            ),
             settings: Arc::new(settings.clone()),
             revoked: Revoked::default(),
             challenges: Challenges::new(&settings.pass_secret, settings.pow_challenge_ttl_seconds),
             woken: Arc::default(),
             health: Arc::default(),
             instance: hex::encode(rand::random::<[u8; 8]>()),
+            clock,
         }
+    }
+
+    /// The application's clock.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// Where the sale times the orders placed with a pass.
@@ -439,7 +449,7 @@ impl WaitingRoom {
         let waiting: u64 = self.redis.run(&cmd).await?;
         let s = &self.settings;
         let bits = challenge::difficulty(base, waiting, s.pow_crowd_step, s.pow_bits_max);
-        let now_ms = chrono::Utc::now().timestamp_millis();
+        let now_ms = self.clock.now().timestamp_millis();
         Ok(self.challenges.issue(&deal.id, user, bits, now_ms))
     }
 
@@ -452,7 +462,7 @@ impl WaitingRoom {
         floor: u32,
         solution: Option<&[u8]>,
     ) -> Result<(), QueueError> {
-        let now_ms = chrono::Utc::now().timestamp_millis();
+        let now_ms = self.clock.now().timestamp_millis();
         let checked = self
             .challenges
             .check(solution, &deal.id, user, floor, now_ms);
@@ -511,7 +521,7 @@ impl WaitingRoom {
         deal_id: &str,
         user: &str,
     ) -> Result<VerifiedPass, PassError> {
-        let now = chrono::Utc::now().timestamp();
+        let now = self.clock.now().timestamp();
         self.passes
             .verify(pass, deal_id, user, now)
             .and_then(|verified| match self.revoked.contains(&verified.pass_id) {

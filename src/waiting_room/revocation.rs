@@ -103,7 +103,7 @@ pub async fn follow(room: WaitingRoom, shutdown: CancellationToken) {
             last = id;
         }
         room.revoked
-            .forget_expired(chrono::Utc::now().timestamp_millis());
+            .forget_expired(room.clock().now().timestamp_millis());
     }
 }
 

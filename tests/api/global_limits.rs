@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use flashgate::admission::RateSettings;
 use flashgate::admission::global::GlobalLimits;
-use flashgate::admission::slices::ManualClock;
+use flashgate::clock::{Clock, ManualClock};
 use flashgate::redis_link::{RedisHandle, RedisTimeouts};
 use serde_json::json;
 
@@ -274,7 +274,7 @@ async fn per_user_checks_waiting_together_share_script_calls_and_stay_exact() {
         burst: 3,
     };
     limits.global.enabled = true;
-    let global = GlobalLimits::new(&limits, redis);
+    let global = GlobalLimits::new(&limits, redis, Clock::system());
 
     // Act: every check of every user at once.
     let started = Instant::now();
@@ -339,7 +339,7 @@ const DEAL_BURST: u32 = 20;
 
 /// Three limiter instances sharing the test Redis under one fresh key prefix, and the clock
 /// they all run on.
-async fn three_limiters() -> (Vec<GlobalLimits>, Arc<ManualClock>, String) {
+async fn three_limiters() -> (Vec<GlobalLimits>, ManualClock, String) {
     let prefix = format!("fgtest:{}:", unique_suffix());
     let redis = RedisHandle::new(
         &crate::helpers::redis_url(),
@@ -360,9 +360,9 @@ async fn three_limiters() -> (Vec<GlobalLimits>, Arc<ManualClock>, String) {
     limits.global.enabled = true;
     limits.global.deal_slice = 16;
     limits.global.slice_ttl_ms = 50;
-    let clock = ManualClock::new();
+    let clock = ManualClock::starting_now();
     let instances = (0..3)
-        .map(|_| GlobalLimits::with_clock(&limits, redis.clone(), clock.clone()))
+        .map(|_| GlobalLimits::new(&limits, redis.clone(), clock.clock()))
         .collect();
     (instances, clock, prefix)
 }

@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use flashgate::admission::soldout::{Flag, SoldOut};
+use flashgate::clock::Clock;
 use flashgate::redis_link::RedisHandle;
 use serde_json::json;
 use sqlx::postgres::PgPoolOptions;
@@ -233,7 +234,7 @@ async fn a_sell_out_seen_as_the_database_goes_away_still_lets_holders_replay() {
         .acquire_timeout(Duration::from_millis(300))
         .connect_lazy("postgres://postgres@127.0.0.1:9/unreachable")
         .unwrap();
-    let sold_out = SoldOut::new(redis, 1_000, Duration::from_secs(60));
+    let sold_out = SoldOut::new(redis, 1_000, Duration::from_secs(60), Clock::system());
     let deal = format!("deal-{}", unique_suffix());
 
     // Act
@@ -253,7 +254,7 @@ async fn a_mirror_on_another_instance_learns_who_ordered_while_the_stock_went_ro
     let alice = app.order("alice", &deal, 1).await.expect(201);
     let redis = RedisHandle::from_settings(&app.settings.redis);
     redis.connect().await;
-    let other = SoldOut::new(redis, 1_000, Duration::from_secs(3_600));
+    let other = SoldOut::new(redis, 1_000, Duration::from_secs(3_600), Clock::system());
     other.refresh(&app.db).await.unwrap();
     assert!(other.may_replay(&deal, "alice") && !other.may_replay(&deal, "bob"));
 
@@ -280,7 +281,7 @@ async fn holders_read_while_units_were_left_are_read_again() {
     let deal = app.given_deal(&new_deal("stale", 1, 1)).await;
     let redis = RedisHandle::from_settings(&app.settings.redis);
     redis.connect().await;
-    let other = SoldOut::new(redis, 1_000, Duration::from_secs(3_600));
+    let other = SoldOut::new(redis, 1_000, Duration::from_secs(3_600), Clock::system());
     other.mark(&app.db, &deal).await;
     assert!(!other.may_replay(&deal, "bob"));
 

@@ -14,6 +14,7 @@ mod cancel_expiry;
 mod cli_deals;
 mod cli_migrate;
 mod cli_pipes;
+mod clock_reads;
 mod concurrency;
 mod config_docs;
 mod config_env;

@@ -147,7 +147,7 @@ async fn close_open_attempts_is_committed(
 ) {
     let mut settings = settings.clone();
     settings.payments.enabled = true;
-    let payments = flashgate::app::build_payments(&settings)
+    let payments = flashgate::app::build_payments(&settings, &flashgate::clock::Clock::system())
         .unwrap()
         .expect("payments enabled");
     payments.close_open_attempts(pool, order_id).await.unwrap();

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use flashgate::admission::soldout::{Flag, SoldOut};
+use flashgate::clock::Clock;
 use flashgate::redis_link::RedisHandle;
 
 use crate::helpers::{TestApp, new_deal, spawn_app};
@@ -14,7 +15,12 @@ use crate::helpers::{TestApp, new_deal, spawn_app};
 async fn mirror(app: &TestApp) -> (SoldOut, RedisHandle) {
     let redis = RedisHandle::from_settings(&app.settings.redis);
     redis.connect().await;
-    let sold_out = SoldOut::new(redis.clone(), 1_000, Duration::from_secs(3_600));
+    let sold_out = SoldOut::new(
+        redis.clone(),
+        1_000,
+        Duration::from_secs(3_600),
+        Clock::system(),
+    );
     (sold_out, redis)
 }
 

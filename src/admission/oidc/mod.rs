@@ -20,10 +20,11 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use jsonwebtoken::{Algorithm, Header, Validation};
 use serde_json::Value;
-use tokio::time::Instant;
+use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::token::TokenError;
+use crate::clock::{Clock, elapsed_since, monotonic};
 use crate::domain::UserId;
 use crate::telemetry;
 
@@ -58,6 +59,9 @@ pub struct OidcVerifier {
     validations: HashMap<Algorithm, Validation>,
     cache: TokenCache,
     user_id_bytes_max: usize,
+    /// `exp` and `nbf` are checked on the application's clock, with this much leeway.
+    leeway_seconds: i64,
+    clock: Clock,
 }
 
 impl OidcVerifier {
@@ -67,6 +71,7 @@ impl OidcVerifier {
         settings: &OidcSettings,
         leeway_seconds: u64,
         user_id_bytes_max: usize,
+        clock: Clock,
     ) -> Result<Arc<Self>, String> {
         let fetcher = Fetcher::new(settings)?;
         let first = fetcher.fetch().await;
@@ -76,9 +81,11 @@ impl OidcVerifier {
             loaded: AtomicBool::new(false),
             refetched_at: tokio::sync::Mutex::new(None),
             failure_logged_at: std::sync::Mutex::new(None),
-            validations: validations(settings, leeway_seconds),
+            validations: validations(settings),
             cache: TokenCache::new(settings.cache_entries_max),
             user_id_bytes_max,
+            leeway_seconds: i64::try_from(leeway_seconds).unwrap_or(i64::MAX),
+            clock,
             fetcher,
         });
         match first {
@@ -110,7 +117,7 @@ impl OidcVerifier {
             return Err(TokenError::Invalid);
         }
         let digest = cache::digest(token);
-        let now = unix_now();
+        let now = self.clock.now().timestamp();
         if let Some(identity) = self.cache.get(&digest, now) {
             return Ok(identity);
         }
@@ -122,7 +129,7 @@ impl OidcVerifier {
         let Some(key) = keys.get(kid) else {
             return Err(self.no_key());
         };
-        let (identity, expires_at) = self.check(token, header, key)?;
+        let (identity, expires_at) = self.check(token, header, key, now)?;
         self.cache.insert(digest, identity.clone(), expires_at, now);
         Ok(identity)
     }
@@ -134,13 +141,15 @@ impl OidcVerifier {
             return Err(TokenError::Invalid);
         }
         let digest = cache::digest(token);
-        if let Some(identity) = self.cache.get(&digest, unix_now()) {
+        let now = self.clock.now().timestamp();
+        if let Some(identity) = self.cache.get(&digest, now) {
             return Ok(identity);
         }
         let kid = header.kid.as_deref().ok_or(TokenError::Invalid)?;
         let keys = self.keys.load();
         let key = keys.get(kid).ok_or_else(|| self.no_key())?;
-        self.check(token, header, key).map(|(identity, _)| identity)
+        self.check(token, header, key, now)
+            .map(|(identity, _)| identity)
     }
 
     /// Unknown key: refused, or 503 while no keys have ever been read.
@@ -154,12 +163,14 @@ impl OidcVerifier {
         }
     }
 
-    /// The signature with the key's own algorithm, then the claims.
+    /// The signature with the key's own algorithm, then the claims; `exp` and `nbf`
+    /// against `now` (Unix seconds on the application's clock).
     fn check(
         &self,
         token: &[u8],
         header: &Header,
         key: &keys::Key,
+        now: i64,
     ) -> Result<(Identity, i64), TokenError> {
         if header.alg != key.algorithm {
             return Err(TokenError::Invalid);
@@ -167,25 +178,38 @@ impl OidcVerifier {
         let validation = &self.validations[&key.algorithm];
         let claims =
             jsonwebtoken::decode::<HashMap<String, Value>>(token, &key.decoding, validation)
-                .map_err(|error| match error.kind() {
-                    jsonwebtoken::errors::ErrorKind::ExpiredSignature => TokenError::Expired,
-                    _ => TokenError::Invalid,
-                })?
+                .map_err(|_| TokenError::Invalid)?
                 .claims;
+        let expires_at = self.check_times(&claims, now)?;
         let user = claims
             .get(&self.settings.user_claim)
             .and_then(Value::as_str)
             .and_then(|raw| UserId::parse(raw, self.user_id_bytes_max).ok())
-            .ok_or(TokenError::Invalid)?;
-        let expires_at = claims
-            .get("exp")
-            .and_then(Value::as_i64)
             .ok_or(TokenError::Invalid)?;
         let admin = !self.settings.admin_claim.is_empty()
             && claims
                 .get(&self.settings.admin_claim)
                 .is_some_and(|held| holds(held, &self.settings.admin_value));
         Ok((Identity { user, admin }, expires_at))
+    }
+
+    /// `exp` (required) and `nbf` (when present) with the leeway; the token's `exp`.
+    fn check_times(&self, claims: &HashMap<String, Value>, now: i64) -> Result<i64, TokenError> {
+        let expires_at = claims
+            .get("exp")
+            .and_then(Value::as_i64)
+            .ok_or(TokenError::Invalid)?;
+        if expires_at < now.saturating_sub(self.leeway_seconds) {
+            return Err(TokenError::Expired);
+        }
+        let not_before = match claims.get("nbf") {
+            None => None,
+            Some(nbf) => Some(nbf.as_i64().ok_or(TokenError::Invalid)?),
+        };
+        if not_before.is_some_and(|nbf| nbf > now.saturating_add(self.leeway_seconds)) {
+            return Err(TokenError::Invalid);
+        }
+        Ok(expires_at)
     }
 
     /// The keys after a fetch made for `kid`, unless another request's fetch already
@@ -197,10 +221,11 @@ impl OidcVerifier {
             return held;
         }
         let interval = Duration::from_millis(self.settings.refetch_min_interval_ms);
-        if refetched_at.is_some_and(|at| at.elapsed() < interval) {
+        let now = self.clock.instant();
+        if refetched_at.is_some_and(|at| now.saturating_duration_since(at) < interval) {
             return held;
         }
-        *refetched_at = Some(Instant::now());
+        *refetched_at = Some(now);
         let _ = self.refresh().await;
         self.keys.load_full()
     }
@@ -245,8 +270,8 @@ impl OidcVerifier {
             .failure_logged_at
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if logged_at.is_none_or(|at| at.elapsed() >= FAILURE_LOG_INTERVAL) {
-            *logged_at = Some(Instant::now());
+        if logged_at.is_none_or(|at| elapsed_since(at) >= FAILURE_LOG_INTERVAL) {
+            *logged_at = Some(monotonic());
             tracing::warn!(
                 why,
                 keys_held = self.keys.load().len(),
@@ -273,16 +298,15 @@ impl OidcVerifier {
     }
 }
 
-/// One validation per algorithm: the issuer (when set), the audience, `exp` and `nbf`
-/// with the configured leeway.
-fn validations(settings: &OidcSettings, leeway_seconds: u64) -> HashMap<Algorithm, Validation> {
+/// One validation per algorithm: the issuer (when set) and the audience. `exp` and `nbf`
+/// are checked on the application's clock afterwards, not the library's.
+fn validations(settings: &OidcSettings) -> HashMap<Algorithm, Validation> {
     ALGORITHMS
         .into_iter()
         .map(|algorithm| {
             let mut validation = Validation::new(algorithm);
-            validation.leeway = leeway_seconds;
-            validation.validate_exp = true;
-            validation.validate_nbf = true;
+            validation.validate_exp = false;
+            validation.validate_nbf = false;
             validation.set_audience(&[&settings.audience]);
             if settings.issuer.is_empty() {
                 validation.set_required_spec_claims(&["exp", "aud"]);
@@ -303,12 +327,6 @@ fn holds(claim: &Value, wanted: &str) -> bool {
         Value::Array(items) => items.iter().any(|item| item.as_str() == Some(wanted)),
         _ => false,
     }
-}
-
-/// Unix seconds now, for the cache's expiry (the signature's `exp` check is made by the
-/// JWT library against the same system clock).
-fn unix_now() -> i64 {
-    chrono::Utc::now().timestamp()
 }
 
 #[cfg(test)]

@@ -3,6 +3,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use crate::clock::monotonic;
+
 use super::Step;
 use super::lines::Line;
 use super::outflow::Outflow;
@@ -81,15 +83,15 @@ impl Gauges {
             return;
         }
         let window = self.rates.entry(deal.clone()).or_insert(RateWindow {
-            started: Instant::now(),
+            started: monotonic(),
             admitted: 0,
         });
         window.admitted += step.admitted;
-        let elapsed = window.started.elapsed();
+        let elapsed = monotonic().saturating_duration_since(window.started);
         if elapsed >= Duration::from_secs(1) {
             metrics::gauge!(telemetry::WAITING_ROOM_ADMISSION_RATE, "deal" => deal)
                 .set(window.admitted as f64 / elapsed.as_secs_f64());
-            window.started = Instant::now();
+            window.started = monotonic();
             window.admitted = 0;
         }
     }

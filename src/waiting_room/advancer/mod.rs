@@ -28,7 +28,6 @@ mod outflow;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -86,12 +85,13 @@ struct Advancer {
     /// takes the lease.
     controls: HashMap<String, super::controller::Control>,
     /// The loops' clock.
-    started: tokio::time::Instant,
+    started: Instant,
 }
 
 /// Runs until `shutdown`, then gives the lease up so another instance takes over at once.
 pub async fn run(room: WaitingRoom, pool: PgPool, shutdown: CancellationToken) {
     let interval = Duration::from_millis(room.settings.advance_interval_ms);
+    let started = room.clock().instant();
     let mut advancer = Advancer {
         room,
         pool,
@@ -106,7 +106,7 @@ pub async fn run(room: WaitingRoom, pool: PgPool, shutdown: CancellationToken) {
         idle: HashSet::new(),
         gauges: Gauges::default(),
         controls: HashMap::new(),
-        started: tokio::time::Instant::now(),
+        started,
     };
     let mut every = Every::new(interval, shutdown.clone());
     while every.tick().await {
@@ -179,7 +179,10 @@ impl Advancer {
     /// least every `stock_refresh_ms`.
     async fn refresh_lines(&mut self, renewal: &lease::Renewal) {
         let refresh = Duration::from_millis(self.room.settings.stock_refresh_ms);
-        let due = self.read_at.is_none_or(|at| at.elapsed() >= refresh);
+        let now = self.room.clock().instant();
+        let due = self
+            .read_at
+            .is_none_or(|at| now.saturating_duration_since(at) >= refresh);
         if renewal.version == self.version && !due {
             return;
         }
@@ -196,7 +199,7 @@ impl Advancer {
                 self.read_ok = false;
             }
         }
-        self.read_at = Some(Instant::now());
+        self.read_at = Some(self.room.clock().instant());
     }
 
     /// Steps every line that is not idle; a line found idle is left alone from then on.
@@ -241,8 +244,7 @@ impl Advancer {
         sold_out: bool,
         outflow: f64,
     ) -> Result<Option<Step>, QueueError> {
-        let now = Utc::now();
-        let open = line.is_open(now);
+        let open = line.is_open(self.room.clock().now());
         let mut may_admit = open && !line.paused;
         if open && line.terms.is_random() && !self.shuffle(&line.id).await? {
             may_admit = false;
