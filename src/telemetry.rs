@@ -257,6 +257,14 @@ fn describe() {
     );
     describe_counter!(SWEEPER_RUNS, "Expiry sweeper passes, by outcome.");
     describe_counter!(
+        OIDC_JWKS_FETCHES,
+        "JWKS fetches from the OpenID Connect provider (auth.oidc), by outcome; errors leave the keys held in use."
+    );
+    describe_gauge!(
+        OIDC_KEYS,
+        "Usable keys held from the OpenID Connect provider's JWKS; 0 without a provider."
+    );
+    describe_counter!(
         RESERVATION_GROUPS,
         "Reservation batches run (one statement each)."
     );

@@ -5,7 +5,7 @@
 //! the application calls once the recorder is installed.
 
 use super::{
-    AUDIT_RUNS, CONNECTIONS_REFUSED, DB_POOL_TIMEOUTS, DB_RETRIES, GROUPED_ORDERS, HTTP_REQUESTS,
+    AUDIT_RUNS, CONNECTIONS_REFUSED, OIDC_JWKS_FETCHES, OIDC_KEYS, DB_POOL_TIMEOUTS, DB_RETRIES, GROUPED_ORDERS, HTTP_REQUESTS,
     ORDERS_EXPIRED, REDIS_ERRORS, RESERVATION_BATCHES_RECHECKED, SWEEPER_RUNS,
     WAITING_ROOM_LINE_READS, WAITING_ROOM_REVOKED,
 };
@@ -48,6 +48,10 @@ pub(super) fn export() {
         }
     }
     metrics::counter!(DB_RETRIES, "operation" => "reservation").increment(0);
+    for outcome in ["ok", "error"] {
+        metrics::counter!(OIDC_JWKS_FETCHES, "outcome" => outcome).increment(0);
+    }
+    metrics::gauge!(OIDC_KEYS).set(0.0);
     for source in ["memory", "redis"] {
         metrics::counter!(WAITING_ROOM_LINE_READS, "source" => source).increment(0);
     }
