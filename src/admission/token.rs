@@ -156,7 +156,7 @@ impl Tokens {
     /// only when the token names a key not held yet.
     pub async fn verify(&self, authorization: Option<&[u8]>) -> Result<Identity, TokenError> {
         let token = bearer_token(authorization)?;
-        match self.provider_header(token) {
+        match self.provider_header(token)? {
             Some((provider, header)) => provider.verify(token, &header).await,
             None => self.shared_identity(token),
         }
@@ -165,19 +165,25 @@ impl Tokens {
     /// Verifies with what is in memory only (for checks made before the body is read).
     pub fn verify_held(&self, authorization: Option<&[u8]>) -> Result<Identity, TokenError> {
         let token = bearer_token(authorization)?;
-        match self.provider_header(token) {
+        match self.provider_header(token)? {
             Some((provider, header)) => provider.verify_held(token, &header),
             None => self.shared_identity(token),
         }
     }
 
-    /// The provider and the token's header, when the provider is the one to check it.
-    fn provider_header(&self, token: &[u8]) -> Option<(&OidcVerifier, Header)> {
-        let provider = self.provider.as_deref()?;
-        match jsonwebtoken::decode_header(token) {
+    /// The provider and the token's header, when the provider is the one to check it; a
+    /// token over `auth.oidc.token_bytes_max` is refused before its header is decoded.
+    fn provider_header(&self, token: &[u8]) -> Result<Option<(&OidcVerifier, Header)>, TokenError> {
+        let Some(provider) = self.provider.as_deref() else {
+            return Ok(None);
+        };
+        if token.len() > provider.token_bytes_max() {
+            return Err(TokenError::Invalid);
+        }
+        Ok(match jsonwebtoken::decode_header(token) {
             Ok(header) if header.alg != Algorithm::HS256 => Some((provider, header)),
             _ => None,
-        }
+        })
     }
 
     fn shared_identity(&self, token: &[u8]) -> Result<Identity, TokenError> {
