@@ -13,7 +13,7 @@ the back end's capacity below --max) and stops it later. The same run is made tw
 It prints the figures, draws the adaptive run's outflow, order p99 and stock over time
 as an SVG (--svg), and rewrites the section between the markers in --doc:
 
-    python3 loadtest/adaptive_run.py --svg docs/adaptive.svg --doc docs/OPERATIONS.md
+    python3 loadtest/adaptive_run.py --svg docs/adaptive.svg --doc docs/WAITING_ROOM.md
 
 Needs: the workspace's `flashgate` binary (target/debug unless --bin), PostgreSQL and
 Redis as for the tests (DATABASE_URL, REDIS_URL), pgbench and psql.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Start local PostgreSQL and Redis if needed (scripts/services.sh), build flashgate in
-# release mode and serve a demo sale, with the commands to try it printed last.
+# release mode and serve a demo sale, with the commands to try it printed last (among
+# them the DATABASE_URL the operator CLI needs to see the demo's deal).
 #
 # Usage: scripts/demo.sh [--reset] [arguments for `flashgate demo`, e.g. --config file.toml]
 #
@@ -48,7 +49,7 @@ fi
 if [[ -x target/release/flashgate ]]; then
     say "building flashgate (release; only what changed since the last build)"
 else
-    say "building flashgate in release mode: about 4 min on 2 cores the first time"
+    say "building flashgate in release mode, minutes the first time (README.md, \"How long things take\")"
 fi
 cargo build --release --bin flashgate
 

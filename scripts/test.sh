@@ -192,11 +192,7 @@ print_plan() {
     fi
     printf '%s\n' "$(private_engines)" | sed '/^$/d; s/^/test:   - /'
     printf 'test:   steps: %s\n' "$(planned_steps "$@")"
-    if ((full_run)); then
-        printf 'test:   about 9 min on 2 cores from a clean clone, 2 of them compiling\n'
-    else
-        printf 'test:   compiling takes about 2 min on 2 cores from a clean clone, then the matching tests run\n'
-    fi
+    printf 'test:   how long each step takes on 2 cores: README.md, "How long things take"\n'
 }
 
 planned_steps() {
@@ -206,11 +202,11 @@ planned_steps() {
     if ! have_nextest; then
         steps+=(clippy "cargo test ${*:-(all)}")
     elif ((full_run)); then
-        steps+=("build once" "clippy alongside the tests" "fast tier" "rest tier" doctests)
+        steps+=("build once" "clippy alongside the tests" "fast tier" "rest tier")
         ((skip_pgbouncer)) || steps+=("PgBouncer pass")
         steps+=("Redis Cluster pass")
     else
-        steps+=("build once" "clippy alongside the tests" "tests matching: $*" doctests)
+        steps+=("build once" "clippy alongside the tests" "tests matching: $*")
     fi
     ((skip_promtool)) || steps+=(promtool)
     if ((full_run)) && have_nextest; then
@@ -356,7 +352,7 @@ if ! have_nextest; then
 else
     begin "build: cargo nextest run --workspace --no-run"
     note "building every test binary and, for them, the flashgate, flashgate-loadtest and"
-    note "flashgate-psp-sim binaries, once: about 2 min on 2 cores from a clean clone"
+    note "flashgate-psp-sim binaries, once (its time: README.md, \"How long things take\")"
     cargo nextest run --workspace --no-run
     # Cargo builds a package's binaries for its integration tests; schemathesis and chaos
     # run them from here rather than build them again with another feature set.
@@ -376,9 +372,8 @@ else
         nextest -E "$kept" "$@"
     fi
 
-    # nextest does not run doctests.
-    begin "cargo test --workspace --doc"
-    cargo test --workspace --doc
+    # No doctest step: no crate has a doc example (its examples are tests), so
+    # `cargo test --doc` would compile the crates once more to run none.
 
     if ((full_run)); then
         if ((skip_pgbouncer)); then
@@ -418,10 +413,14 @@ if ((full_run)); then
     fi
 
     # Whole sales under seeded fault schedules (private PostgreSQL and Redis; about 30 s a
-    # seed). A failure prints the seed and the schedule to replay it.
+    # seed): one line per seed here, its report and its log under target/chaos/. A failure
+    # shows the end of its log, with the seed and the command to replay it.
     begin "chaos: seeded fault schedules over whole sales (seeds ${CHAOS_SEEDS:-1 2 3})"
+    mkdir -p target/chaos
     for seed in ${CHAOS_SEEDS:-1 2 3}; do
-        target/debug/flashgate-loadtest chaos --seed "$seed" --duration-seconds 20
+        target/debug/flashgate-loadtest chaos --seed "$seed" --duration-seconds 20 \
+            --out "target/chaos/seed-$seed.json" 2>"target/chaos/seed-$seed.log" ||
+            { tail -n 30 "target/chaos/seed-$seed.log" >&2; exit 1; }
     done
 fi
 

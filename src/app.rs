@@ -286,17 +286,13 @@ fn spawn_background(
         Duration::from_millis(settings.soldout.refresh_interval_ms),
         shutdown.clone(),
     ));
-    let events = state.sale.stock_events().clone();
     tasks.spawn(sweeper::run(
         background,
         Duration::from_millis(settings.sweeper.interval_ms),
         settings.sweeper.batch_max,
         Duration::from_secs(u64::from(settings.payments.expiry_grace_seconds)),
         shutdown.clone(),
-        move |deals| {
-            let events = events.clone();
-            async move { events.freed(deals).await }
-        },
+        state.sale.stock_events().freed_reporter(),
     ));
     tasks.spawn(state.pools.primary.clone().keep_primary(
         state.pools.all(),
@@ -348,13 +344,7 @@ fn spawn_payments(
         return;
     };
     let pool = state.pools.background.clone();
-    let clear = {
-        let events = state.sale.stock_events().clone();
-        move |deals: Vec<String>| {
-            let events = events.clone();
-            async move { events.freed(deals).await }
-        }
-    };
+    let clear = state.sale.stock_events().freed_reporter();
     let (p, db) = (payments.clone(), pool.clone());
     tasks.spawn(workers::every(
         Duration::from_millis(settings.payments.outbox_interval_ms),

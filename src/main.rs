@@ -262,6 +262,7 @@ async fn serve(mut settings: Settings, demo: bool) -> Result<(), String> {
         3600,
     );
     let admin_token = settings.auth.admin_token.clone();
+    let cli = demo_cli_command(&settings);
     let app = Application::build(settings)
         .await
         .map_err(|e| e.to_string())?;
@@ -271,7 +272,7 @@ async fn serve(mut settings: Settings, demo: bool) -> Result<(), String> {
     if demo {
         let found = create_demo_deal(&app).await?;
         print_demo_state(&found)?;
-        print_demo_help(&app, &demo_token, &admin_token)?;
+        print_demo_help(&app, &demo_token, &admin_token, &cli)?;
     }
     tracing::info!(addr = %app.local_addr(), ops = %app.ops_addr(), "flashgate listening");
     app.run().await.map_err(|e| e.to_string())
@@ -395,7 +396,26 @@ fn print_demo_state(found: &DemoDeal) -> Result<(), String> {
     }
 }
 
-fn print_demo_help(app: &Application, token: &str, admin_token: &str) -> Result<(), String> {
+/// The operator CLI's command line that sees what this demo serves: its database and its
+/// Redis keys (the password, if any, redacted), with this program's own path.
+fn demo_cli_command(settings: &Settings) -> String {
+    let program = std::env::args()
+        .next()
+        .unwrap_or_else(|| "flashgate".into());
+    format!(
+        "DATABASE_URL='{}' REDIS_URL='{}' FLASHGATE__REDIS__KEY_PREFIX='{}' {program}",
+        flashgate::settings::redact_url(&settings.database.url),
+        flashgate::settings::redact_url(&settings.redis.url),
+        settings.redis.key_prefix,
+    )
+}
+
+fn print_demo_help(
+    app: &Application,
+    token: &str,
+    admin_token: &str,
+    cli: &str,
+) -> Result<(), String> {
     let base = format!("http://{}", app.local_addr());
     let ops = format!("http://{}", app.ops_addr());
     output::line(&format!(
@@ -407,6 +427,8 @@ fn print_demo_help(app: &Application, token: &str, admin_token: &str) -> Result<
          -H 'Idempotency-Key: first-try' -d '{{\"quantity\": 2}}'\n\n\
          Inventory (admin, on the operations listener):\n  curl -s {ops}/admin/deals/demo/inventory -H 'Authorization: Bearer {admin_token}'\n\n\
          Metrics:\n  curl -s {ops}/metrics\n\n\
+         The operator CLI on this demo's database and Redis keys (deals, stock, the audit):\n  \
+         {cli} deals list\n\n\
          Press Ctrl-C to stop.\n"
     ))
 }

@@ -25,17 +25,16 @@
 //! verdict, so a cluster whose nodes say `cluster_state:fail` or a frozen server reads down.
 
 mod health;
+mod script;
 mod settings;
+mod target;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
-use redis::{AsyncConnectionConfig, Client, Cmd, FromRedisValue, RedisResult, ToRedisArgs, Value};
+use redis::{Cmd, FromRedisValue, RedisResult, ToRedisArgs, Value};
 use tokio::sync::RwLock;
 // Tokio's clock (the same as std's unless a test pauses it), so tests can advance it.
 use tokio_util::sync::CancellationToken;
@@ -44,7 +43,9 @@ use crate::clock::{elapsed_since, monotonic};
 use crate::settings::redact_url;
 
 use crate::telemetry;
+pub use script::Script;
 pub use settings::RedisSettings;
+use target::{Connection, Target};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RedisError {
@@ -69,33 +70,6 @@ pub struct RedisTimeouts {
     pub unresponsive_after: Duration,
 }
 
-/// A Lua script called by its SHA-1 (`EVALSHA`), so that Redis neither receives nor hashes
-/// its text on every call. A server that does not know it yet (new, restarted, another
-/// cluster node) answers `NOSCRIPT` and gets the text once with `EVAL`, which caches it.
-pub struct Script {
-    code: String,
-    sha1: String,
-}
-
-impl Script {
-    pub fn new(code: impl Into<String>) -> Self {
-        let code = code.into();
-        let sha1 = redis::Script::new(&code).get_hash().to_owned();
-        Self { code, sha1 }
-    }
-
-    fn call<K: ToRedisArgs, A: ToRedisArgs>(&self, by_text: bool, keys: &[K], args: &A) -> Cmd {
-        let (name, script) = if by_text {
-            ("EVAL", &self.code)
-        } else {
-            ("EVALSHA", &self.sha1)
-        };
-        let mut cmd = redis::cmd(name);
-        cmd.arg(script).arg(keys.len()).arg(keys).arg(args);
-        cmd
-    }
-}
-
 /// True for Redis's answer to a script hash it does not hold.
 fn is_unknown_script(error: &RedisError) -> bool {
     matches!(error, RedisError::Command(e) if e.code() == Some("NOSCRIPT"))
@@ -104,61 +78,6 @@ fn is_unknown_script(error: &RedisError) -> bool {
 #[derive(Clone)]
 pub struct RedisHandle {
     inner: Arc<Inner>,
-}
-
-/// One server, or the seed nodes of a cluster.
-enum Target {
-    Server(Client),
-    Cluster(Box<ClusterClient>),
-}
-
-/// A live connection to either.
-#[derive(Clone)]
-enum Connection {
-    Server(MultiplexedConnection),
-    Cluster(ClusterConnection),
-}
-
-impl Connection {
-    async fn run(&mut self, cmd: &Cmd) -> RedisResult<Value> {
-        match self {
-            Connection::Server(connection) => connection.req_packed_command(cmd).await,
-            Connection::Cluster(connection) => connection.req_packed_command(cmd).await,
-        }
-    }
-
-    async fn probe(&mut self) -> RedisResult<()> {
-        match self {
-            Connection::Server(connection) => health::probe_server(connection).await,
-            Connection::Cluster(connection) => health::probe_cluster(connection).await,
-        }
-    }
-}
-
-impl Target {
-    fn open(url: &str) -> RedisResult<Self> {
-        if !url.contains(',') {
-            return Client::open(url).map(Target::Server);
-        }
-        let seeds = url.split(',').map(str::trim).filter(|u| !u.is_empty());
-        let client = ClusterClient::new(seeds)?;
-        Ok(Target::Cluster(Box::new(client)))
-    }
-
-    async fn connect(&self, timeout: Duration) -> RedisResult<Connection> {
-        match self {
-            Target::Server(client) => {
-                let config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(timeout * 5))
-                    .set_response_timeout(Some(timeout));
-                client
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await
-                    .map(Connection::Server)
-            }
-            Target::Cluster(client) => client.get_async_connection().await.map(Connection::Cluster),
-        }
-    }
 }
 
 struct Inner {

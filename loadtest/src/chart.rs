@@ -5,7 +5,7 @@
 
 use std::fmt::Write;
 
-use crate::sale::Slot;
+use crate::timeline::Slot;
 
 const WIDTH: f64 = 900.0;
 const PANEL_HEIGHT: f64 = 190.0;

@@ -36,6 +36,10 @@ pub enum Command {
     Chaos {
         #[command(flatten)]
         config: chaos::ChaosConfig,
+        /// Where to write the JSON report; with it, one line per run is printed instead of
+        /// the report (the faults applied, the violations, the file).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// One order from each of many distinct users (tokens of their own), with the
     /// gateway's resident memory sampled during the flood and after it settles; prints the

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::loopback::ensure_loopback;
 use crate::operator::Operator;
 use crate::order_client::OrderClient;
-use crate::sale::ensure_loopback;
 
 /// What to run.
 #[derive(Debug, Clone, clap::Args)]

@@ -6,6 +6,9 @@
 //! - [`sale`]: a bounded sale (closed loop or open-loop arrivals) with HDR latency per
 //!   outcome, a timeline, and a verdict checked against the inventory and, when given,
 //!   the database.
+//! - [`line`]: following a deal's line as a waiting page does, until the pass.
+//! - [`timeline`]: a sale's seconds as its report carries them.
+//! - [`loopback`]: the check that keeps every command's load on this machine.
 //! - [`order_client`]: the lean HTTP/1.1 client that places the sale's orders.
 //! - [`summary`]: the report as text for people; [`progress`]: the live line meanwhile.
 //! - [`chart`]: the timeline as an SVG chart.
@@ -29,10 +32,13 @@ pub mod cli;
 pub mod crowd;
 pub mod crowd_chart;
 pub mod flood;
+pub mod line;
+pub mod loopback;
 pub mod operator;
 pub mod order_client;
 pub mod pow;
 pub mod progress;
 pub mod sale;
 pub mod summary;
+pub mod timeline;
 pub mod verdict;

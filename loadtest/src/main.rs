@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use flashgate_loadtest::cli::{Cli, Command};
-use flashgate_loadtest::{bare, chaos, chart, crowd, crowd_chart, flood, sale};
+use flashgate_loadtest::{bare, chaos, chart, crowd, crowd_chart, flood, sale, timeline};
 
 fn main() -> ExitCode {
     let command = Cli::parse().command;
@@ -35,7 +35,7 @@ fn main() -> ExitCode {
 async fn run(command: Command) -> ExitCode {
     match command {
         Command::Sale { config, out, chart } => run_sale(&config, out, chart).await,
-        Command::Chaos { config } => run_chaos(&config).await,
+        Command::Chaos { config, out } => run_chaos(&config, out).await,
         Command::Flood { config, out } => run_flood(&config, out).await,
         Command::Crowd { config, out } => run_crowd(&config, out).await,
         Command::CrowdChart { out, results } => run_crowd_chart(&out, &results),
@@ -99,7 +99,7 @@ fn write_outputs(
         std::fs::write(path, serde_json::to_vec_pretty(report)?)?;
     }
     if let Some(path) = chart_path {
-        let timeline = sale::timeline_from_report(report);
+        let timeline = timeline::timeline_from_report(report);
         let title = format!(
             "flashgate sale: {} units over {} buckets, {} users, {:.0} req/s",
             report["stock"],
@@ -107,7 +107,7 @@ fn write_outputs(
             report["users"],
             report["requests_per_second"].as_f64().unwrap_or(0.0)
         );
-        let samples = sale::stock_samples_from_report(report);
+        let samples = timeline::stock_samples_from_report(report);
         let run = chart::Run {
             stock: report["stock"].as_i64().unwrap_or(0),
             elapsed_seconds: report["elapsed_seconds"].as_f64().unwrap_or(0.0),
@@ -185,19 +185,22 @@ fn run_crowd_chart(out: &std::path::Path, results: &[PathBuf]) -> ExitCode {
     }
 }
 
-async fn run_chaos(config: &chaos::ChaosConfig) -> ExitCode {
+async fn run_chaos(config: &chaos::ChaosConfig, out: Option<PathBuf>) -> ExitCode {
     match chaos::run(config).await {
         Ok(report) => {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&report).unwrap_or_default()
-            );
+            let shown = match out {
+                Some(path) => write_chaos_report(&report, &path),
+                None => print_report(&report, None),
+            };
+            if !shown {
+                return ExitCode::FAILURE;
+            }
             if report["ok"] == true {
                 ExitCode::SUCCESS
             } else {
                 eprintln!(
                     "chaos: violations with seed {} (replay: flashgate-loadtest chaos --seed {} \
-                     --duration-seconds {}); schedule above",
+                     --duration-seconds {}); schedule in the report",
                     config.seed, config.seed, config.duration_seconds
                 );
                 ExitCode::FAILURE
@@ -208,4 +211,23 @@ async fn run_chaos(config: &chaos::ChaosConfig) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Writes a chaos run's report to `path` and prints one line: the seed, the verdict, the
+/// faults applied, the violations and where the report is.
+fn write_chaos_report(report: &serde_json::Value, path: &std::path::Path) -> bool {
+    let text = serde_json::to_string_pretty(report).unwrap_or_default();
+    if let Err(error) = std::fs::write(path, &text) {
+        eprintln!("cannot write {}: {error}", path.display());
+        return false;
+    }
+    let violations = report["violations"].as_array().map_or(0, Vec::len);
+    println!(
+        "chaos: seed {} {}: {} faults applied, {violations} violations; report {}",
+        report["seed"],
+        if report["ok"] == true { "ok" } else { "FAILED" },
+        report["faults_applied"],
+        path.display()
+    );
+    true
 }

@@ -9,7 +9,6 @@
 //! oversell, the invariant holds, and every acknowledged order exists.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,8 +17,11 @@ use hyper::header::HeaderValue;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
+use crate::line::wait_for_pass;
+use crate::loopback::ensure_loopback;
 use crate::operator::Operator;
 use crate::order_client::OrderClient;
+use crate::timeline::Slot;
 
 pub use crate::summary::summary;
 use crate::verdict::{DbCheck, check_database, verdict};
@@ -74,17 +76,6 @@ pub struct SaleConfig {
 
 /// Latency histograms keyed by outcome (HTTP status or "error").
 type Outcomes = BTreeMap<String, Histogram<u64>>;
-
-/// One second of the sale.
-#[derive(Debug, Clone, Default)]
-pub struct Slot {
-    pub responses: u64,
-    pub created: u64,
-    pub p50_us: u64,
-    pub p99_us: u64,
-    /// Units still available, as last sampled in this second (-1 if not sampled).
-    pub available: i64,
-}
 
 struct Recorder {
     outcomes: Outcomes,
@@ -146,17 +137,6 @@ impl Recorder {
         {
             self.sold_out_at = Some(answered_after);
         }
-    }
-}
-
-pub fn ensure_loopback(base_url: &str) -> Result<(), String> {
-    let url = reqwest::Url::parse(base_url).map_err(|e| e.to_string())?;
-    let host = url.host_str().unwrap_or_default().trim_matches(['[', ']']);
-    let loopback = host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
-    if loopback {
-        Ok(())
-    } else {
-        Err(format!("{base_url} is not a loopback address"))
     }
 }
 
@@ -400,55 +380,6 @@ fn pays(fraction: f64) -> bool {
     rand::random::<f64>() < fraction
 }
 
-/// Takes a place in the deal's line and follows it as a waiting page does: the public line
-/// state while far from the front (the position read from the ticket's signed token), the
-/// ticket's own poll once within the check-in window, until admitted: the pass, or the
-/// outcome to record (`queue_sold_out`, `queue_expired`, `queue_error`).
-async fn wait_for_pass(
-    client: &reqwest::Client,
-    queue_url: &str,
-    token: &str,
-    deadline: Instant,
-) -> Result<String, String> {
-    let joined: Value = crate::pow::join(client, queue_url, token)
-        .await
-        .map_err(|_| "queue_error".to_owned())?
-        .json()
-        .await
-        .map_err(|_| "queue_error".to_owned())?;
-    let ticket = joined["ticket"].as_str().ok_or("queue_error")?.to_owned();
-    let signed = joined["position_token"].as_str().unwrap_or_default();
-    let position = crate::crowd::signed_position(signed).map_err(|_| "queue_error".to_owned())?;
-    let poll_url = format!("{queue_url}/{ticket}");
-    let mut status = joined;
-    while Instant::now() < deadline {
-        match (status["state"].as_str(), status["pass"].as_str()) {
-            (Some("admitted"), Some(pass)) => return Ok(pass.to_owned()),
-            (Some("sold_out"), _) => return Err("queue_sold_out".into()),
-            (Some("expired"), _) => return Err("queue_expired".into()),
-            _ => {}
-        }
-        let refresh = status["refresh_after_seconds"]
-            .as_f64()
-            .unwrap_or(1.0)
-            .clamp(0.2, 5.0);
-        tokio::time::sleep(Duration::from_secs_f64(refresh)).await;
-        let behind = position.saturating_sub(status["admitted_through"].as_u64().unwrap_or(0));
-        let near = behind <= status["checkin_window_tickets"].as_u64().unwrap_or(0);
-        // The public state is the same for everyone: asked without the token, as a CDN
-        // caches it.
-        let request = match near {
-            true => client.get(&poll_url).bearer_auth(token),
-            false => client.get(queue_url),
-        };
-        status = match request.send().await {
-            Ok(response) => response.json().await.unwrap_or_default(),
-            Err(_) => return Err("queue_error".into()),
-        };
-    }
-    Err("queue_timeout".into())
-}
-
 /// What a 201 told the buyer.
 struct Created {
     order_id: String,
@@ -620,39 +551,6 @@ fn report(
     })
 }
 
-/// The stock samples back out of a report: (seconds since start, units available).
-pub fn stock_samples_from_report(report: &Value) -> Vec<(f64, i64)> {
-    report["stock_samples"]
-        .as_array()
-        .map(|samples| {
-            samples
-                .iter()
-                .filter_map(|s| Some((s[0].as_f64()?, s[1].as_i64()?)))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The timeline back out of a report.
-pub fn timeline_from_report(report: &Value) -> Vec<Slot> {
-    let number = |slot: &Value, field: &str| slot[field].as_i64().unwrap_or(0);
-    report["timeline"]
-        .as_array()
-        .map(|slots| {
-            slots
-                .iter()
-                .map(|slot| Slot {
-                    responses: number(slot, "responses") as u64,
-                    created: number(slot, "created") as u64,
-                    p50_us: number(slot, "p50_us") as u64,
-                    p99_us: number(slot, "p99_us") as u64,
-                    available: slot["available"].as_i64().unwrap_or(-1),
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -681,14 +579,5 @@ mod tests {
         let sampled = [(Duration::from_millis(700), 0)];
         assert_eq!(sold_out_after(&unsold, &sampled), Some(0.7));
         assert_eq!(sold_out_after(&unsold, &[]), None);
-    }
-
-    #[test]
-    fn only_loopback_targets() {
-        assert!(ensure_loopback("http://127.0.0.1:8080").is_ok());
-        assert!(ensure_loopback("http://[::1]:8080").is_ok());
-        assert!(ensure_loopback("http://localhost:1").is_ok());
-        assert!(ensure_loopback("http://10.0.0.1:8080").is_err());
-        assert!(ensure_loopback("http://example.com").is_err());
     }
 }

@@ -26,7 +26,7 @@ use sqlx::PgPool;
 
 use crate::clock::Clock;
 use crate::deals::{Deal, DealCache, Window};
-use crate::domain::{Quantity, UserId};
+use crate::domain::{DealId, Quantity, UserId};
 use crate::redis_link::RedisHandle;
 use crate::store::StoreError;
 use crate::telemetry;
@@ -43,6 +43,18 @@ pub use settings::{
     AdmissionSettings, AuthSettings, GlobalLimitSettings, LimitSettings, RateSettings,
     SoldOutSettings,
 };
+
+/// An order's deal that the sold-out mirror let through, before the order's body was read.
+/// Only [`Admission::check_sold_out`] makes one and [`Admission::admit_order`] asks for
+/// it, so the mirror is read once per order.
+#[derive(Debug)]
+pub struct SoldOutChecked(DealId);
+
+impl SoldOutChecked {
+    pub fn deal(&self) -> &DealId {
+        &self.0
+    }
+}
 
 /// Why admission turned a request away.
 #[derive(Debug, thiserror::Error)]
@@ -219,16 +231,17 @@ impl Admission {
         Ok(user)
     }
 
-    /// The full pipeline for placing an order, after the per-IP check.
+    /// The rest of the pipeline for placing an order, after the per-IP check and the
+    /// sold-out mirror, which the HTTP layer ran before reading the body.
     pub async fn admit_order(
         &self,
         pool: &PgPool,
-        deal_id: &str,
+        checked: &SoldOutChecked,
         authorization: Option<&[u8]>,
         pass: Option<&[u8]>,
         quantity: Quantity,
     ) -> Result<Admitted, Rejection> {
-        self.check_sold_out(deal_id, authorization)?;
+        let deal_id = checked.0.as_str();
         // Refusals that hold whoever asks come before the signature check, which can cost
         // tens of microseconds for a provider's token; the deal is read from the cache
         // (and an unknown id from the catalogue) almost always.
@@ -277,21 +290,24 @@ impl Admission {
     }
 
     /// The sold-out mirror, from memory: the HTTP layer calls it before reading the body,
-    /// so the flood after a sell-out costs no more than parsing its head.
+    /// so the flood after a sell-out costs no more than parsing its head. Only valid ids
+    /// are ever flagged, so the raw id is looked up first and a flood is refused without
+    /// parsing or copying it.
     pub fn check_sold_out(
         &self,
-        deal_id: &str,
+        raw_id: &str,
         authorization: Option<&[u8]>,
-    ) -> Result<(), Rejection> {
-        let refused = match self.sold_out.flag(deal_id) {
+    ) -> Result<SoldOutChecked, Rejection> {
+        let refused = match self.sold_out.flag(raw_id) {
             Flag::Clear => false,
             Flag::SoldOut => true,
-            Flag::SoldOutWithHolders => !self.may_replay(deal_id, authorization),
+            Flag::SoldOutWithHolders => !self.may_replay(raw_id, authorization),
         };
         if refused {
             return Err(counted(Rejection::SoldOut));
         }
-        Ok(())
+        let deal = DealId::parse(raw_id).map_err(|_| Rejection::UnknownDeal)?;
+        Ok(SoldOutChecked(deal))
     }
 
     /// A sold-out deal still lets through users who ordered it, whose request may be the

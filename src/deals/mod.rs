@@ -110,8 +110,13 @@ pub const NAME_BYTES_MAX: usize = 200;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DealError {
+    /// A field out of its bounds.
     #[error("{0}")]
     Invalid(String),
+    /// Each field valid on its own, but a rule between fields broken (an end before its
+    /// start): answered 422 by the API.
+    #[error("{0}")]
+    Inconsistent(String),
     #[error("deal {0} already exists")]
     AlreadyExists(String),
     #[error("deal not found")]
@@ -124,7 +129,11 @@ pub enum DealError {
 }
 
 impl NewDeal {
+    /// The rules between fields first, then each field's bounds; the message names the
+    /// offending fields. The one place a new deal is checked, for the API and the CLI.
     pub fn validate(&self) -> Result<(), DealError> {
+        self.check_across_fields()
+            .map_err(DealError::Inconsistent)?;
         let invalid = |m: &str| Err(DealError::Invalid(m.to_owned()));
         if self.name.trim().is_empty()
             || self.name.len() > NAME_BYTES_MAX
@@ -150,15 +159,18 @@ impl NewDeal {
         if !(1..=TTL_SECONDS_MAX).contains(&self.reservation_ttl_seconds) {
             return invalid("reservation_ttl_seconds must be 1-86400");
         }
+        self.waiting_room.validate().map_err(DealError::Invalid)?;
+        Ok(())
+    }
+
+    /// The rules between fields, each field being valid on its own.
+    fn check_across_fields(&self) -> Result<(), String> {
         if let (Some(starts), Some(ends)) = (self.starts_at, self.ends_at)
             && starts >= ends
         {
-            return invalid("starts_at must be before ends_at");
+            return Err("starts_at must be before ends_at".into());
         }
-        self.waiting_room
-            .validate(self.starts_at)
-            .map_err(DealError::Invalid)?;
-        Ok(())
+        self.waiting_room.check_across_fields(self.starts_at)
     }
 
     /// Units per bucket: as even as possible, the remainder on the lowest buckets.

@@ -88,10 +88,8 @@ impl AdmissionTerms {
         if !(1..=ADMIT_PER_SECOND_MAX).contains(&self.min_per_second) {
             return Err("waiting_room.admission.min_per_second must be 1-100000".into());
         }
-        if !(self.min_per_second..=ADMIT_PER_SECOND_MAX).contains(&self.max_per_second) {
-            return Err(
-                "waiting_room.admission.max_per_second must be min_per_second-100000".into(),
-            );
+        if !(1..=ADMIT_PER_SECOND_MAX).contains(&self.max_per_second) {
+            return Err("waiting_room.admission.max_per_second must be 1-100000".into());
         }
         if !(1..=TARGET_P99_MS_MAX).contains(&self.target_p99_ms) {
             return Err("waiting_room.admission.target_p99_ms must be 1-60000".into());
@@ -156,7 +154,7 @@ impl WaitingRoomTerms {
     }
 
     /// Checks the bounds; the message names the offending field.
-    pub fn validate(&self, starts_at: Option<DateTime<Utc>>) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), String> {
         if !(1..=ADMIT_PER_SECOND_MAX).contains(&self.admit_per_second) {
             return Err("waiting_room.admit_per_second must be 1-100000".into());
         }
@@ -183,12 +181,24 @@ impl WaitingRoomTerms {
                     .into(),
             );
         }
+        self.admission.validate()
+    }
+
+    /// The rules between fields: the line's floor under its ceiling, and tickets not
+    /// opening after the sale starts (`starts_at`).
+    pub fn check_across_fields(&self, starts_at: Option<DateTime<Utc>>) -> Result<(), String> {
+        let (min, max) = (self.admission.min_per_second, self.admission.max_per_second);
+        if min > max {
+            return Err(format!(
+                "waiting_room.admission.min_per_second ({min}) must not be above max_per_second ({max})"
+            ));
+        }
         if let (Some(opens), Some(starts)) = (self.prequeue_opens_at, starts_at)
             && opens > starts
         {
             return Err("waiting_room.prequeue_opens_at must not be after starts_at".into());
         }
-        self.admission.validate()
+        Ok(())
     }
 
     /// Whether tickets may be taken at `now` (the sale's end is checked by the caller).
@@ -207,7 +217,11 @@ mod tests {
     #[test]
     fn defaults_are_valid_and_bounds_are_checked() {
         let starts = Some(crate::clock::Clock::system().now());
-        assert_eq!(WaitingRoomTerms::default().validate(starts), Ok(()));
+        assert_eq!(WaitingRoomTerms::default().validate(), Ok(()));
+        assert_eq!(
+            WaitingRoomTerms::default().check_across_fields(starts),
+            Ok(())
+        );
         let bad = [
             WaitingRoomTerms {
                 admit_per_second: 0,
@@ -254,7 +268,8 @@ mod tests {
             },
         ];
         for terms in bad {
-            assert!(terms.validate(starts).is_err(), "{terms:?}");
+            let checked = terms.validate().and(terms.check_across_fields(starts));
+            assert!(checked.is_err(), "{terms:?}");
         }
     }
 

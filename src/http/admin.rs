@@ -84,40 +84,8 @@ struct CreateDeal {
 }
 
 impl CreateDeal {
-    /// The rules between fields, answered 422: each field is valid on its own.
-    fn check_across_fields(&self) -> Result<(), Problem> {
-        let admission = self
-            .waiting_room
-            .as_ref()
-            .and_then(|w| w.admission.as_ref());
-        if let Some(admission) = admission {
-            let defaults = AdmissionTerms::default();
-            let min = admission.min_per_second.unwrap_or(defaults.min_per_second);
-            let max = admission.max_per_second.unwrap_or(defaults.max_per_second);
-            if min > max {
-                return Err(Problem::unprocessable(format!(
-                    "waiting_room.admission.min_per_second ({min}) must not be above max_per_second ({max})"
-                )));
-            }
-        }
-        if let (Some(starts), Some(ends)) = (self.starts_at, self.ends_at)
-            && starts >= ends
-        {
-            return Err(Problem::unprocessable("starts_at must be before ends_at"));
-        }
-        let prequeue = self.waiting_room.as_ref().and_then(|w| w.prequeue_opens_at);
-        if let (Some(opens), Some(starts)) = (prequeue, self.starts_at)
-            && opens > starts
-        {
-            return Err(Problem::unprocessable(
-                "waiting_room.prequeue_opens_at must not be after starts_at",
-            ));
-        }
-        Ok(())
-    }
-
+    /// The parsed deal; the rules between its fields are checked by `deals` (422).
     fn into_new_deal(self) -> Result<NewDeal, Problem> {
-        self.check_across_fields()?;
         Ok(NewDeal {
             id: DealId::parse(&self.id.0)?,
             name: self.name,

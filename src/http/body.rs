@@ -134,7 +134,7 @@ pub async fn split(
 }
 
 /// Parses a JSON object body into `T`, answering 400 with the field and the reason
-/// otherwise (worded in `problem`).
+/// otherwise (worded by `invalid_json`).
 /// Only objects are accepted: serde would also read a struct from an array. JSON is UTF-8
 /// (RFC 8259), and serde skips the bytes of fields it ignores without looking at them, so
 /// the whole body is checked first: invalid bytes anywhere make the body invalid.
@@ -148,7 +148,7 @@ pub fn json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
     let mut reader = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut reader).map_err(|error| {
         let well_formed = serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok();
-        Problem::invalid_json(&error, well_formed)
+        invalid_json(&error, well_formed)
     })?;
     reader
         .end()
@@ -198,4 +198,164 @@ pub fn text(status: StatusCode, content_type: &'static str, body: String) -> Res
         .headers_mut()
         .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
+}
+
+/// A JSON body that does not fit its request: the field and the reason in the words of
+/// the API (`quantity must be an integer (got string "2")`), never serde's or Rust's
+/// type names. `well_formed` tells whether the body is JSON at all: a value of the wrong
+/// kind for a field of fixed values is reported by serde_json as a syntax error.
+fn invalid_json(
+    error: &serde_path_to_error::Error<serde_json::Error>,
+    well_formed: bool,
+) -> Problem {
+    let inner = error.inner();
+    let path = error.path().to_string();
+    if !well_formed {
+        return Problem::invalid(format!(
+            "the body is not valid JSON (line {}, column {})",
+            inner.line(),
+            inner.column()
+        ));
+    }
+    if inner.classify() != serde_json::error::Category::Data {
+        return Problem::invalid(format!("{path} is not one of the accepted values"));
+    }
+    Problem::invalid(json_detail(&path, &json_message(inner)))
+}
+
+/// serde_json's message without its position.
+fn json_message(error: &serde_json::Error) -> String {
+    let message = error.to_string();
+    match message.rfind(" at line ") {
+        Some(end) => message[..end].to_owned(),
+        None => message,
+    }
+}
+
+/// The detail for `message` about the field at `path` (`.` for the body itself).
+fn json_detail(path: &str, message: &str) -> String {
+    let prefix = match path {
+        "." => String::new(),
+        path => format!("{path}."),
+    };
+    if let Some(rest) = message.strip_prefix("missing field `") {
+        return format!("{prefix}{} is required", rest.trim_end_matches('`'));
+    }
+    if message.starts_with("unknown field") {
+        // The path ends with the unknown field itself; name the object that has it.
+        return match path.rsplit_once('.') {
+            Some((parent, _)) => format!("{parent}: {message}"),
+            None => message.to_owned(),
+        };
+    }
+    let subject = match path {
+        "." => "the body",
+        path => path,
+    };
+    let invalid = message
+        .strip_prefix("invalid type: ")
+        .or_else(|| message.strip_prefix("invalid value: "));
+    match invalid.and_then(|rest| rest.split_once(", expected ")) {
+        Some((got, expected)) => {
+            format!(
+                "{subject} must be {} (got {got})",
+                plain_expectation(expected)
+            )
+        }
+        None => format!("{subject}: {message}"),
+    }
+}
+
+/// What serde expected, in the API's words instead of Rust's.
+fn plain_expectation(expected: &str) -> &str {
+    const INTEGERS: [&str; 12] = [
+        "i8", "i16", "i32", "i64", "i128", "isize", "u8", "u16", "u32", "u64", "u128", "usize",
+    ];
+    match expected {
+        e if INTEGERS.contains(&e) => "an integer",
+        "f32" | "f64" => "a number",
+        "a map" => "an object",
+        "a sequence" => "an array",
+        "a borrowed string" | "a string" => "a string",
+        e if e.starts_with("struct ") => "an object",
+        e if e.starts_with("enum ") || e.starts_with("variant ") => "one of the documented values",
+        e => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Outer {
+        name: String,
+        inner: Option<Inner>,
+        policy: Option<crate::domain::LatePaymentPolicy>,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Inner {
+        count: u32,
+    }
+
+    fn detail(json: &str) -> String {
+        let mut reader = serde_json::Deserializer::from_str(json);
+        let error = serde_path_to_error::deserialize::<_, Outer>(&mut reader).unwrap_err();
+        let well_formed = serde_json::from_str::<serde::de::IgnoredAny>(json).is_ok();
+        invalid_json(&error, well_formed).detail()
+    }
+
+    #[test]
+    fn json_details_speak_of_fields_not_rust_types() {
+        let cases = [
+            (r#"{"inner":null}"#, "name is required"),
+            (r#"{"name":5}"#, "name must be a string (got integer `5`)"),
+            (
+                r#"{"name":"a","inner":1}"#,
+                "inner must be an object (got integer `1`)",
+            ),
+            (
+                r#"{"name":"a","inner":{"count":-1}}"#,
+                "inner.count must be an integer",
+            ),
+            (
+                r#"{"name":"a","policy":7}"#,
+                "policy is not one of the accepted values",
+            ),
+            (
+                r#"{"name":"a","policy":"x"}"#,
+                "policy: unknown variant `x`",
+            ),
+            (r#"{"name":"a","x":1}"#, "unknown field `x`"),
+            (
+                r#"{"name":"a","inner":{"count":1,"y":2}}"#,
+                "inner: unknown field `y`",
+            ),
+            (
+                r#"{"name":"#,
+                "the body is not valid JSON (line 1, column 8)",
+            ),
+        ];
+        for (json, starts) in cases {
+            let detail = detail(json);
+            assert!(detail.starts_with(starts), "{json}: {detail}");
+            for rust in [
+                "u32",
+                "struct",
+                "enum",
+                "Inner",
+                "Outer",
+                "LatePaymentPolicy",
+            ] {
+                assert!(!detail.contains(rust), "{json}: {detail}");
+            }
+        }
+    }
 }

@@ -25,10 +25,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 
 use super::State;
-use super::connection::{Drain, HeadClock, HeadTimer, SharedStream};
+use super::connection::{Drain, HeadClock, HeadTimer};
 use super::guard::Headers;
 use super::router::{self, Early};
-use crate::domain::DealId;
+use super::stream::SharedStream;
+use crate::admission::SoldOutChecked;
 use http::HeaderName;
 
 /// Most headers a head the front answers may have; a head with more goes to hyper.
@@ -43,7 +44,7 @@ pub enum Handoff {
     /// first request in `read` when the front's checks let that order through.
     Hyper {
         read: Bytes,
-        admitted: Option<DealId>,
+        admitted: Option<SoldOutChecked>,
     },
 }
 
@@ -101,7 +102,7 @@ pub async fn serve(
     }
 }
 
-fn hand_over(read: Vec<u8>, admitted: Option<DealId>) -> Handoff {
+fn hand_over(read: Vec<u8>, admitted: Option<SoldOutChecked>) -> Handoff {
     Handoff::Hyper {
         read: Bytes::from(read),
         admitted,
@@ -114,7 +115,7 @@ enum Next {
     /// The rest of a head: read more.
     More,
     /// A request for hyper (with its deal when it is an order the checks let through).
-    Hyper(Option<DealId>),
+    Hyper(Option<SoldOutChecked>),
 }
 
 /// Answers every whole refusal at the start of `read` into `out` and removes it from `read`.

@@ -14,6 +14,7 @@ mod body;
 mod connection;
 mod front;
 mod guard;
+mod http1;
 mod integer;
 mod operator_log;
 mod ops;
@@ -24,8 +25,10 @@ mod queue;
 pub mod request_id;
 mod review;
 mod router;
+mod routes;
 mod server;
 mod settings;
+mod stream;
 mod wait_page;
 
 use std::sync::Arc;

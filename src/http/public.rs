@@ -15,7 +15,7 @@ use super::State;
 use super::body::{self, Caching};
 use super::guard::{self, Headers, check_ip, header};
 use super::problem::Problem;
-use crate::admission::Rejection;
+use crate::admission::{Rejection, SoldOutChecked};
 use crate::domain::{DealId, IdempotencyKey, OrderStatus, Quantity, UserId};
 use crate::orders::Order;
 use crate::payments::attempts::Attempt;
@@ -157,17 +157,18 @@ pub fn check_order(
     peer: SocketAddr,
     headers: &impl Headers,
     raw_id: &str,
-) -> Result<DealId, Problem> {
+) -> Result<SoldOutChecked, Problem> {
     check_ip(state, peer, headers)?;
     let authorization = headers.first(&AUTHORIZATION);
-    // Only valid ids are ever flagged, so the raw id is checked first and a flood is
-    // refused without a copy of it.
-    state.admission.check_sold_out(raw_id, authorization)?;
-    parse_deal_id(raw_id)
+    Ok(state.admission.check_sold_out(raw_id, authorization)?)
 }
 
 /// Places an order that the per-IP limit and the sold-out mirror let through.
-pub async fn place_admissible(state: &State, request: Request<Incoming>, deal_id: DealId) -> Reply {
+pub async fn place_admissible(
+    state: &State,
+    request: Request<Incoming>,
+    deal: SoldOutChecked,
+) -> Reply {
     let (parts, bytes) = body::split(request, &state.settings.server).await?;
     let request = Request::from_parts(parts, ());
     let orders_settings = &state.settings.orders;
@@ -176,7 +177,7 @@ pub async fn place_admissible(state: &State, request: Request<Incoming>, deal_id
     let key = IdempotencyKey::parse(key, orders_settings.idempotency_key_bytes_max)?;
     let asked: OrderRequest = body::json(&bytes)?;
     let order = sale::OrderRequest {
-        deal: deal_id,
+        deal,
         authorization: header(&request, AUTHORIZATION),
         pass: header(&request, guard::PASS_HEADER),
         key,

@@ -35,10 +35,12 @@ use tokio_util::task::TaskTracker;
 use super::ServerSettings;
 use super::State;
 use super::body::Unread;
-use super::connection::{self, Drain, HeadClock, Rewind, SharedStream};
+use super::connection::{self, Drain, HeadClock};
 use super::front::{self, Handoff};
-use super::router::{self, Begun, Face};
-use crate::domain::DealId;
+use super::router::{self, Begun};
+use super::routes::Face;
+use super::stream::{Rewind, SharedStream};
+use crate::admission::SoldOutChecked;
 use crate::telemetry;
 
 /// The two bound listeners: sale traffic, and operators (metrics, admin API).
@@ -220,13 +222,13 @@ struct ForConnection {
     heads: Arc<HeadClock>,
     /// The deal of the connection's first request, an order the front's checks let
     /// through; taken by that request.
-    admitted: Mutex<Option<DealId>>,
+    admitted: Mutex<Option<SoldOutChecked>>,
     /// Whether `admitted` may still hold a deal: read without the lock by every request.
     admitted_pending: AtomicBool,
 }
 
 impl ForConnection {
-    fn new(state: Arc<State>, heads: Arc<HeadClock>, admitted: Option<DealId>) -> Self {
+    fn new(state: Arc<State>, heads: Arc<HeadClock>, admitted: Option<SoldOutChecked>) -> Self {
         Self {
             state,
             heads,
@@ -236,7 +238,7 @@ impl ForConnection {
     }
 
     /// The deal the front admitted, for the first request only.
-    fn take_admitted(&self) -> Option<DealId> {
+    fn take_admitted(&self) -> Option<SoldOutChecked> {
         if !self.admitted_pending.swap(false, Ordering::Relaxed) {
             return None;
         }

@@ -50,16 +50,39 @@ impl StockEvents {
     }
 
     /// Reports one change and waits until the handler has dealt with it.
-    pub async fn emit(&self, change: StockChange) {
+    async fn emit(&self, change: StockChange) {
         if let Some(handler) = self.handler.get() {
             handler(change).await;
         }
     }
 
-    /// Reports that units of each of `deals` went back to available.
+    /// Reports that units of each of `deals` went back to available: the one place units
+    /// are reported free, whichever path freed them.
     pub async fn freed(&self, deals: impl IntoIterator<Item = String>) {
         for deal in deals {
             self.emit(StockChange::Freed(deal)).await;
         }
     }
+
+    /// Reports that `deal` has no available unit left.
+    pub async fn ran_out(&self, deal: &str) {
+        self.emit(StockChange::RanOut(deal.to_owned())).await;
+    }
+
+    /// [`StockEvents::freed`] as a callback, for background work that frees units in
+    /// passes (the expiry sweeper, the payment workers).
+    pub fn freed_reporter<I>(&self) -> impl Fn(I) -> ReportFuture + Clone + Send + Sync + 'static
+    where
+        I: IntoIterator<Item = String> + Send + 'static,
+        I::IntoIter: Send,
+    {
+        let events = self.clone();
+        move |deals: I| {
+            let events = events.clone();
+            Box::pin(async move { events.freed(deals).await })
+        }
+    }
 }
+
+/// The future of one report made through [`StockEvents::freed_reporter`].
+pub type ReportFuture = Pin<Box<dyn Future<Output = ()> + Send>>;

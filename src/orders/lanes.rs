@@ -27,7 +27,7 @@ use super::{Order, OrderError, Placed};
 use crate::admission::Admitted;
 use crate::deals::Deal;
 use crate::domain::{IdempotencyKey, UserId};
-use crate::inventory::{self, StockChange, StockEvents};
+use crate::inventory::{self, StockEvents};
 use crate::store::StoreError;
 use crate::telemetry;
 
@@ -157,12 +157,9 @@ impl Engine {
             .unwrap_or_else(|_| Err(batch::unexpected("the batch ended without an answer")))
     }
 
-    /// Cancels the user's pending order, then reports its units as freed.
+    /// Cancels the user's pending order; the sale reports its units free.
     pub async fn cancel(&self, user: &UserId, order_id: Uuid) -> Result<Order, OrderError> {
-        let order = super::cancel(&self.context.pool, user, order_id).await?;
-        let freed = StockChange::Freed(order.deal_id.clone());
-        self.context.events.emit(freed).await;
-        Ok(order)
+        super::cancel(&self.context.pool, user, order_id).await
     }
 
     fn queue(&self, deal: &Deal) -> mpsc::Sender<Job> {
@@ -291,10 +288,7 @@ async fn run_batch(
         .iter()
         .any(|r| matches!(r, Err(OrderError::SoldOut { available: 0 })));
     if ran_out || sold_out {
-        context
-            .events
-            .emit(StockChange::RanOut(deal.id.clone()))
-            .await;
+        context.events.ran_out(&deal.id).await;
     }
     for (job, result) in jobs.into_iter().zip(results) {
         let _ = job.reply.send(super::record(result));

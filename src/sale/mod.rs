@@ -15,9 +15,9 @@ use chrono::Duration;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::admission::{Admission, Admitted, Rejection};
-use crate::domain::{DealId, IdempotencyKey, InvalidInput, OrderStatus, Quantity, UserId};
-use crate::inventory::{StockChange, StockEvents};
+use crate::admission::{Admission, Admitted, Rejection, SoldOutChecked};
+use crate::domain::{IdempotencyKey, InvalidInput, OrderStatus, Quantity, UserId};
+use crate::inventory::StockEvents;
 use crate::orders::lanes::Engine;
 use crate::orders::{self, Order, OrderError};
 use crate::payments::Payments;
@@ -30,7 +30,8 @@ pub use error::SaleError;
 
 /// An order as a buyer asked for it, parsed but not yet admitted.
 pub struct OrderRequest<'a> {
-    pub deal: DealId,
+    /// The deal, past the sold-out mirror.
+    pub deal: SoldOutChecked,
     pub authorization: Option<&'a [u8]>,
     pub pass: Option<&'a [u8]>,
     pub key: IdempotencyKey,
@@ -100,7 +101,7 @@ impl Sale {
             .admission
             .admit_order(
                 self.pool(),
-                request.deal.as_str(),
+                &request.deal,
                 request.authorization,
                 request.pass,
                 asked,
@@ -196,6 +197,7 @@ impl Sale {
     /// waiting-room session ends, and open checkout sessions are closed at the provider.
     pub async fn cancel(&self, user: &UserId, order_id: Uuid) -> Result<Order, SaleError> {
         let order = self.orders.cancel(user, order_id).await?;
+        self.stock_events.freed([order.deal_id.clone()]).await;
         let room = self.admission.waiting_room();
         room.end_session(&order.deal_id, user.as_str()).await;
         if let Some(payments) = &self.payments
@@ -240,8 +242,7 @@ impl Sale {
         if let Received::Accepted(applied) = &received
             && let Some(deal_id) = applied.released_deal()
         {
-            let freed = StockChange::Freed(deal_id.to_owned());
-            self.stock_events.emit(freed).await;
+            self.stock_events.freed([deal_id.to_owned()]).await;
         }
         Ok(received)
     }

@@ -31,22 +31,49 @@ impl std::fmt::Display for UrlSetting {
 
 /// PostgreSQL could not be reached, or refused the connection.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot connect to PostgreSQL at {url} (set by {setting}): {cause}")]
+#[error("cannot connect to PostgreSQL at {url} (set by {setting}): {cause}{hint}")]
 pub struct ConnectError {
     pub setting: UrlSetting,
     /// The URL without its password.
     pub url: String,
     pub cause: String,
+    /// What to do about the two causes a new user meets first, empty for the others.
+    hint: String,
 }
 
 impl ConnectError {
     pub(super) fn new(setting: UrlSetting, url: &str, cause: String) -> Self {
         Self {
             setting,
+            hint: hint(url, &cause),
             url: redact_url(url),
             cause,
         }
     }
+}
+
+/// How to get past a refused connection (nothing listens: the service is down or the port
+/// is wrong) or a database that does not exist yet; empty for every other cause.
+fn hint(url: &str, cause: &str) -> String {
+    if cause.contains("Connection refused") {
+        return "; is PostgreSQL running there? On a development machine \
+                `scripts/services.sh` installs and starts it (and Redis) on 127.0.0.1:5432"
+            .to_owned();
+    }
+    if !cause.contains("SQLSTATE 3D000") {
+        return String::new();
+    }
+    let Ok(options) = url.parse::<PgConnectOptions>() else {
+        return String::new();
+    };
+    let name = options.get_database().unwrap_or("flashgate");
+    format!(
+        "; create it first: createdb -h {} -p {} -U {} {name} \
+         (the gateway applies its migrations at start; `flashgate migrate` applies them alone)",
+        options.get_host(),
+        options.get_port(),
+        options.get_username(),
+    )
 }
 
 /// The reason in PostgreSQL's or the system's words, without sqlx's wrapping (a server

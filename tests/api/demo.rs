@@ -145,3 +145,41 @@ async fn ctrl_c_stops_the_demo_without_a_drain_delay() {
         .unwrap_or_else(|| panic!("no drain line: {}", run.stderr));
     assert!(draining.contains("drain_delay=0ns"), "{draining}");
 }
+
+#[tokio::test]
+async fn the_demos_printed_commands_and_the_cli_see_the_same_database() {
+    // Arrange: a demo on a database of the test's own, not the shipped default.
+    let database = TestDb::create().await;
+    let prefix = format!("fgtest:{}:", unique_suffix());
+    let run = demo_until_ready_then_interrupt(&database.url, &prefix).await;
+    let printed = run
+        .stdout
+        .lines()
+        .map(str::trim)
+        .find(|line| line.ends_with(" deals list"))
+        .unwrap_or_else(|| panic!("no CLI command printed: {}", run.stdout))
+        .to_owned();
+
+    // Act: the printed line as a user pastes it, in a shell that has nothing else set.
+    let listed = Command::new("sh")
+        .args(["-c", &printed])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .output()
+        .expect("run the printed command");
+    let url = database.url.clone();
+    database.drop_database().await;
+
+    // Assert
+    assert!(printed.contains(&url), "{printed}");
+    assert!(listed.status.success(), "{printed}: {listed:?}");
+    let deals: serde_json::Value =
+        serde_json::from_slice(&listed.stdout).expect("deals list prints JSON");
+    let ids: Vec<&str> = deals
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|deal| deal["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["demo"], "{printed}");
+}

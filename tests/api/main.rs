@@ -71,6 +71,7 @@ mod redis_outage;
 mod request_id;
 mod shutdown;
 mod soldout_refresh;
+mod source_sizes;
 mod sql_functions;
 mod startup_errors;
 mod sweeper_crash;

@@ -141,6 +141,7 @@ fn a_wrong_port_names_the_setting_the_address_and_the_refusal() {
                 "DATABASE_URL",
                 &format!("postgres://postgres:<redacted>@127.0.0.1:{port}/test"),
                 "refused",
+                "scripts/services.sh",
             ],
         );
         assert!(!run.stderr.contains("hunter2"), "{args:?}: {}", run.stderr);
@@ -188,6 +189,7 @@ fn a_missing_database_is_named_with_postgresqls_reason() {
                 "DATABASE_URL",
                 &format!("/{name}"),
                 &format!("database \"{name}\" does not exist"),
+                "create it first: createdb -h",
             ],
         );
         assert!(!run.stderr.contains(" at line "), "{}", run.stderr);

@@ -14,7 +14,7 @@ use crate::redis_outage::start_redis;
 use crate::waiting_room::{join, poll_until, room_deal};
 
 /// The most Redis commands per second an idle gateway may send at the default settings:
-/// about 21 are expected, none of them per line (docs/OPERATIONS.md, "What an idle gateway
+/// about 21 are expected, none of them per line (docs/WAITING_ROOM.md, "What an idle gateway
 /// costs Redis", counts them).
 const IDLE_COMMANDS_PER_SECOND_MAX: f64 = 25.0;
 

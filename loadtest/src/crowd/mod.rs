@@ -18,14 +18,12 @@ mod fairness;
 mod probes;
 mod timers;
 
-pub use timers::signed_position;
-
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::loopback::ensure_loopback;
 use crate::operator::Operator;
-use crate::sale::ensure_loopback;
 
 /// What to rehearse.
 #[derive(Debug, Clone, clap::Args)]

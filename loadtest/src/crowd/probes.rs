@@ -2,9 +2,9 @@
 //! outstanding, and Redis's own command counts.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-
-use super::timers::Stop;
 
 /// The gateway's answered requests, by kind, from `flashgate_http_requests_total`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -142,6 +142,20 @@ fn parse_commandstats(text: &str) -> HashMap<String, u64> {
             Some((name.to_owned(), calls.parse().ok()?))
         })
         .collect()
+}
+
+/// A stop flag shared by the crowd's background tasks.
+#[derive(Clone, Default)]
+pub struct Stop(Arc<AtomicBool>);
+
+impl Stop {
+    pub fn stop(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
 }
 
 #[cfg(test)]

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, Semaphore, mpsc};
 
 use super::CrowdConfig;
-use super::probes::{self, Counts};
+use super::probes::{self, Counts, Stop};
+use crate::line::signed_position;
 
 /// One waiting client.
 pub struct Client {
@@ -94,16 +94,6 @@ async fn join_one(http: &reqwest::Client, url: &str, token: &str) -> Result<(Str
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Err("the gateway kept refusing".into())
-}
-
-/// The position a token carries (the client reads it; the gateway signed it).
-pub fn signed_position(token: &str) -> Result<u64, String> {
-    let body = token.split('.').next().unwrap_or_default();
-    let json = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(body)
-        .map_err(|e| e.to_string())?;
-    let payload: Value = serde_json::from_slice(&json).map_err(|e| e.to_string())?;
-    payload["p"].as_u64().ok_or_else(|| "no position".into())
 }
 
 /// What a ticket poll or an order came back with.
@@ -544,19 +534,5 @@ impl Snapshot {
             orders_created: end.origin.orders_created,
             clients,
         }
-    }
-}
-
-/// A stop flag shared by the crowd's background tasks.
-#[derive(Clone, Default)]
-pub struct Stop(Arc<std::sync::atomic::AtomicBool>);
-
-impl Stop {
-    pub fn stop(&self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-
-    pub fn is_stopped(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
     }
 }

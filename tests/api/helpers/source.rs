@@ -10,6 +10,13 @@ pub fn source_files() -> Vec<PathBuf> {
     found
 }
 
+/// Every `.rs` file under `dir` (relative to the workspace root: `src`, `loadtest/src`, …).
+pub fn rust_files_under(dir: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    rust_files(&crate_root().join(dir), &mut found);
+    found
+}
+
 /// The crate's directory, against which source paths are reported.
 pub fn crate_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
