@@ -9,9 +9,12 @@
 # statement, as when the gateway has a payment provider configured. With CAREFUL=1 every
 # batch checks its keys and buyers with `ON CONFLICT` from the start, as the gateway's
 # batches do for a while after one met a known key or buyer, instead of inserting them
-# plainly.
+# plainly. With EVENTS=0 the order events' triggers are disabled, to see what writing the
+# events costs a purchase (compare with a run without it, the same minute). COST_BIN
+# names the binary that migrates the scratch database (default target/release/flashgate,
+# built when missing).
 #
-# Usage: [PAYMENTS=1] [CAREFUL=1] [LANES=n] loadtest/batch_cost.sh [seconds per size, default 10] [batch sizes, default "1 8 24 64"]
+# Usage: [PAYMENTS=1] [CAREFUL=1] [EVENTS=0] [LANES=n] loadtest/batch_cost.sh [seconds per size, default 10] [batch sizes, default "1 8 24 64"]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -38,8 +41,13 @@ trap cleanup EXIT
 
 [ "$SECONDS_EACH" -ge 4 ] || { echo "batch_cost: at least 4 seconds per size" >&2; exit 64; }
 psql "$BASE_URL_DB" -qc "CREATE DATABASE $NAME"
-[ -x target/release/flashgate ] || cargo build --release -q --bin flashgate
-DATABASE_URL=$DB target/release/flashgate migrate >/dev/null
+BIN=${COST_BIN:-target/release/flashgate}
+[ -x "$BIN" ] || cargo build --release -q --bin flashgate
+DATABASE_URL=$DB "$BIN" migrate >/dev/null
+if [ "${EVENTS:-1}" = 0 ]; then
+    psql "$DB" -qc "ALTER TABLE orders DISABLE TRIGGER events_orders_inserted" \
+        -c "ALTER TABLE orders DISABLE TRIGGER events_orders_deleted"
+fi
 psql "$DB" -q <<'SQL'
 INSERT INTO deals (id, name, stock_total, bucket_count, unit_price_minor, currency,
                    per_user_limit, reservation_ttl_seconds)

@@ -214,9 +214,24 @@ flashgate_services() (
         fi
     }
 
+    # The event tests' receiver verifies deliveries with the Standard Webhooks reference
+    # library (scripts/events_receiver.py), pinned here.
+    ensure_webhook_verifier() {
+        local wanted=standardwebhooks==1.3.0
+        if python3 -c 'import standardwebhooks' >/dev/null 2>&1; then
+            return
+        fi
+        command -v python3 >/dev/null 2>&1 || apt_install python3
+        python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
+        log "pip install $wanted"
+        python3 -m pip install --quiet "$wanted" ||
+            python3 -m pip install --quiet --break-system-packages "$wanted"
+    }
+
     ensure_postgres
     ensure_redis
     ensure_demo_tools
+    ensure_webhook_verifier
     log "ready: postgres://postgres@${PG_HOST}:${PG_PORT}/${PG_DB} redis://${REDIS_HOST}:${REDIS_PORT}"
 )
 

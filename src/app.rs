@@ -100,6 +100,7 @@ impl Application {
         record_capacity(&settings);
         crate::waiting_room::challenge::export_zeroes();
         crate::payments::export_zeroes();
+        crate::events::export_zeroes();
         if settings.database.migrate_on_start {
             let applied = store::migrate(&settings.database).await?;
             for migration in &applied {
@@ -331,6 +332,15 @@ fn spawn_background(
     ));
     spawn_ops(tasks, state, settings, shutdown);
     spawn_payments(tasks, state, settings, shutdown);
+    if settings.events.enabled {
+        tasks.spawn(crate::events::runner::run(
+            state.pools.events.clone(),
+            state.clock.clone(),
+            store::direct_url(&settings.database).to_owned(),
+            settings.events.clone(),
+            shutdown.clone(),
+        ));
+    }
 }
 
 /// The outbox worker, the provider check before unpaid orders expire, and the reconciler.

@@ -19,6 +19,7 @@ use serde::Deserialize;
 
 use crate::admission::{AdmissionSettings, AuthSettings, LimitSettings, SoldOutSettings};
 use crate::deals::DealSettings;
+use crate::events::EventSettings;
 use crate::http::{HandlerSettings, ServerSettings};
 use crate::ops::OpsSettings;
 use crate::ops::audit;
@@ -68,6 +69,7 @@ pub struct Settings {
     pub ops: OpsSettings,
     pub payments: PaymentSettings,
     pub waiting_room: WaitingRoomSettings,
+    pub events: EventSettings,
     /// Where each value came from, so later messages name the setting as it was given.
     #[serde(skip)]
     pub sources: Sources,
@@ -149,6 +151,7 @@ impl Settings {
         self.sweeper.validate()?;
         self.soldout.validate()?;
         self.ops.validate()?;
+        self.events.validate()?;
         self.validate_across()
     }
 
@@ -199,6 +202,7 @@ impl Settings {
             orders: self.orders.clone(),
             waiting_room: self.waiting_room.clone(),
             audit: self.audit(),
+            events: self.events.clone(),
         }
     }
 
@@ -209,6 +213,7 @@ impl Settings {
             redis: self.redis.clone(),
             waiting_room: self.waiting_room.clone(),
             audit: self.audit(),
+            events: self.events.clone(),
         }
     }
 

@@ -27,6 +27,8 @@
 //! - [`config`]: assembles the sections every module declares in its own `settings.rs` into
 //!   one tree, in layers (defaults, file, environment), and checks them; [`settings`] holds
 //!   what the sections' checks share.
+//! - [`events`]: order and deal events for the shop, written with each change by triggers,
+//!   put in commit order by one sequencer, pulled from the feed or pushed as signed webhooks.
 //! - [`operators`]: the operator log: every admin change with who made it.
 //! - [`ops`]: operator tools: pause/resume, bucket rebalance, the invariant audit, the CLI.
 //! - [`waiting_room`]: the per-deal line in Redis, signed passes checked by admission, and
@@ -46,6 +48,7 @@ pub mod clock;
 pub mod config;
 pub mod deals;
 pub mod domain;
+pub mod events;
 pub mod http;
 pub mod inventory;
 pub mod operators;

@@ -49,6 +49,17 @@ enum Command {
         #[command(subcommand)]
         command: ops::cli::DealsCommand,
     },
+    /// Read the order and deal events in commit order (the pull feed).
+    Events {
+        #[command(subcommand)]
+        command: ops::events_cli::EventsCommand,
+    },
+    /// Manage where events are pushed: create, list, show, update, delete, rotate-secret,
+    /// replay.
+    EventEndpoints {
+        #[command(subcommand)]
+        command: ops::events_cli::EndpointsCommand,
+    },
     /// Audit every invariant; exits non-zero when any is broken.
     Check,
     /// Compare payment attempts with the provider once, repair what is safe, print findings.
@@ -215,6 +226,10 @@ async fn run(command: Command, settings: Settings) -> Result<(), String> {
         Command::Migrate => migrate(&settings).await,
         Command::Token { .. } | Command::Config => Ok(()),
         Command::Deals { command } => ops::cli::deals(&settings.cli(), command).await,
+        Command::Events { command } => ops::events_cli::events(&settings.cli(), command).await,
+        Command::EventEndpoints { command } => {
+            ops::events_cli::endpoints(&settings.cli(), command).await
+        }
         Command::Check => ops::cli::check(&settings.cli()).await,
         Command::OperatorLog { after, limit } => {
             ops::cli::operator_log(&settings.cli(), after, limit).await
@@ -247,6 +262,8 @@ async fn serve(mut settings: Settings, demo: bool) -> Result<(), String> {
         // No load balancer stands in front of a demo, so nothing needs time to move traffic
         // away: Ctrl-C stops it at once.
         settings.server.drain_delay_ms = 0;
+        // A receiver on this machine (scripts/events_receiver.py) may subscribe.
+        settings.events.allow_private_targets = true;
         let defaults = settings.default_secrets();
         if !defaults.is_empty() {
             tracing::warn!(
@@ -426,6 +443,11 @@ fn print_demo_help(
          -H 'Authorization: Bearer {token}' \\\n    \
          -H 'Idempotency-Key: first-try' -d '{{\"quantity\": 2}}'\n\n\
          Inventory (admin, on the operations listener):\n  curl -s {ops}/admin/deals/demo/inventory -H 'Authorization: Bearer {admin_token}'\n\n\
+         Order and deal events, pulled in commit order:\n  curl -s {ops}/admin/events -H 'Authorization: Bearer {admin_token}'\n\n\
+         Or pushed to a receiver that verifies the signatures (needs pip's standardwebhooks):\n  \
+         curl -s -X POST {ops}/admin/event-endpoints -H 'Authorization: Bearer {admin_token}' \\\n    \
+         -d '{{\"url\": \"http://127.0.0.1:9000/hooks\"}}'   # prints the whsec_ secret\n  \
+         python3 scripts/events_receiver.py --port 9000 --secret whsec_...\n\n\
          Metrics:\n  curl -s {ops}/metrics\n\n\
          The operator CLI on this demo's database and Redis keys (deals, stock, the audit):\n  \
          {cli} deals list\n\n\

@@ -6,6 +6,7 @@
 //! `deals.metrics_retain_seconds` ago ([`retention`]). The documented list of every family
 //! is docs/METRICS.md, checked against `/metrics` by a test.
 
+mod events;
 mod process;
 pub mod retention;
 mod settings;
@@ -86,6 +87,13 @@ pub const DB_RETRIES: &str = "flashgate_db_retries_total";
 pub const DB_POOL_WAIT: &str = "flashgate_db_pool_wait_seconds";
 pub const REFUNDS_PENDING_OLDEST: &str = "flashgate_refunds_pending_oldest_seconds";
 pub const OUTBOX_OLDEST: &str = "flashgate_outbox_oldest_seconds";
+pub const EVENTS: &str = "flashgate_events_total";
+pub const EVENTS_OLDEST_KEPT: &str = "flashgate_events_oldest_kept_seconds";
+pub const EVENT_DELIVERIES: &str = "flashgate_event_deliveries_total";
+pub const EVENT_DELIVERY_SECONDS: &str = "flashgate_event_delivery_seconds";
+pub const EVENT_ENDPOINT_PENDING: &str = "flashgate_event_endpoint_pending";
+pub const EVENT_ENDPOINT_OLDEST_PENDING: &str = "flashgate_event_endpoint_oldest_pending_seconds";
+pub const EVENT_ENDPOINT_FAILING: &str = "flashgate_event_endpoint_failing";
 
 /// The version and, when it was built from a git checkout, the commit (`build.rs`).
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -179,6 +187,12 @@ pub fn prometheus() -> &'static Metrics {
             .and_then(|b| {
                 b.set_buckets_for_metric(
                     Matcher::Full(RESERVATION_TRANSACTION.to_owned()),
+                    &LATENCY_BUCKETS_SECONDS,
+                )
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full(EVENT_DELIVERY_SECONDS.to_owned()),
                     &LATENCY_BUCKETS_SECONDS,
                 )
             })
@@ -361,6 +375,7 @@ fn describe() {
     describe_counter!(AUDIT_RUNS, "Invariant audits run, by outcome.");
     describe_database();
     describe_waiting_room();
+    events::describe();
 }
 
 fn describe_database() {

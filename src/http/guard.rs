@@ -19,6 +19,11 @@ pub const PASS_HEADER: &str = "flashgate-pass";
 /// The request header that carries a proof-of-work solution on `POST /v1/deals/{id}/queue`.
 pub const POW_HEADER: &str = "flashgate-pow";
 
+/// The request header that carries a ticket's signed `position_token` back: a re-join
+/// without a new proof of work, and a ticket poll answered from far outside the check-in
+/// window.
+pub const POSITION_HEADER: &str = "flashgate-position";
+
 /// A request header's raw bytes.
 pub(super) fn header<B>(
     request: &Request<B>,

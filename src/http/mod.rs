@@ -12,6 +12,7 @@
 mod admin;
 mod body;
 mod connection;
+mod events;
 mod front;
 mod guard;
 mod http1;

@@ -18,6 +18,7 @@ use crate::admission::limits::Limited;
 use crate::admission::token::TokenError;
 use crate::deals::{DealError, Window};
 use crate::domain::InvalidInput;
+use crate::events::EventError;
 use crate::inventory::StockError;
 use crate::ops::rebalance::RebalanceError;
 use crate::orders::OrderError;
@@ -261,6 +262,16 @@ impl From<StoreError> for Problem {
                 tracing::error!(%error, "database error");
                 Problem::overloaded("temporarily unable to serve this request; retry shortly")
             }
+        }
+    }
+}
+
+impl From<EventError> for Problem {
+    fn from(error: EventError) -> Self {
+        match error {
+            EventError::Invalid(detail) => Problem::invalid(detail),
+            EventError::NotFound => Problem::not_found("no such endpoint"),
+            EventError::Store(error) => error.into(),
         }
     }
 }

@@ -18,7 +18,7 @@ use super::guard::Headers;
 use super::problem::Problem;
 use super::request_id::{self, RequestId};
 use super::routes::{Face, Route};
-use super::{State, admin, operator_log, ops, payments, public, queue, review, wait_page};
+use super::{State, admin, events, operator_log, ops, payments, public, queue, review, wait_page};
 use crate::admission::SoldOutChecked;
 use crate::clock::{elapsed_since, monotonic};
 use crate::domain::DealId;
@@ -360,6 +360,12 @@ async fn dispatch(
         Route::ReviewQueue => Box::pin(review::list(state, &request)).await,
         Route::ReviewFulfil(id) => Box::pin(review::fulfil(state, &request, id)).await,
         Route::ReviewRefund(id) => Box::pin(review::refund(state, &request, id)).await,
+        Route::EventEndpoints => Box::pin(events::list(state, &request)).await,
+        Route::CreateEventEndpoint => Box::pin(events::create(state, request)).await,
+        Route::EventEndpoint(id) => Box::pin(events::one(state, request, id)).await,
+        Route::RotateEventSecret(id) => Box::pin(events::rotate(state, request, id)).await,
+        Route::ReplayEvents(id) => Box::pin(events::replay(state, request, id)).await,
+        Route::Events => Box::pin(events::feed(state, &request)).await,
         Route::WrongMethod { allow, .. } => Err(Problem::method_not_allowed(allow)),
         Route::Unknown => Err(Problem::not_found("no such resource")),
     }

@@ -48,6 +48,12 @@ pub enum Route<'a> {
     ReviewQueue,
     ReviewFulfil(&'a str),
     ReviewRefund(&'a str),
+    EventEndpoints,
+    CreateEventEndpoint,
+    EventEndpoint(&'a str),
+    RotateEventSecret(&'a str),
+    ReplayEvents(&'a str),
+    Events,
     WrongMethod {
         template: &'static str,
         allow: &'static str,
@@ -117,6 +123,34 @@ impl<'a> Route<'a> {
                 ("/v1/webhooks/{provider}", "POST", Route::Webhook(provider))
             }
             ["admin", "deals"] => ("/admin/deals", "POST", Route::CreateDeal),
+            ["admin", "event-endpoints"] if post => return Route::CreateEventEndpoint,
+            ["admin", "event-endpoints"] => (
+                "/admin/event-endpoints",
+                "GET, HEAD, POST",
+                Route::EventEndpoints,
+            ),
+            ["admin", "event-endpoints", id]
+                if get || method == Method::PATCH || method == Method::DELETE =>
+            {
+                return Route::EventEndpoint(id);
+            }
+            ["admin", "event-endpoints", _] => {
+                return Route::WrongMethod {
+                    template: "/admin/event-endpoints/{id}",
+                    allow: "GET, HEAD, PATCH, DELETE",
+                };
+            }
+            ["admin", "event-endpoints", id, "rotate-secret"] => (
+                "/admin/event-endpoints/{id}/rotate-secret",
+                "POST",
+                Route::RotateEventSecret(id),
+            ),
+            ["admin", "event-endpoints", id, "replay"] => (
+                "/admin/event-endpoints/{id}/replay",
+                "POST",
+                Route::ReplayEvents(id),
+            ),
+            ["admin", "events"] => ("/admin/events", "GET, HEAD", Route::Events),
             ["admin", "deals", id, "stock"] => {
                 ("/admin/deals/{id}/stock", "POST", Route::AdjustStock(id))
             }
@@ -232,6 +266,11 @@ impl<'a> Route<'a> {
             Route::ReviewQueue => "/admin/payments/review",
             Route::ReviewFulfil(_) => "/admin/orders/{id}/review/fulfil",
             Route::ReviewRefund(_) => "/admin/orders/{id}/review/refund",
+            Route::EventEndpoints | Route::CreateEventEndpoint => "/admin/event-endpoints",
+            Route::EventEndpoint(_) => "/admin/event-endpoints/{id}",
+            Route::RotateEventSecret(_) => "/admin/event-endpoints/{id}/rotate-secret",
+            Route::ReplayEvents(_) => "/admin/event-endpoints/{id}/replay",
+            Route::Events => "/admin/events",
             Route::WrongMethod { template, .. } => template,
             Route::Unknown => "unknown",
         }

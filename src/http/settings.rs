@@ -8,6 +8,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 
 use crate::admission::AuthSettings;
+use crate::events::EventSettings;
 use crate::ops::audit;
 use crate::orders::OrderSettings;
 use crate::settings::require;
@@ -159,4 +160,6 @@ pub struct HandlerSettings {
     pub waiting_room: WaitingRoomSettings,
     /// How the audit behind the admin API runs.
     pub audit: audit::Options,
+    /// Endpoint URL checks, rotation overlap and page limits of the events' admin API.
+    pub events: EventSettings,
 }

@@ -26,6 +26,8 @@ pub struct CliSettings {
     pub redis: RedisSettings,
     pub waiting_room: WaitingRoomSettings,
     pub audit: audit::Options,
+    /// The checks of endpoint URLs and rotation overlaps, and the feed's page limit.
+    pub events: crate::events::EventSettings,
 }
 
 #[derive(Debug, Subcommand)]

@@ -5,7 +5,8 @@
 //! - [`rebalance`]: changes a deal's bucket count, moving only available units.
 //! - [`audit`]: the invariant audit behind `flashgate check`, `GET /admin/audit` and the
 //!   periodic audit task.
-//! - [`cli`]: the `flashgate deals …` and `flashgate check` subcommands.
+//! - [`cli`]: the `flashgate deals …` and `flashgate check` subcommands; [`events_cli`]:
+//!   `flashgate events …` and `flashgate event-endpoints …`.
 //! - [`output`]: how every command writes to stdout, safe in a pipe closed early.
 //!
 //! Everything here talks to PostgreSQL (and Redis for the sold-out flag) directly, so the
@@ -14,6 +15,7 @@
 pub mod admission;
 pub mod audit;
 pub mod cli;
+pub mod events_cli;
 pub mod output;
 pub mod pause;
 pub mod rebalance;

@@ -141,6 +141,8 @@ pub struct Pools {
     pub admin: PgPool,
     /// Payment webhooks: confirming money must not queue behind a sale storm.
     pub webhook: PgPool,
+    /// The event sequencer and deliveries: a dead receiver holds these, never the sale's.
+    pub events: PgPool,
     /// Which of the configured hosts is primary.
     pub primary: Arc<Primary>,
 }
@@ -219,6 +221,7 @@ impl Pools {
             background: pool(settings.background_pool_max, settings.acquire_timeout_ms),
             admin: pool(settings.admin_pool_max, settings.admin_acquire_timeout_ms),
             webhook: pool(settings.webhook_pool_max, settings.admin_acquire_timeout_ms),
+            events: pool(settings.events_pool_max, settings.admin_acquire_timeout_ms),
             primary,
         })
     }
@@ -238,6 +241,7 @@ impl Pools {
             self.background.clone(),
             self.admin.clone(),
             self.webhook.clone(),
+            self.events.clone(),
         ]
     }
 
@@ -248,6 +252,7 @@ impl Pools {
             ("background", &self.background),
             ("admin", &self.admin),
             ("webhook", &self.webhook),
+            ("events", &self.events),
         ];
         for (name, pool) in pools {
             let size = pool.size() as f64;

@@ -25,6 +25,9 @@ pub struct DatabaseSettings {
     pub admin_pool_max: u32,
     /// Connections kept for payment webhooks, so a sale storm cannot delay confirming payments.
     pub webhook_pool_max: u32,
+    /// Connections of the event sequencer and deliveries, so a slow or dead receiver never
+    /// takes a connection the sale needs.
+    pub events_pool_max: u32,
     /// How long a request waits for a connection before it is answered 503 instead of queueing.
     pub acquire_timeout_ms: u64,
     /// How long an admin request waits for one of its connections before it is answered 503.
@@ -73,6 +76,10 @@ impl DatabaseSettings {
         require(
             self.webhook_pool_max > 0,
             "database.webhook_pool_max must be > 0",
+        )?;
+        require(
+            self.events_pool_max >= 2,
+            "database.events_pool_max must be at least 2",
         )?;
         require(
             self.acquire_timeout_ms > 0,

@@ -75,7 +75,15 @@ pub fn spawn_gateway_logging_to(
         .env("FLASHGATE__DATABASE__REQUEST_POOL_MAX", "8")
         .env("FLASHGATE__DATABASE__BACKGROUND_POOL_MAX", "2")
         .env("FLASHGATE__DATABASE__ACQUIRE_TIMEOUT_MS", "2000")
-        .env("FLASHGATE__SOLDOUT__REFRESH_INTERVAL_MS", "100");
+        .env("FLASHGATE__SOLDOUT__REFRESH_INTERVAL_MS", "100")
+        .env(
+            "FLASHGATE__EVENTS__ENABLED",
+            settings.events.enabled.to_string(),
+        )
+        .env(
+            "FLASHGATE__DATABASE__EVENTS_POOL_MAX",
+            settings.database.events_pool_max.to_string(),
+        );
     for scope in ["PER_IP", "PER_USER", "PER_DEAL"] {
         command
             .env(

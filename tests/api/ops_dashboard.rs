@@ -243,6 +243,13 @@ const WAITING_ROOM_SERIES: [(&str, &str); 3] = [
 /// time): a buyer admitted who orders with the pass, one refused without a pass, and one
 /// who stops polling and is skipped; then the background gauges.
 pub(crate) async fn small_sale(app: &PayApp) -> String {
+    // An event endpoint nobody listens at: its deliveries fail and its backlog shows.
+    let closed = format!("http://127.0.0.1:{}/hooks", crate::helpers::free_port());
+    let endpoint = app.client.post(app.url("/admin/event-endpoints"));
+    let endpoint = endpoint
+        .bearer_auth(&app.admin_token)
+        .json(&json!({"url": closed}));
+    crate::helpers::send(endpoint).await.expect(201);
     // The waiting room: q is admitted, gone queues behind q and never polls again.
     let room = json!({"admit_per_second": 100, "max_active": 1, "pass_ttl_seconds": 120});
     let queued = app
@@ -311,7 +318,8 @@ pub(crate) async fn small_sale(app: &PayApp) -> String {
     app.wait_for_order(&f, late_id, &["REFUNDED"], SETTLE).await;
 
     // q orders with the pass once gone has been silent past the abandonment grace: the
-    // freed slot reaches gone, who is skipped.
+    // freed slot reaches gone, who is skipped. The grace runs on Redis's clock, which a
+    // test cannot move, so it is waited out.
     let grace = Duration::from_secs(app.settings.waiting_room.abandon_after_seconds);
     let silent = grace + Duration::from_millis(500);
     tokio::time::sleep(silent.saturating_sub(gone_joined.elapsed())).await;
@@ -329,6 +337,11 @@ pub(crate) async fn small_sale(app: &PayApp) -> String {
         "flashgate_waiting_room_passes_active",
         "flashgate_waiting_room_estimated_wait_seconds",
         "flashgate_waiting_room_admission_rate",
+        "flashgate_event_endpoint_pending",
+        "flashgate_event_endpoint_oldest_pending_seconds",
+        "flashgate_event_endpoint_failing",
+        "flashgate_event_deliveries_total",
+        "flashgate_event_delivery_seconds_count",
     ];
     let exposition = eventually(Duration::from_secs(10), || async {
         let text = app.metrics().await;
@@ -366,6 +379,12 @@ pub(crate) async fn sale_app() -> PayApp {
         s.waiting_room.stock_refresh_ms = 100;
         s.waiting_room.abandon_after_seconds = 2;
         s.waiting_room.refresh_after_seconds_max = 1;
+        s.events.enabled = true;
+        s.events.allow_private_targets = true;
+        s.events.leader_retry_ms = 200;
+        s.events.maintenance_interval_ms = 200;
+        s.events.retry_initial_ms = 100;
+        s.events.retry_max_ms = 500;
     })
     .await
 }

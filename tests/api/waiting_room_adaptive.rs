@@ -103,7 +103,7 @@ async fn buy(api: &Api, deal: &str, user: &str, stop: &AtomicBool) -> bool {
         if let Some(pass) = polled["pass"].as_str() {
             return order_with_pass(api, user, deal, Some(pass)).await.status == 201;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        crate::helpers::pace(Duration::from_millis(50)).await;
     }
     false
 }
@@ -166,22 +166,19 @@ fn report_slow(app: &TestApp, deal: &str, p99_ms: f64, stop: Arc<AtomicBool>) {
                 .query_async(&mut redis)
                 .await
                 .unwrap();
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            crate::helpers::pace(Duration::from_millis(100)).await;
         }
     });
 }
 
-/// A line kept busy (one pass outstanding), so the advancer steps it every interval.
+/// A line kept busy (one pass outstanding, the only one allowed, and someone waiting behind
+/// it), so the advancer steps it every interval.
 async fn busy_adaptive_line(app: &Api, id: &str, min: i64, max: i64) -> String {
-    let deal = app
-        .given_deal(&room_deal(
-            id,
-            1000,
-            adaptive_room(min, max, 200),
-            json!({}),
-        ))
-        .await;
+    let mut room = adaptive_room(min, max, 200);
+    room["max_active"] = json!(1);
+    let deal = app.given_deal(&room_deal(id, 1000, room, json!({}))).await;
     join(app, "holder", &deal).await.expect(201);
+    join(app, "waiter", &deal).await.expect(201);
     deal
 }
 

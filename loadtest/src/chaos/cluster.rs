@@ -326,6 +326,10 @@ impl Wiring {
             ("DATABASE__REQUEST_POOL_MAX", "6"),
             ("DATABASE__BACKGROUND_POOL_MAX", "2"),
             ("DATABASE__ACQUIRE_TIMEOUT_MS", "1000"),
+            ("EVENTS__ALLOW_PRIVATE_TARGETS", "true"),
+            ("EVENTS__LEADER_RETRY_MS", "500"),
+            ("EVENTS__RETRY_MAX_MS", "2000"),
+            ("EVENTS__REQUEST_TIMEOUT_MS", "2000"),
         ];
         for (key, value) in settings {
             command.env(format!("FLASHGATE__{key}"), value);

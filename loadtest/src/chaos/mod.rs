@@ -5,11 +5,13 @@
 //! private Redis, the payment simulator and three `flashgate serve`. Buyers order, retry
 //! with the same key, pay or abandon, while one fault at a time hits a process (see
 //! [`schedule`]). Then every fault is healed, the gateways settle, and the verdict compares
-//! the database and the provider with what clients were told. A failing run prints its
-//! seed and schedule: the same seed replays the same faults.
+//! the database and the provider with what clients were told, and the events a receiver
+//! subscribed before the sale got with the database's changes ([`events`]). A failing run
+//! prints its seed and schedule: the same seed replays the same faults.
 
 mod clients;
 mod cluster;
+mod events;
 mod ledger;
 pub mod schedule;
 
@@ -115,6 +117,10 @@ async fn sale(
     dir: &std::path::Path,
 ) -> Result<Value, String> {
     let mut cluster = Cluster::start(binaries, dir).await?;
+    let receiver = events::Receiver::start().await?;
+    receiver
+        .subscribe(&cluster.http, &cluster.gateways[0].ops(), ADMIN_TOKEN)
+        .await?;
     let deal = cluster.create_deal(config).await?;
     let targets = clients::Targets {
         gateways: cluster.gateways.iter().map(Gateway::base).collect(),
@@ -140,6 +146,8 @@ async fn sale(
     // The buyers are done: the journal is taken out rather than checked under the lock.
     let journal = std::mem::take(&mut *journal.lock().unwrap_or_else(|e| e.into_inner()));
     let (mut violations, figures) = ledger::check(&db, &journal, &intents, &deal).await?;
+    let (event_violations, event_figures) = events::check(&db, &receiver).await;
+    violations.extend(event_violations);
     violations.extend(ledger::audit(
         &binaries.flashgate,
         &cluster.wiring.database_url,
@@ -165,6 +173,7 @@ async fn sale(
         "faults_applied": applied,
         "violations": violations,
         "figures": figures,
+        "events": event_figures,
     }))
 }
 

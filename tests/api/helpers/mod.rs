@@ -6,6 +6,7 @@ mod db;
 mod oidc;
 mod process;
 mod psp;
+mod receiver;
 mod redis_server;
 mod source;
 mod wait;
@@ -15,6 +16,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use flashgate::app::Application;
+use flashgate::clock::Clock;
 use flashgate::config::Settings;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
@@ -26,6 +28,7 @@ pub use db::*;
 pub use oidc::*;
 pub use process::*;
 pub use psp::*;
+pub use receiver::*;
 pub use redis_server::*;
 pub use source::*;
 pub use wait::*;
@@ -66,6 +69,10 @@ pub fn test_settings(database_url: &str) -> Settings {
     s.database.url = database_url.to_owned();
     s.database.request_pool_max = 8;
     s.database.background_pool_max = 2;
+    // The event sequencer and deliveries hold connections of their own; tests about events
+    // turn them on (`events_delivery::fast_events`), the shared server's other tests spare them.
+    s.events.enabled = false;
+    s.database.events_pool_max = 2;
     s.redis.url = redis_url();
     s.redis.key_prefix = format!("fgtest:{suffix}:");
     s.auth.jwt_secret = format!("test-jwt-secret-{suffix}");
@@ -142,13 +149,20 @@ pub async fn spawn_app() -> TestApp {
 }
 
 pub async fn spawn_app_with(configure: impl FnOnce(&mut Settings)) -> TestApp {
+    spawn_app_on(Clock::system(), configure).await
+}
+
+/// A gateway whose rules run on `clock`: a test about time (a sale's window, a pass's or a
+/// token's expiry, a cache's age, a breaker's cool-down) hands it a `ManualClock` and moves
+/// that instead of sleeping. What PostgreSQL and Redis decide stays on their own clocks.
+pub async fn spawn_app_on(clock: Clock, configure: impl FnOnce(&mut Settings)) -> TestApp {
     let database = TestDb::create().await;
     let mut settings = test_settings(&database.url);
     configure(&mut settings);
     if test_log() {
         flashgate::telemetry::init_logging(&settings.telemetry);
     }
-    let app = Application::build(settings.clone())
+    let app = Application::build_on(settings.clone(), clock)
         .await
         .expect("application builds");
     let addr = app.local_addr();

@@ -1,0 +1,175 @@
+//! The feed: positioned events read in position order, as the pull API and the deliveries
+//! see them, and the retention that deletes old ones.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::EventError;
+use crate::store::StoreError;
+
+/// One event of the feed.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Event {
+    pub id: i64,
+    pub position: i64,
+    #[sqlx(rename = "type")]
+    pub kind: String,
+    pub order_id: Option<Uuid>,
+    pub deal_id: String,
+    pub sequence: i32,
+    pub status: Option<String>,
+    pub user_id: Option<String>,
+    pub quantity: Option<i32>,
+    pub amount_minor: Option<i64>,
+    pub currency: Option<String>,
+    pub paused: Option<bool>,
+    pub available: Option<i64>,
+    pub occurred_at: DateTime<Utc>,
+}
+
+impl Event {
+    /// The stable id: the same in the feed and in every delivery's `webhook-id`.
+    pub fn public_id(&self) -> String {
+        format!("evt_{}", self.id)
+    }
+
+    /// What per-object order is kept for: the order, or the deal for a deal event.
+    pub fn object(&self) -> String {
+        match self.order_id {
+            Some(order) => order.to_string(),
+            None => format!("deal:{}", self.deal_id),
+        }
+    }
+
+    /// `data`: the object's id, its sequence and its state after the change.
+    pub fn data(&self) -> Value {
+        match self.order_id {
+            Some(order) => json!({
+                "order_id": order,
+                "sequence": self.sequence,
+                "status": self.status,
+                "deal_id": self.deal_id,
+                "user_id": self.user_id,
+                "quantity": self.quantity,
+                "amount_minor": self.amount_minor,
+                "currency": self.currency,
+            }),
+            None => json!({
+                "deal_id": self.deal_id,
+                "sequence": self.sequence,
+                "paused": self.paused,
+                "available": self.available,
+                "sold_out": self.available == Some(0),
+            }),
+        }
+    }
+
+    /// The time in RFC 3339, UTC.
+    pub fn timestamp(&self) -> String {
+        self.occurred_at
+            .to_rfc3339_opts(SecondsFormat::Micros, true)
+    }
+
+    /// A delivery's body.
+    pub fn body(&self) -> Value {
+        json!({"type": self.kind, "timestamp": self.timestamp(), "data": self.data()})
+    }
+
+    /// The pull API's entry: the body with the id.
+    pub fn entry(&self) -> Value {
+        json!({"id": self.public_id(), "type": self.kind, "timestamp": self.timestamp(),
+               "data": self.data()})
+    }
+}
+
+const COLUMNS: &str = "id, position, type, order_id, deal_id, sequence, status, user_id,
+                       quantity, amount_minor, currency, paused, available, occurred_at";
+
+/// The position a cursor stands for: a `next` from an earlier page, or an event's id (to
+/// go on after the last event seen, once a page ended with `next` null). Anything else, or a
+/// position never given, or an id not kept, is an unknown cursor.
+pub async fn resolve_cursor(pool: &PgPool, cursor: &str) -> Result<i64, EventError> {
+    let unknown = || EventError::Invalid(format!("unknown cursor {cursor:?}"));
+    if let Some(id) = cursor.strip_prefix("evt_") {
+        let id = id.parse::<i64>().map_err(|_| unknown())?;
+        let position: Option<i64> = sqlx::query_scalar(
+            "SELECT position FROM events WHERE id = $1 AND position IS NOT NULL",
+        )
+        .bind(id)
+        .fetch_optional(pool)
+        .await
+        .map_err(StoreError::from)?;
+        return position.ok_or_else(unknown);
+    }
+    let position = cursor
+        .parse::<i64>()
+        .ok()
+        .filter(|p| *p >= 0)
+        .ok_or_else(unknown)?;
+    if position > last_position(pool).await? {
+        return Err(unknown());
+    }
+    Ok(position)
+}
+
+/// The highest position given so far (0 before the first).
+pub async fn last_position(pool: &PgPool) -> Result<i64, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT coalesce(max(position), 0) FROM events WHERE position IS NOT NULL",
+    )
+    .fetch_one(pool)
+    .await?)
+}
+
+/// Up to `limit` events after `after`, of the given types (`None`: all), in position order.
+pub async fn after(
+    pool: &PgPool,
+    after: i64,
+    limit: i64,
+    types: Option<&[String]>,
+) -> Result<Vec<Event>, StoreError> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM events
+          WHERE position > $1 AND position IS NOT NULL AND ($3::text[] IS NULL OR type = ANY($3))
+          ORDER BY position LIMIT $2"
+    );
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(after)
+        .bind(limit)
+        .bind(types)
+        .fetch_all(pool)
+        .await?)
+}
+
+/// Deletes positioned events older than `hours`, keeping each order's and deal's newest
+/// event so that its sequence carries on. Returns how many went.
+pub async fn expire(pool: &PgPool, hours: u64, batch: i64) -> Result<u64, StoreError> {
+    let deleted = sqlx::query(
+        "DELETE FROM events WHERE id IN (
+             SELECT e.id FROM events e
+              WHERE e.position IS NOT NULL
+                AND e.occurred_at < now() - make_interval(hours => $1)
+                AND EXISTS (SELECT 1 FROM events n
+                             WHERE n.deal_id = e.deal_id
+                               AND n.order_id IS NOT DISTINCT FROM e.order_id
+                               AND n.sequence > e.sequence)
+              ORDER BY e.occurred_at LIMIT $2)",
+    )
+    .bind(i32::try_from(hours).unwrap_or(i32::MAX))
+    .bind(batch)
+    .execute(pool)
+    .await?;
+    Ok(deleted.rows_affected())
+}
+
+/// Age in seconds of the oldest event kept (0 when there is none).
+pub async fn oldest_seconds(pool: &PgPool) -> Result<f64, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT coalesce(extract(epoch FROM now() - min(occurred_at)), 0)::float8
+           FROM events WHERE position IS NOT NULL",
+    )
+    .fetch_one(pool)
+    .await?)
+}
