@@ -120,7 +120,7 @@ machine_changes() {
     have curl || apt+=(curl)
     have jq || apt+=(jq)
     have_browser || apt+=(chromium chromium-driver fonts-dejavu-core)
-    have npm || apt+=(nodejs npm)
+    have node && have npm || apt+=(nodejs npm)
     if ((full_run)); then
         have_pgbouncer || apt+=(pgbouncer)
         have_pg_auto_failover || apt+=(pg-auto-failover-cli "postgresql-<version>-auto-failover")
@@ -164,6 +164,10 @@ skipped_reasons=()
 skip_pgbouncer=0 skip_promtool=0 skip_schemathesis=0
 decide_skips() {
     ((no_system)) || return 0
+    if ! { have node && have npm; }; then
+        skipped_tests+=('test(/^oidc::/)')
+        skipped_reasons+=("oidc tests (need node and npm: scripts/oidc.sh)")
+    fi
     if ! have_browser; then
         skipped_tests+=('test(/^waiting_room_page::/)')
         skipped_reasons+=("waiting_room_page tests (need /usr/bin/chromium and /usr/bin/chromedriver: scripts/browser.sh)")
@@ -264,6 +268,12 @@ else
     bash scripts/browser.sh
     bash scripts/edge.sh
     bash scripts/otlp.sh
+fi
+begin "the OpenID Connect provider for the provider-token tests (npm ci in tests/oidc)"
+if ((no_system)); then
+    bash scripts/oidc.sh --no-system || note "skipped: the oidc tests need node and npm"
+else
+    bash scripts/oidc.sh
 fi
 printf 'test: DATABASE_URL=%s\ntest: REDIS_URL=%s\n' "$DATABASE_URL" "$REDIS_URL" >&2
 

@@ -17,6 +17,7 @@ mod front;
 mod guard;
 mod http1;
 mod integer;
+mod operator_log;
 mod ops;
 mod payments;
 pub mod problem;

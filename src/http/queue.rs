@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use super::State;
 use super::body::{self, Caching};
-use super::guard::{POSITION_HEADER, POW_HEADER, check_ip, header, require_admin};
+use super::guard::{POSITION_HEADER, POW_HEADER, check_ip, header, record, require_admin};
 use super::problem::Problem;
 use crate::deals::{Deal, WaitingRoomTerms, Window};
 use crate::domain::{DealId, UserId};
@@ -140,10 +140,10 @@ async fn deal_with_room(state: &State, raw_id: &str) -> Result<std::sync::Arc<De
     Ok(deal)
 }
 
-fn user<B>(state: &State, peer: SocketAddr, request: &Request<B>) -> Result<UserId, Problem> {
+async fn user<B>(state: &State, peer: SocketAddr, request: &Request<B>) -> Result<UserId, Problem> {
     check_ip(state, peer, request.headers())?;
     let authorization = request.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
-    let user = state.admission.authenticate(authorization)?;
+    let user = state.admission.authenticate(authorization).await?;
     crate::telemetry::record_user(&user);
     Ok(user)
 }
@@ -155,7 +155,7 @@ pub async fn join(
     request: &Request<Incoming>,
     raw_id: &str,
 ) -> Reply {
-    let user = user(state, peer, request)?;
+    let user = user(state, peer, request).await?;
     let deal = deal_with_room(state, raw_id).await?;
     let now = state.clock.now();
     if deal.window(now) == Window::Ended {
@@ -185,7 +185,7 @@ pub async fn poll(
     raw_id: &str,
     ticket: &str,
 ) -> Reply {
-    let user = user(state, peer, request)?;
+    let user = user(state, peer, request).await?;
     let deal = deal_with_room(state, raw_id).await?;
     if ticket.is_empty()
         || ticket.len() > TICKET_BYTES_MAX
@@ -452,7 +452,7 @@ pub async fn challenge(
     request: &Request<Incoming>,
     raw_id: &str,
 ) -> Reply {
-    let user = user(state, peer, request)?;
+    let user = user(state, peer, request).await?;
     let deal = deal_with_room(state, raw_id).await?;
     let room = state.admission.waiting_room();
     let challenge = room.challenge(&deal, user.as_str()).await?;
@@ -500,7 +500,7 @@ struct RevokeView {
 /// `POST /admin/deals/{id}/queue/revoke`: ends a user's session on the line; their pass
 /// stops working on every instance within `revocation_poll_ms`.
 pub async fn revoke(state: &State, request: Request<Incoming>, raw_id: &str) -> Reply {
-    require_admin(state, &request)?;
+    let operator = require_admin(state, &request).await?;
     let deal = deal_with_room(state, raw_id).await?;
     let (_, bytes) = body::split(request, &state.settings.server).await?;
     let asked: RevokeRequest = body::json(&bytes)?;
@@ -508,6 +508,8 @@ pub async fn revoke(state: &State, request: Request<Incoming>, raw_id: &str) -> 
         .map_err(|_| Problem::invalid("user_id must be a user id"))?;
     let room = state.admission.waiting_room();
     let ticket = room.revoke(&deal.id, user.as_str()).await?;
+    let detail = serde_json::json!({"user_id": user.as_str()});
+    record(state, &operator, "queue.revoked", &deal.id, detail).await;
     let view = RevokeView {
         deal_id: deal.id.clone(),
         user_id: user.as_str().to_owned(),

@@ -19,7 +19,8 @@ use super::problem::Problem;
 use super::request_id::{self, RequestId};
 use super::routes::{Face, Route};
 use super::{
-    State, admin, events, ops, payments, public, queue, review, revoked_feed, traced, wait_page,
+    State, admin, events, operator_log, ops, payments, public, queue, review, revoked_feed, traced,
+    wait_page,
 };
 use crate::admission::SoldOutChecked;
 use crate::clock::{elapsed_since, monotonic};
@@ -381,6 +382,7 @@ async fn dispatch(
         Route::ResumeDeal(id) => Box::pin(ops::set_paused(state, &request, id, false)).await,
         Route::Rebalance(id) => Box::pin(ops::rebalance(state, request, id)).await,
         Route::Audit => Box::pin(ops::audit(state, &request)).await,
+        Route::OperatorLog => Box::pin(operator_log::list(state, &request)).await,
         Route::OpenApi => Ok(ops::openapi()),
         Route::QueueChallenge(id) => Box::pin(queue::challenge(state, peer, &request, id)).await,
         Route::PassKeys => queue::keys(state),

@@ -39,6 +39,7 @@ pub enum Route<'a> {
     ResumeDeal(&'a str),
     Rebalance(&'a str),
     Audit,
+    OperatorLog,
     OpenApi,
     QueueChallenge(&'a str),
     PassKeys,
@@ -180,6 +181,7 @@ impl<'a> Route<'a> {
                 ("/admin/deals/{id}/rebalance", "POST", Route::Rebalance(id))
             }
             ["admin", "audit"] => ("/admin/audit", "GET, HEAD", Route::Audit),
+            ["admin", "operator-log"] => ("/admin/operator-log", "GET, HEAD", Route::OperatorLog),
             ["admin", "payments", "review"] => {
                 ("/admin/payments/review", "GET, HEAD", Route::ReviewQueue)
             }
@@ -261,6 +263,7 @@ impl<'a> Route<'a> {
             Route::ResumeDeal(_) => "/admin/deals/{id}/resume",
             Route::Rebalance(_) => "/admin/deals/{id}/rebalance",
             Route::Audit => "/admin/audit",
+            Route::OperatorLog => "/admin/operator-log",
             Route::OpenApi => "/openapi.json",
             Route::QueueChallenge(_) => "/v1/deals/{id}/queue/challenge",
             Route::PassKeys => "/.well-known/flashgate-keys.json",

@@ -43,6 +43,7 @@ mod metrics_lifecycle;
 mod model;
 mod multi_process;
 mod negative_cache;
+mod oidc;
 mod openapi_links;
 mod ops_audit;
 mod ops_cli;

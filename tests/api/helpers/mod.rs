@@ -4,6 +4,7 @@
 mod api;
 mod db;
 mod edge;
+mod oidc;
 mod process;
 mod psp;
 mod receiver;
@@ -26,6 +27,7 @@ use uuid::Uuid;
 pub use api::*;
 pub use db::*;
 pub use edge::*;
+pub use oidc::*;
 pub use process::*;
 pub use psp::*;
 pub use receiver::*;
