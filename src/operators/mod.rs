@@ -54,15 +54,7 @@ pub struct Change<'a> {
 /// Records a change. A change already made is not undone when its record cannot be
 /// written: the failure is logged with the whole entry, so it is not lost either.
 pub async fn record(pool: &PgPool, who: &Operator, change: Change<'_>) {
-    let written = sqlx::query(
-        "INSERT INTO operator_log (who, action, target, detail) VALUES ($1, $2, $3, $4)",
-    )
-    .bind(who.as_str())
-    .bind(change.action)
-    .bind(change.target)
-    .bind(&change.detail)
-    .execute(pool)
-    .await;
+    let written = insert(pool, who, &change).await;
     if let Err(error) = written {
         tracing::error!(
             %error,
@@ -73,6 +65,20 @@ pub async fn record(pool: &PgPool, who: &Operator, change: Change<'_>) {
             "an operator change could not be written to the operator log"
         );
     }
+}
+
+/// The entry's row, committed before the change's answer goes out (in its own transaction,
+/// so that behind a transaction pooler it is not left waiting for the connection's return).
+async fn insert(pool: &PgPool, who: &Operator, change: &Change<'_>) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("INSERT INTO operator_log (who, action, target, detail) VALUES ($1, $2, $3, $4)")
+        .bind(who.as_str())
+        .bind(change.action)
+        .bind(change.target)
+        .bind(&change.detail)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
 }
 
 /// One entry of the log.
