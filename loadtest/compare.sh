@@ -346,13 +346,12 @@ tokens() {
     db=$(fresh_db tokens)
     read -r pid port ops < <(start_gateway "$db" \
         FLASHGATE__AUTH__OIDC__JWKS_URL="http://127.0.0.1:$jwks_port/jwks.json" \
-        FLASHGATE__AUTH__OIDC__AUDIENCE=flashgate-loadtest \
         FLASHGATE__LIMITS__PER_IP__RATE_PER_SECOND=1000000 FLASHGATE__LIMITS__PER_IP__BURST=1000000 \
         FLASHGATE__LIMITS__PER_USER__RATE_PER_SECOND=1000000 FLASHGATE__LIMITS__PER_USER__BURST=1000000 \
         FLASHGATE__LIMITS__PER_DEAL__RATE_PER_SECOND=1000000 FLASHGATE__LIMITS__PER_DEAL__BURST=1000000)
     PIDS+=("$pid")
     local common=(--base-url "http://127.0.0.1:$port" --ops-url "http://127.0.0.1:$ops"
-        --token-audience flashgate-loadtest --users "$users" --concurrency "$CLIENTS"
+        --users "$users" --concurrency "$CLIENTS"
         --duration-max-seconds "$SECONDS_EACH")
     local round kind what
     for round in $(seq "$rounds"); do
