@@ -21,7 +21,7 @@
 # Writes the results into docs/PERFORMANCE.md between the COMPARISON, REFUSALS and FLOOD
 # markers. Loopback only; every step is bounded in time.
 #
-# Usage: loadtest/compare.sh [--bin DIR] [--refusals | --purchases | --flood] [seconds per measurement, default 10]
+# Usage: loadtest/compare.sh [--bin DIR] [--refusals | --purchases | --flood | --tokens] [seconds per measurement, default 10]
 #   --refusals: only the refusal comparison (and only its block of the document).
 #   --flood: only the flood (and only its block); FLOOD_USERS=N floods fewer users, and
 #   then writes nothing.
@@ -30,9 +30,14 @@
 #   config/default.toml; a setting can be tried in the environment
 #   (FLASHGATE__ORDERS__LANES=2 loadtest/compare.sh --purchases 10), but the figures the
 #   docs report are the defaults'.
+#   --tokens: RS256 provider tokens against HS256 ones on one gateway (shipped settings plus
+#   the load tester's JWKS and lifted rate limits), alternated ROUNDS_TOKENS times (default
+#   3): purchases/s and a sold-out deal's flood requests/s, with the gateway's CPU per
+#   request; printed, not written. Every buyer has a token of its own, TOKENS_USERS
+#   (default 30000) per run, all signed before the run's clock starts.
 #   --bin DIR: run the flashgate and flashgate-loadtest binaries found in DIR instead of
 #   building this tree's, to alternate two builds side by side (a copy of an earlier
-#   target/release, say). Only with --purchases, --refusals or --flood: the full run writes the docs
+#   target/release, say). Only with --purchases, --refusals, --flood or --tokens: the full run writes the docs
 #   of this tree.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -42,7 +47,7 @@ BIN=target/release
 BIN_GIVEN=
 while [ $# -gt 0 ]; do
     case "$1" in
-        --refusals | --purchases | --flood)
+        --refusals | --purchases | --flood | --tokens)
             MODE=${1#--}
             shift
             ;;
@@ -55,7 +60,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 if [ -n "$BIN_GIVEN" ] && [ "$MODE" = all ]; then
-    echo "compare: --bin goes with --purchases, --refusals or --flood" >&2
+    echo "compare: --bin goes with --purchases, --refusals, --flood or --tokens" >&2
     exit 64
 fi
 SECONDS_EACH=${1:-10}
@@ -327,6 +332,90 @@ PY
 }
 
 MACHINE_SHORT="$(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo))"
+# --- RS256 provider tokens against HS256 ---------------------------------------------
+# One gateway accepting both: HS256 with the shared secret, RS256 verified with the keys
+# `flashgate-loadtest provider` publishes. Runs alternate HS256 and RS256, each with a fresh
+# set of distinct buyers (the token cache never helps); the gateway's CPU per answered
+# request comes from /proc, read once the client has signed its tokens.
+tokens() {
+    local users=${TOKENS_USERS:-30000} rounds=${ROUNDS_TOKENS:-3} jwks_port db pid port ops
+    jwks_port=$(free_port)
+    "$BIN/flashgate-loadtest" provider --listen "127.0.0.1:$jwks_port" 2>>"$WORK/provider.log" &
+    PIDS+=("$!")
+    for _ in $(seq 50); do curl -sf "http://127.0.0.1:$jwks_port/jwks.json" >/dev/null && break; sleep 0.1; done
+    db=$(fresh_db tokens)
+    read -r pid port ops < <(start_gateway "$db" \
+        FLASHGATE__AUTH__OIDC__JWKS_URL="http://127.0.0.1:$jwks_port/jwks.json" \
+        FLASHGATE__LIMITS__PER_IP__RATE_PER_SECOND=1000000 FLASHGATE__LIMITS__PER_IP__BURST=1000000 \
+        FLASHGATE__LIMITS__PER_USER__RATE_PER_SECOND=1000000 FLASHGATE__LIMITS__PER_USER__BURST=1000000 \
+        FLASHGATE__LIMITS__PER_DEAL__RATE_PER_SECOND=1000000 FLASHGATE__LIMITS__PER_DEAL__BURST=1000000)
+    PIDS+=("$pid")
+    local common=(--base-url "http://127.0.0.1:$port" --ops-url "http://127.0.0.1:$ops"
+        --users "$users" --concurrency "$CLIENTS"
+        --duration-max-seconds "$SECONDS_EACH")
+    local round kind what
+    for round in $(seq "$rounds"); do
+        for kind in hs256 rs256; do
+            for what in sale flood; do
+                log "tokens round $round, $kind, $what: $users buyers, ${SECONDS_EACH}s at most"
+                checkpoint
+                local extra=(--stock 10000000 --buckets 32 --per-user-limit 1)
+                [ "$what" = flood ] && extra=(--stock 0 --settle-seconds 0 --gateway-pid "$pid")
+                "$BIN/flashgate-loadtest" "$what" "${common[@]}" --token-kind "$kind" "${extra[@]}" \
+                    --out "$WORK/tok-$what-$kind-$round.json" >/dev/null 2>"$WORK/tok-$what-$kind-$round.err" &
+                local client=$! before
+                # The gateway's CPU is counted once the client has signed its tokens.
+                tokens_signed "$client" "$WORK/tok-$what-$kind-$round.err"
+                before=$(ticks_of "$pid")
+                wait "$client"
+                echo "$(( $(ticks_of "$pid") - before ))" >"$WORK/tok-$what-$kind-$round.ticks"
+            done
+        done
+    done
+    kill "$pid" 2>/dev/null || true
+    TOKENS_TABLE=$(python3 - "$WORK" "$rounds" "$users" "$CLK_TCK" <<'PY'
+import json, statistics, sys
+work, rounds, users, clk = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+def runs(what, kind):
+    out = []
+    for r in range(1, rounds + 1):
+        report = json.load(open(f"{work}/tok-{what}-{kind}-{r}.json"))
+        ticks = int(open(f"{work}/tok-{what}-{kind}-{r}.ticks").read())
+        out.append((report, ticks))
+    return out
+def med(v):
+    return f"{statistics.median(v):.0f} ({'/'.join(f'{x:.0f}' for x in v)})"
+rows, medians = [], {}
+for kind in ("hs256", "rs256"):
+    sales, floods = runs("sale", kind), runs("flood", kind)
+    buys = [s["verdict"]["created"] / s["elapsed_seconds"] for s, _ in sales]
+    buy_us = [t / clk / max(s["requests"], 1) * 1e6 for s, t in sales]
+    rps = [f["requests_per_second"] for f, _ in floods]
+    flood_us = [t / clk / max(f["sent"], 1) * 1e6 for f, t in floods]
+    other = sorted({k for s, _ in sales for k in s["latency_by_outcome"] if k != "201"}
+                   | {k for f, _ in floods for k in f["statuses"] if k != "409"})
+    ok = all(s["verdict"]["ok"] for s, _ in sales)
+    medians[kind] = (statistics.median(buys), statistics.median(rps))
+    rows.append(f"| {kind.upper()} | {med(buys)} | {med(buy_us)} | {med(rps)} | {med(flood_us)} | {', '.join(other) or 'none'}; verdicts {'ok' if ok else 'FAILED'} |")
+print("| tokens | purchases/s | gateway CPU µs per purchase | sold-out flood requests/s | gateway CPU µs per refusal | other answers |")
+print("|---|---|---|---|---|---|")
+print("\n".join(rows))
+(hb, hf), (rb, rf) = medians["hs256"], medians["rs256"]
+print(f"\nRS256 / HS256 of the medians: purchases/s {rb / hb:.2f}, sold-out flood requests/s {rf / hf:.2f}"
+      f" ({rounds} alternated rounds of each; {users} buyers per run, each with a token of its own)")
+PY
+)
+}
+# Waits until client $1 says in its log $2 that its tokens are signed (or it ended).
+tokens_signed() {
+    while kill -0 "$1" 2>/dev/null && ! grep -q "tokens signed" "$2"; do sleep 0.05; done
+}
+
+if [ "$MODE" = tokens ]; then
+    tokens
+    echo "$TOKENS_TABLE"
+    exit 0
+fi
 if [ "$MODE" = refusals ]; then
     refusals
     echo "$REFUSALS_TABLE"

@@ -69,6 +69,13 @@ pub enum Command {
         /// The results, one per crowd size.
         results: Vec<PathBuf>,
     },
+    /// Serve the load tester's public key as an OpenID Connect provider would:
+    /// `/jwks.json` and `/.well-known/openid-configuration`, for a gateway verifying the
+    /// RS256 tokens of `--token-kind rs256`.
+    Provider {
+        #[arg(long, default_value = "127.0.0.1:8097")]
+        listen: SocketAddr,
+    },
     /// Serve one fixed answer on every request: the baseline for rejection cost.
     BareServer {
         #[arg(long, default_value = "127.0.0.1:8099")]

@@ -22,6 +22,8 @@
 //!   database; [`crowd_chart`] draws the results.
 //! - [`operator`]: the operations listener, admin token and user-token secret every
 //!   command acts with.
+//! - [`provider`]: the load tester as an OpenID Connect provider: RS256 tokens signed with
+//!   its own key and the JWKS the gateway verifies them with.
 //! - [`chaos`]: a whole sale with payments across three gateway processes under a seeded
 //!   fault schedule, checked against the ledger.
 
@@ -38,6 +40,7 @@ pub mod operator;
 pub mod order_client;
 pub mod pow;
 pub mod progress;
+pub mod provider;
 pub mod sale;
 pub mod summary;
 pub mod timeline;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use flashgate_loadtest::cli::{Cli, Command};
-use flashgate_loadtest::{bare, chaos, chart, crowd, crowd_chart, flood, sale, timeline};
+use flashgate_loadtest::{bare, chaos, chart, crowd, crowd_chart, flood, provider, sale, timeline};
 
 fn main() -> ExitCode {
     let command = Cli::parse().command;
@@ -39,6 +39,13 @@ async fn run(command: Command) -> ExitCode {
         Command::Flood { config, out } => run_flood(&config, out).await,
         Command::Crowd { config, out } => run_crowd(&config, out).await,
         Command::CrowdChart { out, results } => run_crowd_chart(&out, &results),
+        Command::Provider { listen } => match provider::serve(listen).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("provider: {error}");
+                ExitCode::FAILURE
+            }
+        },
         Command::BareServer {
             listen,
             answer,

@@ -156,11 +156,7 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
     create_deal(&client, config, &deal_id).await?;
     let recorder = Arc::new(Mutex::new(Recorder::new(config.stock)));
     // Every token is minted before the clock starts, so signing costs the run nothing.
-    let tokens: Arc<Vec<String>> = Arc::new(
-        (0..config.users)
-            .map(|u| config.operator.token(&format!("lt-user-{u}"), 3600))
-            .collect(),
-    );
+    let tokens: Arc<Vec<String>> = Arc::new(config.operator.tokens("lt-user-", config.users)?);
     let bearers: Arc<Vec<HeaderValue>> = Arc::new(
         tokens
             .iter()

@@ -4,6 +4,7 @@
 use flashgate::app::Application;
 use flashgate::config::Settings;
 use flashgate_loadtest::operator::Operator;
+use flashgate_loadtest::provider::TokenKind;
 use flashgate_loadtest::sale::{self, SaleConfig};
 
 fn base_database_url() -> String {
@@ -88,6 +89,9 @@ impl Gateway {
                 ops_url: self.ops_url.clone(),
                 admin_token: self.settings.auth.admin_token.clone(),
                 jwt_secret: self.settings.auth.jwt_secret.clone(),
+                token_kind: TokenKind::Hs256,
+                token_issuer: String::new(),
+                token_audience: String::new(),
             },
             stock: 50,
             buckets: 4,
