@@ -5,7 +5,7 @@
 // without the origin.
 //
 // The gateway publishes what the edge needs in its key document (`provider`: issuer,
-// jwks_url, audience, user_claim, user_id_bytes_max). The edge only ever refuses a token it
+// jwks_url, audience, user_claim, user_id_bytes_max, token_bytes_max). The edge only ever refuses a token it
 // verified completely, with checks at least as strict as the gateway's (no clock leeway);
 // anything it cannot verify goes to the origin, which decides.
 
@@ -38,7 +38,8 @@ export async function providerUser(authorization, provider, helpers) {
     return null;
   }
   const token = /^Bearer ([A-Za-z0-9_.-]+)$/.exec(authorization.trim());
-  if (!token || token[1].length > TOKEN_BYTES_MAX) {
+  const limit = Number.isSafeInteger(provider.token_bytes_max) ? provider.token_bytes_max : 0;
+  if (!token || token[1].length > Math.min(limit, TOKEN_BYTES_MAX)) {
     return null;
   }
   const parts = token[1].split(".");
@@ -101,8 +102,13 @@ async function providerKey(provider, kid, alg, algorithm) {
   if (!jwk || jwk.kty !== algorithm.kty || (algorithm.crv && jwk.crv !== algorithm.crv)) {
     return null;
   }
-  if (jwk.alg !== alg && !(jwk.alg === undefined && algorithm.crv)) {
-    return null; // an RSA key says which of its algorithms it is for, as the gateway needs
+  if ("use" in jwk && jwk.use !== "sig") {
+    return null;
+  }
+  // As the gateway reads a key: its own `alg`, or, without one, RS256 for RSA and the
+  // curve's algorithm otherwise; a token may use no other.
+  if (jwk.alg !== alg && !(jwk.alg === undefined && (algorithm.crv || alg === "RS256"))) {
+    return null;
   }
   const name = `${url} ${kid} ${alg}`;
   if (!imported.has(name)) {

@@ -114,6 +114,7 @@ impl OidcVerifier {
             "audience": self.settings.audience,
             "user_claim": self.settings.user_claim,
             "user_id_bytes_max": self.user_id_bytes_max,
+            "token_bytes_max": self.settings.token_bytes_max,
         })
     }
 
