@@ -335,6 +335,7 @@ fn spawn_background(
     if settings.events.enabled {
         tasks.spawn(crate::events::runner::run(
             state.pools.events.clone(),
+            state.tracer.clone(),
             state.clock.clone(),
             store::direct_url(&settings.database).to_owned(),
             settings.events.clone(),

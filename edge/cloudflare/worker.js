@@ -16,8 +16,11 @@
 // whose signature verifies, whose payload binds this deal (`d`) and has not expired (`e`,
 // unix seconds) and whose id (`p`) is not in the revocation feed. A pass it cannot judge
 // (an HMAC pass, or one for a deal whose line is not open by the edge's cached copy of the
-// public state) goes to the origin, which decides; so does the binding to the user (`u`),
-// since a user token is signed with a secret the edge does not hold.
+// public state) goes to the origin, which decides. The binding to the user (`u`) is
+// checked here only when the buyer's token is an OpenID Connect provider's whose keys the
+// gateway publishes (provider_token.js); a shared-secret user token is the origin's to check.
+
+import { providerUser } from "./provider_token.js";
 
 /** Longest pass accepted, as the gateway's PASS_BYTES_MAX; longer is forged. */
 const PASS_BYTES_MAX = 1024;
@@ -55,6 +58,7 @@ const PROBLEM_BASE = "https://flashgate.dev/problems/";
 
 /** The gateway's own detail for each refusal the edge makes (PassError's messages). */
 const PASS_REFUSALS = {
+  other_user: "the pass was issued to another user",
   forged: "the pass is malformed or its signature does not match",
   expired: "the pass has expired: join the waiting room again",
   other_deal: "the pass was issued for another deal",
@@ -89,7 +93,8 @@ export default {
     const order = method === "POST" ? ORDER_PATH.exec(url.pathname) : null;
     const deal = order ? decodedSegment(order[1]) : null;
     if (deal !== null && request.headers.has("flashgate-pass")) {
-      const refusal = await judgePass(request.headers.get("flashgate-pass"), deal, origin, ctx);
+      const buyer = request.headers.get("authorization");
+      const refusal = await judgePass(request.headers.get("flashgate-pass"), buyer, deal, origin, ctx);
       if (refusal) {
         const answer = problem(403, "waiting-room-required", "Waiting room pass required", PASS_REFUSALS[refusal], requestId);
         answer.headers.set("flashgate-edge", `refused ${refusal}`);
@@ -209,7 +214,7 @@ async function cachedJson(origin, path, ctx, options) {
  * Why the edge refuses `raw` for an order on `deal` (a key of PASS_REFUSALS), or null when
  * the origin is to decide: the pass verified here, or the edge cannot judge it.
  */
-async function judgePass(raw, deal, origin, ctx) {
+async function judgePass(raw, authorization, deal, origin, ctx) {
   const line = await cachedJson(origin, `/v1/deals/${encodeURIComponent(deal)}/queue`, ctx);
   if (!line || line.state !== "open") {
     return null; // no line, or a sale not open: the origin's refusal comes first
@@ -235,7 +240,11 @@ async function judgePass(raw, deal, origin, ctx) {
   if (payload.d !== deal) {
     return "other_deal";
   }
-  // The user binding (`u`) is the origin's to check: the edge cannot verify a user token.
+  const set = await cachedJson(origin, KEYS_PATH, ctx);
+  const user = await providerUser(authorization, set && set.provider, { jsonOf, decodeBase64Url });
+  if (user !== null && user !== payload.u) {
+    return "other_user";
+  }
   if (payload.e + EXPIRY_SKEW_SECONDS <= Math.floor(Date.now() / 1000)) {
     return "expired";
   }

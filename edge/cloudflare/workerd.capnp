@@ -25,7 +25,10 @@ const config :Workerd.Config = (
 );
 
 const edge :Workerd.Worker = (
-  modules = [(name = "worker.js", esModule = embed "worker.js")],
+  modules = [
+    (name = "worker.js", esModule = embed "worker.js"),
+    (name = "provider_token.js", esModule = embed "provider_token.js"),
+  ],
   compatibilityDate = "2026-11-01",
   bindings = [(name = "ORIGIN", fromEnvironment = "FLASHGATE_EDGE_ORIGIN")],
   cacheApiOutbound = "edge-cache",

@@ -23,6 +23,7 @@ use super::feed::Event;
 use super::signing;
 use crate::clock::{Clock, elapsed_since, monotonic};
 use crate::telemetry;
+use crate::telemetry::trace::{Alone, Kind, Tracer, Value};
 
 /// Why a delivery was not accepted, and how long the receiver asked to be left alone.
 #[derive(Debug, Clone)]
@@ -42,6 +43,7 @@ pub struct Outcome {
 /// adds the ones accepted now to it.
 pub async fn round(
     client: &reqwest::Client,
+    tracer: Option<&Tracer>,
     clock: &Clock,
     endpoint: &Endpoint,
     batch: &[Event],
@@ -60,10 +62,10 @@ pub async fn round(
     let mut running = JoinSet::new();
     for (_, group) in groups {
         let (client, endpoint, permits) = (client.clone(), endpoint.clone(), permits.clone());
-        let clock = clock.clone();
+        let (clock, tracer) = (clock.clone(), tracer.cloned());
         running.spawn(async move {
             let _permit = permits.acquire_owned().await;
-            send_group(&client, &clock, &endpoint, group).await
+            send_group(&client, tracer.as_ref(), &clock, &endpoint, group).await
         });
     }
     let mut failure = None;
@@ -100,13 +102,14 @@ pub async fn round(
 /// One order's events, in sequence, stopping at the first not accepted.
 async fn send_group(
     client: &reqwest::Client,
+    tracer: Option<&Tracer>,
     clock: &Clock,
     endpoint: &Endpoint,
     group: Vec<Event>,
 ) -> (Vec<i64>, Option<Failure>) {
     let mut done = Vec::with_capacity(group.len());
     for event in group {
-        match send(client, clock, endpoint, &event).await {
+        match send(client, tracer, clock, endpoint, &event).await {
             Ok(()) => done.push(event.id),
             Err(failure) => return (done, Some(failure)),
         }
@@ -117,6 +120,7 @@ async fn send_group(
 /// One signed request; a 2xx answer is acceptance.
 async fn send(
     client: &reqwest::Client,
+    tracer: Option<&Tracer>,
     clock: &Clock,
     endpoint: &Endpoint,
     event: &Event,
@@ -141,6 +145,7 @@ async fn send(
         .await;
     metrics::histogram!(telemetry::EVENT_DELIVERY_SECONDS)
         .record(elapsed_since(started).as_secs_f64());
+    let status = sent.as_ref().ok().map(|answer| answer.status().as_u16());
     let (outcome, result) = match sent {
         Ok(answer) if answer.status().is_success() => ("accepted", Ok(())),
         Ok(answer) => (
@@ -162,9 +167,45 @@ async fn send(
             }),
         ),
     };
+    if let Some(tracer) = tracer {
+        let attempt = Attempt {
+            endpoint: &label,
+            event: &id,
+            outcome,
+            status,
+        };
+        tracer.alone(attempt.span(), started);
+    }
     metrics::counter!(telemetry::EVENT_DELIVERIES, "endpoint" => label, "outcome" => outcome)
         .increment(1);
     result
+}
+
+/// What a delivery attempt's span tells: to whom, what, and how it went.
+struct Attempt<'a> {
+    endpoint: &'a str,
+    event: &'a str,
+    outcome: &'static str,
+    status: Option<u16>,
+}
+
+impl Attempt<'_> {
+    fn span(&self) -> Alone {
+        let mut attributes = vec![
+            ("flashgate.webhook.endpoint", Value::from(self.endpoint)),
+            ("flashgate.webhook.event_id", Value::from(self.event)),
+            ("flashgate.webhook.outcome", Value::from(self.outcome)),
+        ];
+        if let Some(status) = self.status {
+            attributes.push(("http.response.status_code", Value::Int(i64::from(status))));
+        }
+        Alone {
+            name: "webhook delivery",
+            kind: Kind::Client,
+            attributes,
+            failed: self.outcome != "accepted",
+        }
+    }
 }
 
 /// The error with its causes, which name a refused address or a closed port.

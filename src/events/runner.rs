@@ -24,6 +24,7 @@ use super::endpoints::Endpoint;
 use super::{EventError, EventSettings, delivery, endpoints, feed, sequencer, target};
 use crate::clock::{Clock, elapsed_since, monotonic};
 use crate::telemetry;
+use crate::telemetry::trace::Tracer;
 
 /// The advisory lock key held by the instance that runs the events.
 const LEADER_KEY: i64 = 0x666c_6173_6865_7632;
@@ -36,6 +37,8 @@ const EXPIRE_BATCH: i64 = 10_000;
 struct Context {
     pool: PgPool,
     client: reqwest::Client,
+    /// Each delivery attempt is a span of its own; `None` with tracing off.
+    tracer: Option<Tracer>,
     clock: Clock,
     settings: EventSettings,
     wake: Arc<Notify>,
@@ -44,6 +47,7 @@ struct Context {
 /// Runs until `shutdown`: takes the lead when free, and keeps it while its connection lives.
 pub async fn run(
     pool: PgPool,
+    tracer: Option<Tracer>,
     clock: Clock,
     leader_url: String,
     settings: EventSettings,
@@ -60,6 +64,7 @@ pub async fn run(
     let context = Context {
         pool,
         client,
+        tracer,
         clock,
         settings,
         wake: Arc::new(Notify::new()),
@@ -259,7 +264,17 @@ async fn deliver(
     }
     let concurrency = settings.concurrency_per_endpoint;
     let (client, clock) = (&context.client, &context.clock);
-    let outcome = delivery::round(client, clock, endpoint, batch, accepted, concurrency).await;
+    let tracer = context.tracer.as_ref();
+    let outcome = delivery::round(
+        client,
+        tracer,
+        clock,
+        endpoint,
+        batch,
+        accepted,
+        concurrency,
+    )
+    .await;
     if let Some(to) = outcome.accepted_to {
         let from = endpoint.delivered_position;
         let moved = endpoints::advance(&context.pool, endpoint.id, from, to).await;

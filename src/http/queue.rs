@@ -473,13 +473,18 @@ struct ChallengeView {
     expires_at: Option<DateTime<Utc>>,
 }
 
-/// `GET /.well-known/flashgate-keys.json`: the Ed25519 keys that verify passes.
+/// `GET /.well-known/flashgate-keys.json`: the Ed25519 keys that verify passes, and what an
+/// edge needs to check the token provider's tokens (`provider`) when one is configured.
 pub fn keys(state: &State) -> Reply {
     let room = state.admission.waiting_room();
     let max_age = u32::try_from(room.settings().keys_max_age_seconds).unwrap_or(u32::MAX);
+    let mut document = room.passes().key_set();
+    if let Some(provider) = state.admission.provider() {
+        document["provider"] = provider.published();
+    }
     Ok(body::respond(
         StatusCode::OK,
-        &room.passes().key_set(),
+        &document,
         Caching::Public(max_age),
     ))
 }

@@ -1,5 +1,5 @@
 //! Traces: a request's spans (the request, the admission decision, its batch and the
-//! PostgreSQL statement, Redis commands, provider calls), exported over OTLP/HTTP to a
+//! PostgreSQL statement, Redis commands, provider calls) and webhook deliveries, exported over OTLP/HTTP to a
 //! collector, so an operator can follow one buyer's request from the edge to the commit.
 //!
 //! Off unless `telemetry.otlp_endpoint` (or `OTEL_EXPORTER_OTLP_ENDPOINT`) names a
@@ -15,6 +15,8 @@
 //! request's trace in a task-local: with tracing off, or outside a request, it is a lookup
 //! that finds nothing. The batch, run by a lane task for many requests, records its spans
 //! into each traced request's trace through the handle its job carries ([`current`]).
+//! Work outside any request (a webhook delivery attempt) is a one-span trace of its own,
+//! kept by the same rules ([`Tracer::alone`]).
 
 mod context;
 pub mod otlp;
@@ -135,6 +137,42 @@ impl Tracer {
     /// Runs `work` with `trace` as the request's trace, so [`span`] records into it.
     pub async fn within<F: Future>(trace: Trace, work: F) -> F::Output {
         CURRENT.scope(trace, work).await
+    }
+}
+
+/// A span that is a trace of its own, outside any request: a webhook delivery attempt.
+pub struct Alone {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub attributes: Vec<(&'static str, Value)>,
+    pub failed: bool,
+}
+
+impl Tracer {
+    /// Exports `span`, begun at `started` (monotonic) and ending now, as a one-span trace
+    /// when a draw at `trace_ratio` samples it, it failed, or it took longer than
+    /// `trace_slow_ms`: the request's rules, for work no caller's `traceparent` reaches.
+    pub fn alone(&self, span: Alone, started: Instant) {
+        let elapsed = monotonic().saturating_duration_since(started);
+        if !(span.failed || elapsed >= self.0.slow || self.head_sampled(None)) {
+            return;
+        }
+        let end_unix_nanos = unix_nanos(&self.0.clock);
+        let exported = otlp::Span {
+            trace_id: trace_id(),
+            span_id: next_id().to_be_bytes(),
+            parent_span_id: None,
+            trace_state: None,
+            name: span.name.to_owned(),
+            kind: span.kind,
+            start_unix_nanos: end_unix_nanos.saturating_sub(nanos(elapsed)),
+            end_unix_nanos,
+            attributes: span.attributes,
+            error: span.failed,
+        };
+        if self.0.exports.try_send(vec![exported]).is_err() {
+            tracing::debug!("trace dropped: the OTLP export queue is full");
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 //! The edge Worker (edge/cloudflare/worker.js) in workerd in front of a live gateway: the
 //! public state served from the edge cache, a corpus of passes judged by the Worker exactly
-//! as by the gateway, a key rotation through the documented steps, and a revocation reaching
-//! the edge within its bound.
+//! as by the gateway, a key rotation through the documented steps, a revocation reaching
+//! the edge within its bound, and a pass presented with another user's provider token
+//! refused at the edge as at the gateway.
 
 use std::time::{Duration, Instant};
 
@@ -13,7 +14,7 @@ use flashgate::waiting_room::Passes;
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    Api, CountingProxy, Reply, TestApp, Workerd, send, spawn_app_with, spawn_sibling,
+    Api, CountingProxy, OidcProvider, Reply, TestApp, Workerd, send, spawn_app_with, spawn_sibling,
 };
 use crate::waiting_room::{join, order_with_pass, poll_until, room_deal};
 use crate::waiting_room_edge::{EVENTUALLY, fast_room, ticket_of};
@@ -315,4 +316,105 @@ async fn a_key_rotation_through_the_documented_steps_keeps_valid_passes_working_
         .expect(201);
     step3.stop().await;
     app.cleanup().await;
+}
+
+/// An order with `pass` and the bearer `token`, as a CDN's visitor.
+async fn order_with_token(api: &Api, token: &str, deal: &str, pass: &str) -> Reply {
+    let request = api
+        .client
+        .post(api.url(&format!("/v1/deals/{deal}/orders")))
+        .bearer_auth(token)
+        .header("Idempotency-Key", crate::helpers::unique_suffix())
+        .header("CF-Connecting-IP", BUYER_IP)
+        .header("Flashgate-Pass", pass)
+        .json(&json!({ "quantity": 1 }));
+    send(request).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pass_with_another_users_provider_token_is_refused_at_the_edge_as_at_the_gateway() {
+    // Arrange: buyers' tokens from an OpenID provider (RS256); the Worker in front.
+    let provider = OidcProvider::start("edge").await;
+    let issuer = provider.issuer();
+    let app = spawn_app_with(move |s| {
+        edge_settings(s, &[1]);
+        s.auth.oidc.issuer = issuer;
+        s.auth.oidc.audience = "flashgate".into();
+    })
+    .await;
+    let deal = app.given_deal(&open_room_deal("edgeuser")).await;
+    let proxy = CountingProxy::start(&app.base).await;
+    let edge = Workerd::start(&proxy.url()).await;
+    let visitor = through(&edge, &app);
+    let published = visitor.get("/.well-known/flashgate-keys.json").await;
+    let document: Value = serde_json::from_str(&published.text).unwrap();
+    assert_eq!(document["provider"]["issuer"], provider.issuer());
+    assert_eq!(document["provider"]["audience"], "flashgate");
+    let now = Utc::now().timestamp();
+    let signer = passes_with(&app.settings, &[1]);
+    let token = provider.token("buyer-1").await;
+    let other = signer.mint(&deal, "buyer-2", now + 60, "t-other");
+    let cases = [
+        (
+            "own pass",
+            token.clone(),
+            signer.mint(&deal, "buyer-1", now + 60, "t-own"),
+            None,
+        ),
+        (
+            "another user's pass",
+            token.clone(),
+            other.clone(),
+            Some("other_user"),
+        ),
+        (
+            "another user's pass, the token edited to name that user",
+            edited(&token, &claims_naming(&token, "buyer-2")),
+            other,
+            None,
+        ),
+    ];
+
+    // Act / Assert: the same verdict through the edge and straight at the gateway; the
+    // edge refused the other user's pass itself, and left a token it could not verify to
+    // the origin.
+    let orders_path = format!("/v1/deals/{deal}/orders");
+    for (name, token, pass, edge_refusal) in &cases {
+        let before = proxy.count(&orders_path);
+        let at_edge = order_with_token(&visitor, token, &deal, pass).await;
+        let at_origin = order_with_token(&app, token, &deal, pass).await;
+        assert_eq!(
+            verdict(&at_edge),
+            verdict(&at_origin),
+            "{name}: {} / {}",
+            at_edge.text,
+            at_origin.text
+        );
+        let decided_by = at_edge.header("flashgate-edge").map(str::to_owned);
+        match edge_refusal {
+            Some(reason) => {
+                assert_eq!(decided_by, Some(format!("refused {reason}")), "{name}");
+                assert_eq!(
+                    proxy.count(&orders_path),
+                    before,
+                    "{name} reached the origin"
+                );
+                at_edge.expect_problem(403, "waiting-room-required");
+            }
+            None => {
+                assert_eq!(decided_by, None, "{name}: {}", at_edge.text);
+                assert_eq!(proxy.count(&orders_path), before + 1, "{name}");
+            }
+        }
+    }
+    app.cleanup().await;
+}
+
+/// The claims of `token` with its subject replaced by `user`.
+fn claims_naming(token: &str, user: &str) -> Value {
+    let payload = token.split('.').nth(1).unwrap();
+    let mut claims: Value =
+        serde_json::from_slice(&URL_SAFE_NO_PAD.decode(payload).unwrap()).unwrap();
+    claims["sub"] = json!(user);
+    claims
 }

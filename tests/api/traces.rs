@@ -1,7 +1,8 @@
 //! Traces through a real OTLP receiver (scripts/otlp_receiver.py, decoding with the
 //! OpenTelemetry project's protobuf definitions): a sampled purchase is one trace under the
 //! caller's `traceparent` with its request, admission, batch, PostgreSQL and Redis spans;
-//! with the ratio at 0 an ordinary purchase is not traced, and a 503 or a slow one is.
+//! with the ratio at 0 an ordinary purchase is not traced, and a 503 or a slow one is; a
+//! failed or slow webhook delivery attempt is a trace of its own.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,8 +10,10 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sqlx::Connection;
 
+use crate::events_delivery::{fast_events, subscribe};
 use crate::helpers::{
-    ChildGuard, TestApp, free_port, spawn_app_with, unique_suffix, wait_for_port, wait_until,
+    ChildGuard, TestApp, free_port, new_deal, send, spawn_app_with, unique_suffix, wait_for_port,
+    wait_until,
 };
 use crate::waiting_room::{join, poll_until, room_deal};
 use crate::waiting_room_edge::{EVENTUALLY, fast_room, ticket_of};
@@ -336,4 +339,77 @@ async fn held_purchase(app: &TestApp, user: &str, deal: &str, pass: &str, hold: 
     };
     let (status, ()) = tokio::join!(sent, release);
     status
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn at_ratio_zero_a_failed_and_a_slow_webhook_delivery_are_each_traced() {
+    // Arrange: ratio 0, slow from 300 ms; a shop's receiver that answers 500.
+    let receiver = Receiver::start().await;
+    let url = receiver.url.clone();
+    let app = spawn_app_with(move |s| {
+        fast_events(s);
+        s.telemetry.otlp_endpoint = url;
+        s.telemetry.trace_ratio = 0.0;
+        s.telemetry.trace_slow_ms = 300;
+    })
+    .await;
+    let shop = crate::helpers::Receiver::start(&[]).await;
+    let (endpoint, _) = subscribe(&app, &shop).await;
+    shop.fail().await;
+    let deal = app.given_deal(&new_deal("hooked", 5, 1)).await;
+
+    // Act: pausing the deal is an event to deliver; it fails until the receiver answers
+    // again, and then takes 600 ms to be accepted.
+    let pause = app
+        .client
+        .post(app.url(&format!("/admin/deals/{deal}/pause")));
+    send(pause.bearer_auth(&app.admin_token)).await.expect(200);
+    let delivery = |outcome: &'static str| {
+        let receiver = &receiver;
+        let endpoint = endpoint.clone();
+        async move {
+            receiver.spans().into_iter().find(|s| {
+                s["name"] == "webhook delivery"
+                    && s["attributes"]["flashgate.webhook.outcome"] == outcome
+                    && s["attributes"]["flashgate.webhook.endpoint"] == endpoint.as_str()
+            })
+        }
+    };
+    let refused = wait_until(
+        "a refused delivery's trace",
+        Duration::from_secs(15),
+        || delivery("refused"),
+    )
+    .await;
+    shop.control(json!({"mode": "ok", "delay_ms": 600})).await;
+    let accepted = wait_until(
+        "an accepted delivery's trace",
+        Duration::from_secs(15),
+        || delivery("accepted"),
+    )
+    .await;
+
+    // Assert: each attempt is a client span, the root of a trace of its own, naming the
+    // endpoint, the event and the answer; the refused one is an error.
+    assert_eq!(refused["attributes"]["http.response.status_code"], 500);
+    assert_eq!(refused["status"], 2, "a failed delivery is an error span");
+    assert_eq!(accepted["attributes"]["http.response.status_code"], 204);
+    assert_ne!(accepted["status"], 2);
+    let event = shop.received().await[0]["webhook_id"].clone();
+    for span in [&refused, &accepted] {
+        assert_eq!(span["kind"], 3, "a client span: {span}");
+        assert!(
+            span["parent_span_id"]
+                .as_str()
+                .unwrap_or_default()
+                .is_empty(),
+            "{span}"
+        );
+        assert_eq!(span["attributes"]["flashgate.webhook.event_id"], event);
+        assert_eq!(span["service"], "flashgate");
+    }
+    assert_ne!(refused["trace_id"], accepted["trace_id"]);
+    let took = accepted["end"].as_u64().unwrap() - accepted["start"].as_u64().unwrap();
+    assert!(took >= 300_000_000, "traced because it was slow: {took} ns");
+    app.cleanup().await;
 }

@@ -105,6 +105,19 @@ impl OidcVerifier {
         Ok(verifier)
     }
 
+    /// What an edge needs to check this provider's tokens itself, published in the pass
+    /// key document (`provider`): where its keys are and what a token must say.
+    pub fn published(&self) -> Value {
+        serde_json::json!({
+            "issuer": self.settings.issuer,
+            "jwks_url": self.settings.jwks_url,
+            "audience": self.settings.audience,
+            "user_claim": self.settings.user_claim,
+            "user_id_bytes_max": self.user_id_bytes_max,
+            "token_bytes_max": self.settings.token_bytes_max,
+        })
+    }
+
     /// Largest token worth decoding (`auth.oidc.token_bytes_max`).
     pub fn token_bytes_max(&self) -> usize {
         self.settings.token_bytes_max

@@ -75,10 +75,13 @@ pub async fn export(url: String, mut spans: mpsc::Receiver<Vec<Span>>) {
         }
     };
     let mut batch: Vec<Span> = Vec::new();
+    // When the oldest span waiting must be sent: a trickle of traces, each sooner than the
+    // interval after the last, must not hold the batch back until it is full.
+    let mut due = tokio::time::Instant::now();
     loop {
         let next = match batch.is_empty() {
             true => spans.recv().await,
-            false => tokio::time::timeout(EXPORT_INTERVAL, spans.recv())
+            false => tokio::time::timeout_at(due, spans.recv())
                 .await
                 .unwrap_or(Some(Vec::new())),
         };
@@ -86,7 +89,10 @@ pub async fn export(url: String, mut spans: mpsc::Receiver<Vec<Span>>) {
             post(&client, &url, &batch).await;
             return;
         };
-        let flush = trace.is_empty();
+        if batch.is_empty() {
+            due = tokio::time::Instant::now() + EXPORT_INTERVAL;
+        }
+        let flush = trace.is_empty() || tokio::time::Instant::now() >= due;
         batch.extend(trace);
         if flush || batch.len() >= EXPORT_SPANS_MAX {
             post(&client, &url, &batch).await;
