@@ -146,13 +146,21 @@ pub async fn spawn_app() -> TestApp {
 }
 
 pub async fn spawn_app_with(configure: impl FnOnce(&mut Settings)) -> TestApp {
+    spawn_app_on(flashgate::clock::Clock::system(), configure).await
+}
+
+/// A gateway on `clock` (a `ManualClock`'s, for a test about time).
+pub async fn spawn_app_on(
+    clock: flashgate::clock::Clock,
+    configure: impl FnOnce(&mut Settings),
+) -> TestApp {
     let database = TestDb::create().await;
     let mut settings = test_settings(&database.url);
     configure(&mut settings);
     if test_log() {
         flashgate::telemetry::init_logging(&settings.telemetry);
     }
-    let app = Application::build(settings.clone())
+    let app = Application::build_on(settings.clone(), clock)
         .await
         .expect("application builds");
     let addr = app.local_addr();
