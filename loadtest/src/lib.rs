@@ -39,6 +39,7 @@ pub mod order_client;
 pub mod pow;
 pub mod progress;
 pub mod sale;
+pub mod sale_events;
 pub mod summary;
 pub mod timeline;
 pub mod verdict;
