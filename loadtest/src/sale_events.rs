@@ -1,7 +1,9 @@
 //! What events cost a sale, measured by `sale --events-receiver`: an in-process receiver that
-//! answers at once is subscribed to every event before the sale; after it, the backlog the
-//! sale left is timed while it drains, and every order's events are checked to have arrived
-//! in sequence. The endpoint is deleted afterwards, so the next sale runs without it.
+//! answers at once is subscribed to every event before the sale and gets them live during
+//! it. After the sale, the endpoint is replayed from the sale's first event, so the whole
+//! sale's events are a backlog draining to the receiver, timed; both the live deliveries and
+//! the replayed ones are checked to keep every order's sequence. The endpoint is deleted
+//! afterwards, so the next sale runs without it.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -11,7 +13,7 @@ use serde_json::{Value, json};
 use crate::chaos::events::Receiver;
 use crate::operator::Operator;
 
-/// The longest the backlog gets to drain.
+/// The longest the live deliveries, then the replayed backlog, get to arrive.
 const DRAIN_MAX: Duration = Duration::from_secs(300);
 
 /// How often the endpoint's backlog is looked at while it drains.
@@ -33,8 +35,9 @@ pub async fn subscribe(http: &reqwest::Client, operator: &Operator) -> Result<Su
 }
 
 impl Subscribed {
-    /// Drains and adds the figures to the sale's `report` under `events`; a drain that
-    /// did not finish or broke an order's sequence fails the sale's verdict.
+    /// Waits for the live deliveries, then replays and times the backlog; adds the figures
+    /// to the sale's `report` under `events`. A delivery that did not finish or broke an
+    /// order's sequence fails the sale's verdict.
     pub async fn report(
         self,
         http: &reqwest::Client,
@@ -43,41 +46,29 @@ impl Subscribed {
         order_ids: &[String],
         report: &mut Value,
     ) {
-        let events = self.drain(http, operator, deal_id, order_ids).await;
-        if events["violations"] != 0 || events["drained"] != true {
-            report["verdict"]["ok"] = json!(false);
-            report["verdict"]["reasons"] = json!(["events lost, late or out of sequence"]);
-        }
-        report["events"] = events;
-    }
-
-    /// Waits until the endpoint has nothing pending and every order in `order_ids` was
-    /// told of; the drain's figures, then deletes the endpoint.
-    async fn drain(
-        self,
-        http: &reqwest::Client,
-        operator: &Operator,
-        deal_id: &str,
-        order_ids: &[String],
-    ) -> Value {
-        let at_end = self.receiver.distinct();
-        let started = Instant::now();
         let mut objects: HashSet<String> = order_ids.iter().cloned().collect();
-        let backlog = self.pending(http, operator).await;
-        let drained = loop {
-            let told = self.receiver.objects_told(&objects);
-            if told >= order_ids.len() && self.pending(http, operator).await == Some(0) {
-                break true;
-            }
-            if started.elapsed() > DRAIN_MAX {
-                break false;
-            }
-            tokio::time::sleep(POLL).await;
-        };
-        let seconds = started.elapsed().as_secs_f64();
-        let moved = self.receiver.distinct() - at_end;
+        let live_at_end = self.receiver.distinct();
+        let started = Instant::now();
+        let live = self
+            .wait(http, operator, || {
+                self.receiver.objects_told(&objects) >= order_ids.len()
+            })
+            .await;
+        let live_seconds = started.elapsed().as_secs_f64();
         objects.insert(format!("deal:{deal_id}"));
-        let violations = self.receiver.violations(&objects);
+        let mut violations = self.receiver.violations(&objects, 0);
+        let (from, first) = self.receiver.arrivals();
+        let backlog = self.receiver.distinct().saturating_sub(1);
+        let started = Instant::now();
+        let replayed = self.replay(http, operator, first.as_deref()).await
+            && self
+                .wait(http, operator, || {
+                    self.receiver.arrivals().0 - from >= backlog
+                })
+                .await;
+        let drain_seconds = started.elapsed().as_secs_f64();
+        let drained = self.receiver.arrivals().0 - from;
+        violations.extend(self.receiver.violations(&objects, from));
         let url = format!(
             "{}/admin/event-endpoints/{}",
             operator.ops_url, self.endpoint
@@ -87,16 +78,57 @@ impl Subscribed {
             .bearer_auth(&operator.admin_token)
             .send()
             .await;
-        json!({
-            "delivered_during_sale": at_end,
-            "backlog_at_end": backlog,
+        if !violations.is_empty() || !live || !replayed {
+            report["verdict"]["ok"] = json!(false);
+            report["verdict"]["reasons"] = json!(["events lost, late or out of sequence"]);
+        }
+        report["events"] = json!({
+            "live_by_sale_end": live_at_end,
+            "live_done_after_seconds": live_seconds,
+            "replayed_backlog": backlog,
             "drained": drained,
-            "drained_events": moved,
-            "drain_seconds": seconds,
-            "drain_events_per_second": moved as f64 / seconds.max(1e-9),
+            "drain_seconds": drain_seconds,
+            "drain_events_per_second": drained as f64 / drain_seconds.max(1e-9),
             "violations": violations.len(),
             "first_violations": violations.iter().take(5).collect::<Vec<_>>(),
-        })
+        });
+    }
+
+    /// Sends the endpoint again everything after the event `first`.
+    async fn replay(
+        &self,
+        http: &reqwest::Client,
+        operator: &Operator,
+        first: Option<&str>,
+    ) -> bool {
+        let Some(first) = first else { return false };
+        let path = format!("/admin/event-endpoints/{}/replay", self.endpoint);
+        let sent = operator
+            .post(http, &path)
+            .json(&json!({"after": first}))
+            .send()
+            .await;
+        sent.is_ok_and(|answer| answer.status().is_success())
+    }
+
+    /// Waits until `arrived` holds and the endpoint has nothing pending; false past
+    /// `DRAIN_MAX`.
+    async fn wait(
+        &self,
+        http: &reqwest::Client,
+        operator: &Operator,
+        arrived: impl Fn() -> bool,
+    ) -> bool {
+        let started = Instant::now();
+        loop {
+            if arrived() && self.pending(http, operator).await == Some(0) {
+                return true;
+            }
+            if started.elapsed() > DRAIN_MAX {
+                return false;
+            }
+            tokio::time::sleep(POLL).await;
+        }
     }
 
     /// The endpoint's pending events, as its admin view counts them.

@@ -112,13 +112,19 @@ impl Receiver {
             .len()
     }
 
-    /// What arrived wrongly signed, changed on a repeat or out of its object's sequence,
-    /// among the events of `objects` (order ids, and `deal:<id>` for a deal).
-    pub fn violations(&self, objects: &HashSet<String>) -> Vec<String> {
+    /// How many deliveries arrived (repeats counted), and the first one's event id.
+    pub fn arrivals(&self) -> (usize, Option<String>) {
         let arrived = self.arrived.lock().unwrap_or_else(|e| e.into_inner());
-        let among = arrived
-            .iter()
-            .filter(|d| objects.contains(&object(&d.body)));
+        (arrived.len(), arrived.first().map(|d| d.id.clone()))
+    }
+
+    /// What arrived wrongly signed, changed on a repeat or out of its object's sequence,
+    /// among the events of `objects` (order ids, and `deal:<id>` for a deal) from the
+    /// `from`th delivery on.
+    pub fn violations(&self, objects: &HashSet<String>, from: usize) -> Vec<String> {
+        let arrived = self.arrived.lock().unwrap_or_else(|e| e.into_inner());
+        let since = arrived.get(from..).unwrap_or_default();
+        let among = since.iter().filter(|d| objects.contains(&object(&d.body)));
         walk(among).violations
     }
 }
