@@ -158,7 +158,8 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
         .map_err(|e| e.to_string())?;
     let deal_id = format!("lt-{}", uuid::Uuid::now_v7().simple());
     let subscribed = if config.events_receiver {
-        Some(crate::sale_events::subscribe(&client, &config.operator).await?)
+        let database_url = config.database_url.as_deref();
+        Some(crate::sale_events::subscribe(&client, &config.operator, database_url).await?)
     } else {
         None
     };

@@ -1,6 +1,7 @@
 //! What events cost a sale, measured by `sale --events-receiver`: an in-process receiver that
 //! answers at once is subscribed to every event before the sale and gets them live during
-//! it. After the sale, the endpoint is replayed from the sale's first event, so the whole
+//! it. After the sale, the endpoint is replayed from where the feed stood before it (read in
+//! the gateway's database), so the whole
 //! sale's events are a backlog draining to the receiver, timed; both the live deliveries and
 //! the replayed ones are checked to keep every order's sequence. The endpoint is deleted
 //! afterwards, so the next sale runs without it.
@@ -9,6 +10,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use sqlx::PgPool;
 
 use crate::chaos::events::Receiver;
 use crate::operator::Operator;
@@ -19,19 +21,37 @@ const DRAIN_MAX: Duration = Duration::from_secs(300);
 /// How often the endpoint's backlog is looked at while it drains.
 const POLL: Duration = Duration::from_millis(100);
 
-/// A receiver subscribed to every event, and its endpoint's id.
+/// A receiver subscribed to every event, its endpoint's id, and the feed's last position
+/// before the sale.
 pub struct Subscribed {
     receiver: Receiver,
     endpoint: String,
+    db: PgPool,
+    start: i64,
 }
 
 /// Starts the receiver and subscribes it through the admin API.
-pub async fn subscribe(http: &reqwest::Client, operator: &Operator) -> Result<Subscribed, String> {
+pub async fn subscribe(
+    http: &reqwest::Client,
+    operator: &Operator,
+    database_url: Option<&str>,
+) -> Result<Subscribed, String> {
+    let url = database_url.ok_or("--events-receiver needs --database-url")?;
+    let db = PgPool::connect(url).await.map_err(|e| e.to_string())?;
+    let start = sqlx::query_scalar("SELECT coalesce(max(position), 0) FROM events")
+        .fetch_one(&db)
+        .await
+        .map_err(|e| e.to_string())?;
     let receiver = Receiver::start().await?;
     let endpoint = receiver
         .subscribe(http, &operator.ops_url, &operator.admin_token)
         .await?;
-    Ok(Subscribed { receiver, endpoint })
+    Ok(Subscribed {
+        receiver,
+        endpoint,
+        db,
+        start,
+    })
 }
 
 impl Subscribed {
@@ -57,17 +77,22 @@ impl Subscribed {
         let live_seconds = started.elapsed().as_secs_f64();
         objects.insert(format!("deal:{deal_id}"));
         let mut violations = self.receiver.violations(&objects, 0);
-        let (from, first) = self.receiver.arrivals();
-        let backlog = self.receiver.distinct().saturating_sub(1);
+        let from = self.receiver.arrivals();
+        let backlog: i64 = sqlx::query_scalar("SELECT count(*) FROM events WHERE position > $1")
+            .bind(self.start)
+            .fetch_one(&self.db)
+            .await
+            .unwrap_or(0);
+        let backlog = usize::try_from(backlog).unwrap_or(0);
         let started = Instant::now();
-        let replayed = self.replay(http, operator, first.as_deref()).await
+        let replayed = self.replay(http, operator).await
             && self
                 .wait(http, operator, || {
-                    self.receiver.arrivals().0 - from >= backlog
+                    self.receiver.arrivals() - from >= backlog
                 })
                 .await;
         let drain_seconds = started.elapsed().as_secs_f64();
-        let drained = self.receiver.arrivals().0 - from;
+        let drained = self.receiver.arrivals() - from;
         violations.extend(self.receiver.violations(&objects, from));
         let url = format!(
             "{}/admin/event-endpoints/{}",
@@ -94,20 +119,11 @@ impl Subscribed {
         });
     }
 
-    /// Sends the endpoint again everything after the event `first`.
-    async fn replay(
-        &self,
-        http: &reqwest::Client,
-        operator: &Operator,
-        first: Option<&str>,
-    ) -> bool {
-        let Some(first) = first else { return false };
+    /// Sends the endpoint again everything after the feed's position before the sale.
+    async fn replay(&self, http: &reqwest::Client, operator: &Operator) -> bool {
         let path = format!("/admin/event-endpoints/{}/replay", self.endpoint);
-        let sent = operator
-            .post(http, &path)
-            .json(&json!({"after": first}))
-            .send()
-            .await;
+        let after = json!({"after": self.start.to_string()});
+        let sent = operator.post(http, &path).json(&after).send().await;
         sent.is_ok_and(|answer| answer.status().is_success())
     }
 

@@ -112,10 +112,9 @@ impl Receiver {
             .len()
     }
 
-    /// How many deliveries arrived (repeats counted), and the first one's event id.
-    pub fn arrivals(&self) -> (usize, Option<String>) {
-        let arrived = self.arrived.lock().unwrap_or_else(|e| e.into_inner());
-        (arrived.len(), arrived.first().map(|d| d.id.clone()))
+    /// How many deliveries arrived, repeats counted.
+    pub fn arrivals(&self) -> usize {
+        self.arrived.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// What arrived wrongly signed, changed on a repeat or out of its object's sequence,
