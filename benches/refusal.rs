@@ -178,7 +178,7 @@ fn state(runtime: &tokio::runtime::Runtime, per_ip_limited: bool) -> Arc<State> 
             },
             Duration::from_secs(60),
         );
-        let admission = Admission::new(settings.admission(), redis.clone(), Clock::system());
+        let admission = Admission::new(settings.admission(), redis.clone(), Clock::system(), None);
         let holders = BenchDatabase::create().await;
         deals::create(&holders.pool, &sold_out_deal())
             .await

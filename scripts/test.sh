@@ -23,6 +23,15 @@
 # selects the same packages so cargo has nothing left to build. Each step's time is printed
 # at the end.
 #
+# A full run overlaps what waits: the steps mostly wait on timers, PostgreSQL and child
+# processes, not on the cores. After the build, clippy and the chaos seeds with
+# schemathesis (private PostgreSQL and Redis, one gateway on the shared ones) run alongside
+# the tests (each with its log in target/steps/); both tiers run in one nextest run; then
+# the PgBouncer and the Redis Cluster passes run side by side. A failure does not stop the
+# steps after it: every verdict is awaited, the logs of failed steps are printed, and the
+# run fails at the end. The tests on the shared PostgreSQL stay at four at a time: each
+# holds a dozen connections, and more would reach its max_connections (100).
+#
 # Tests read DATABASE_URL and REDIS_URL; each test creates its own database from that
 # base URL and uses its own Redis key prefix, so runs do not disturb one another.
 set -euo pipefail
@@ -81,15 +90,15 @@ finish_step() {
 print_timings() {
     local status=$?
     stop_clippy
+    stop_alongside
     finish_step
     ((${#step_names[@]})) || return "$status"
     printf '\ntest: step times (%s)\n' "$([[ $status -eq 0 ]] && echo "all passed" || echo "stopped by a failure")" >&2
-    local i total=0
+    local i
     for i in "${!step_names[@]}"; do
         printf 'test: %6ss  %s\n' "${step_seconds[$i]}" "${step_names[$i]}" >&2
-        total=$((total + step_seconds[i]))
     done
-    printf 'test: %6ss  total\n' "$total" >&2
+    printf 'test: %6ss  total (wall clock; steps marked "alongside" overlap the others)\n' "$SECONDS" >&2
     return "$status"
 }
 
@@ -111,12 +120,16 @@ machine_changes() {
     have curl || apt+=(curl)
     have jq || apt+=(jq)
     have_browser || apt+=(chromium chromium-driver fonts-dejavu-core)
+    have node && have npm || apt+=(nodejs npm)
     if ((full_run)); then
         have_pgbouncer || apt+=(pgbouncer)
         have_pg_auto_failover || apt+=(pg-auto-failover-cli "postgresql-<version>-auto-failover")
     fi
     have promtool || apt+=(prometheus)
     ((${#apt[@]} == 0)) || printf 'apt-get install (as root or through sudo): %s\n' "${apt[*]}"
+    if ! python3 -c 'import opentelemetry.proto, prometheus_client' 2>/dev/null; then
+        printf "pip install opentelemetry-proto==1.27.0 prometheus-client==0.21.1 (python3 -m pip, for the tracing tests: scripts/otlp.sh)\n"
+    fi
     python3 -c 'import standardwebhooks' >/dev/null 2>&1 ||
         printf "pip install 'standardwebhooks==1.3.0' (python3 -m pip; the event tests' receiver)\n"
     if ((full_run)) && ! have schemathesis; then
@@ -151,6 +164,10 @@ skipped_reasons=()
 skip_pgbouncer=0 skip_promtool=0 skip_schemathesis=0
 decide_skips() {
     ((no_system)) || return 0
+    if ! { have node && have npm; }; then
+        skipped_tests+=('test(/^oidc::/)')
+        skipped_reasons+=("oidc tests (need node and npm: scripts/oidc.sh)")
+    fi
     if ! have_browser; then
         skipped_tests+=('test(/^waiting_room_page::/)')
         skipped_reasons+=("waiting_room_page tests (need /usr/bin/chromium and /usr/bin/chromedriver: scripts/browser.sh)")
@@ -162,6 +179,14 @@ decide_skips() {
     if ((full_run)) && ! have_pgbouncer; then
         skip_pgbouncer=1
         skipped_reasons+=("the PgBouncer pass (needs pgbouncer: scripts/scale.sh install)")
+    fi
+    if ! python3 -c 'import opentelemetry.proto, prometheus_client' 2>/dev/null; then
+        skipped_tests+=('test(/^traces::/)')
+        skipped_reasons+=("traces tests (need opentelemetry-proto and prometheus-client: scripts/otlp.sh)")
+    fi
+    if [[ ! -x edge/cloudflare/node_modules/.bin/workerd ]]; then
+        skipped_tests+=('test(/^edge_worker::/)')
+        skipped_reasons+=("edge_worker tests (need workerd: scripts/edge.sh runs npm ci in edge/cloudflare)")
     fi
     if ! have promtool; then
         skip_promtool=1
@@ -199,17 +224,15 @@ planned_steps() {
     if ! have_nextest; then
         steps+=(clippy "cargo test ${*:-(all)}")
     elif ((full_run)); then
-        steps+=("build once" "clippy alongside the tests" "fast tier" "rest tier")
-        ((skip_pgbouncer)) || steps+=("PgBouncer pass")
-        steps+=("Redis Cluster pass")
+        local side="chaos seeds ${CHAOS_SEEDS:-1 2 3}" passes="Redis Cluster pass"
+        ((skip_schemathesis)) || side+=" then schemathesis"
+        ((skip_pgbouncer)) || passes="PgBouncer pass and $passes side by side"
+        steps+=("build once" "alongside the tests: clippy" "alongside the tests: $side"
+            "both tiers at once" "$passes")
     else
         steps+=("build once" "clippy alongside the tests" "tests matching: $*")
     fi
     ((skip_promtool)) || steps+=(promtool)
-    if ((full_run)) && have_nextest; then
-        ((skip_schemathesis)) || steps+=(schemathesis)
-        steps+=("chaos seeds ${CHAOS_SEEDS:-1 2 3}")
-    fi
     local IFS=,
     printf '%s' "${steps[*]}" | sed 's/,/, /g'
 }
@@ -243,6 +266,14 @@ else
     begin "services"
     bash scripts/services.sh
     bash scripts/browser.sh
+    bash scripts/edge.sh
+    bash scripts/otlp.sh
+fi
+begin "the OpenID Connect provider for the provider-token tests (npm ci in tests/oidc)"
+if ((no_system)); then
+    bash scripts/oidc.sh --no-system || note "skipped: the oidc tests need node and npm"
+else
+    bash scripts/oidc.sh
 fi
 printf 'test: DATABASE_URL=%s\ntest: REDIS_URL=%s\n' "$DATABASE_URL" "$REDIS_URL" >&2
 
@@ -289,6 +320,67 @@ stop_clippy() {
     [[ -z ${clippy_pid:-} ]] || kill "$clippy_pid" 2>/dev/null || true
 }
 
+# Steps that run alongside the tests: `alongside NAME FUNCTION` runs FUNCTION in a
+# subshell of its own, its output in target/steps/<n>.log and its own time recorded;
+# `await_alongside` waits for each at the end, records its time as a step marked
+# "alongside", and fails the run (printing the log) when it failed.
+alongside_names=()
+alongside_pids=()
+alongside_logs=()
+
+alongside() {
+    local name=$1 function=$2
+    local log
+    log=target/steps/$((${#alongside_names[@]} + 1)).log
+    mkdir -p target/steps
+    note "alongside the tests: $name (log: $log)"
+    (
+        started=$SECONDS
+        status=0
+        "$function" >"$log" 2>&1 || status=$?
+        printf '%s\n' "$((SECONDS - started))" >"$log.seconds"
+        exit "$status"
+    ) &
+    alongside_names+=("$name")
+    alongside_pids+=($!)
+    alongside_logs+=("$log")
+}
+
+await_alongside() {
+    local i status failed=0
+    for i in "${!alongside_pids[@]}"; do
+        begin "waiting for: ${alongside_names[$i]}"
+        status=0
+        wait "${alongside_pids[$i]}" || status=$?
+        alongside_pids[i]=""
+        finish_step
+        step_names+=("${alongside_names[$i]} (alongside)")
+        step_seconds+=("$(cat "${alongside_logs[$i]}.seconds" 2>/dev/null || echo '?')")
+        if ((status != 0)); then
+            tail -n 300 "${alongside_logs[$i]}" >&2
+            note "failed: ${alongside_names[$i]} (whole log: ${alongside_logs[$i]})"
+            failed=1
+        fi
+    done
+    return "$failed"
+}
+
+# A run stopped early does not leave steps running behind it; each cleans up its private
+# engines on its way out.
+stop_alongside() {
+    local pid
+    for pid in "${alongside_pids[@]}"; do
+        [[ -z $pid ]] || stop_tree "$pid"
+    done
+}
+
+# Stops a process and everything it started, children first.
+stop_tree() {
+    local child
+    for child in $(pgrep -P "$1" 2>/dev/null); do stop_tree "$child"; done
+    kill "$1" 2>/dev/null || true
+}
+
 # The tests skipped for a missing tool, as one filterset term (`all()` when none is).
 # Several -E arguments are a union in nextest, so every filter is combined with it in one.
 kept_tests() {
@@ -297,38 +389,68 @@ kept_tests() {
     printf 'not (%s)' "${skipped_tests[*]}"
 }
 kept=$(kept_tests)
+# Set by a failed step that does not stop the run; the run fails at the end.
+failed=0
 
 # Every nextest step selects `--workspace`, as the build step does, so cargo resolves the
 # same features and has nothing to compile again.
 nextest() { cargo nextest run --workspace --no-fail-fast "$@"; }
 
 # The oversell and payment tests again, with the gateway reaching PostgreSQL through a
-# private PgBouncer 1.18 in transaction pooling mode (installed by scripts/scale.sh).
+# private PgBouncer 1.18 in transaction pooling mode (installed by scripts/scale.sh). Not
+# the payments soak: it sends the statements of the other payment tests, only longer (35 s
+# and two slots), and concurrency through the pooler is what `concurrency::` tests. Runs
+# in a subshell of its own (`alongside`), which stops the PgBouncer on its way out.
 pgbouncer_pass() {
     pgbouncer_dir=$(mktemp -d /tmp/flashgate-pgbouncer.XXXXXX)
     local port
     port=$(bash scripts/scale.sh free-port)
-    trap 'bash scripts/scale.sh stop "$pgbouncer_dir"; print_timings' EXIT
+    trap 'bash scripts/scale.sh stop "$pgbouncer_dir"' EXIT
+    trap 'exit 143' TERM
     bash scripts/scale.sh pgbouncer start "$pgbouncer_dir" "$port"
-    DATABASE_POOLER_URL="postgres://postgres@127.0.0.1:${port}/test" nextest -E \
-        "$kept & binary_id(flashgate::api) & (test(/^concurrency::/) | test(/^orders::/) | test(/^payments_/) | test(/^pooled_writes::/))"
-    bash scripts/scale.sh stop "$pgbouncer_dir"
-    trap print_timings EXIT
+    DATABASE_POOLER_URL="postgres://postgres@127.0.0.1:${port}/test" nextest --test-threads 2 -E \
+        "$kept & binary_id(flashgate::api) & (test(/^concurrency::/) | test(/^orders::/) | test(/^payments_/) | test(/^pooled_writes::/)) & not test(/^payments_soak::/)"
 }
 
 # The tests of everything kept in Redis (waiting room, sold-out flags, limits) again, on a
 # private three-primary Redis Cluster (REDIS_URL listing its nodes selects cluster mode).
+# Not these three, whose scripts and keys the others here run on the cluster already: the
+# idle test (it starts a Redis of its own, so it never reads REDIS_URL), and the two crowds
+# (20,000 users in one line, ten times the stock in another: scale, not key placement; a
+# minute and a half together on 2 cores). Runs in a subshell of its own (`alongside`),
+# which stops the cluster on its way out.
 redis_cluster_pass() {
     cluster_dir=$(mktemp -d /tmp/flashgate-redis-cluster.XXXXXX)
     local ports=() urls=() port
     for _ in 1 2 3; do ports+=("$(bash scripts/scale.sh free-port)"); done
     for port in "${ports[@]}"; do urls+=("redis://127.0.0.1:$port"); done
-    trap 'bash scripts/scale.sh stop "$cluster_dir"; print_timings' EXIT
+    trap 'bash scripts/scale.sh stop "$cluster_dir"' EXIT
+    trap 'exit 143' TERM
     bash scripts/scale.sh redis-cluster start "$cluster_dir" "${ports[@]}"
-    REDIS_URL=$(IFS=,; printf '%s' "${urls[*]}") nextest -E \
-        "$kept & binary_id(flashgate::api) & (test(/^waiting_room/) | test(/^global_limits::/) | test(/^rate_limits::/) | test(/sold_out/))"
-    bash scripts/scale.sh stop "$cluster_dir"
-    trap print_timings EXIT
+    REDIS_URL=$(IFS=,; printf '%s' "${urls[*]}") nextest --test-threads 2 -E \
+        "$kept & binary_id(flashgate::api) & (test(/^waiting_room/) | test(/^global_limits::/) | test(/^rate_limits::/) | test(/sold_out/)) \
+         & not (test(/^waiting_room_idle::/) | test(/^waiting_room_multi::flash_sale/) | test(/^waiting_room_edge::a_crowd/))"
+}
+
+
+# Whole sales under seeded fault schedules (private PostgreSQL and Redis; about 30 s a
+# seed): one line per seed, its report and its log under target/chaos/; a failure shows
+# the end of its log, with the seed and the command to replay it. Then the OpenAPI
+# document against a live gateway, with the binary the build step made.
+chaos_and_schemathesis() {
+    local seed
+    mkdir -p target/chaos
+    for seed in ${CHAOS_SEEDS:-1 2 3}; do
+        target/debug/flashgate-loadtest chaos --seed "$seed" --duration-seconds 20 \
+            --out "target/chaos/seed-$seed.json" 2>"target/chaos/seed-$seed.log" ||
+            { tail -n 30 "target/chaos/seed-$seed.log"; return 1; }
+    done
+    if ((skip_schemathesis)); then
+        note "skipped: schemathesis (needs the schemathesis command: pip install 'schemathesis>=4.32,<5')"
+    else
+        note "schemathesis: docs/openapi.yaml against a live gateway"
+        bash scripts/schemathesis.sh
+    fi
 }
 
 if ! have_nextest; then
@@ -354,10 +476,31 @@ else
     start_clippy
 
     if ((full_run)); then
-        begin "fast tier: unit and in-process tests (.config/nextest.toml, profile fast)"
-        nextest --profile fast
-        begin "rest tier: tests that start processes (profile rest)"
-        nextest --profile rest -E "$kept"
+        alongside "chaos: seeded fault schedules over whole sales (seeds ${CHAOS_SEEDS:-1 2 3}), then schemathesis" \
+            chaos_and_schemathesis
+        # Both tiers in one run, the slowest tests first (.config/nextest.toml, profile all).
+        begin "both tiers at once: unit, in-process and process-starting tests (profile all)"
+        nextest --profile all -E "$kept" || failed=1
+        # Side by side, two tests at a time each: four on the shared PostgreSQL, as above.
+        begin "through PgBouncer and on a Redis Cluster, side by side"
+        mkdir -p target/steps
+        passes=()
+        if ((skip_pgbouncer)); then
+            note "skipped: the PgBouncer pass (needs pgbouncer: scripts/scale.sh install)"
+        else
+            note "through PgBouncer (transaction pooling): oversell and payment tests (log: target/steps/pgbouncer.log)"
+            (pgbouncer_pass) >target/steps/pgbouncer.log 2>&1 &
+            passes+=("$!:target/steps/pgbouncer.log")
+        fi
+        note "on a Redis Cluster: waiting-room, sold-out and limit tests (log: target/steps/redis-cluster.log)"
+        (redis_cluster_pass) >target/steps/redis-cluster.log 2>&1 &
+        passes+=("$!:target/steps/redis-cluster.log")
+        for pass in "${passes[@]}"; do
+            wait "${pass%%:*}" && continue
+            tail -n 300 "${pass#*:}" >&2
+            note "failed: ${pass#*:}"
+            failed=1
+        done
     else
         begin "cargo nextest run --workspace $*"
         nextest -E "$kept" "$@"
@@ -365,17 +508,6 @@ else
 
     # No doctest step: no crate has a doc example (its examples are tests), so
     # `cargo test --doc` would compile the crates once more to run none.
-
-    if ((full_run)); then
-        if ((skip_pgbouncer)); then
-            note "skipped: the PgBouncer pass (needs pgbouncer: scripts/scale.sh install)"
-        else
-            begin "through PgBouncer (transaction pooling): oversell and payment tests"
-            pgbouncer_pass
-        fi
-        begin "on a Redis Cluster: waiting-room, sold-out and limit tests"
-        redis_cluster_pass
-    fi
 fi
 
 # Alert rules and their unit tests (promtool comes with Debian's prometheus package).
@@ -394,27 +526,8 @@ else
     promtool test rules config/prometheus/tests/*.yml
 fi
 
-if ((full_run)); then
-    # The OpenAPI document against a live gateway, with the binary the build step made.
-    if ((skip_schemathesis)); then
-        note "skipped: schemathesis (needs the schemathesis command: pip install 'schemathesis>=4.32,<5')"
-    else
-        begin "schemathesis: docs/openapi.yaml against a live gateway"
-        bash scripts/schemathesis.sh
-    fi
-
-    # Whole sales under seeded fault schedules (private PostgreSQL and Redis; about 30 s a
-    # seed): one line per seed here, its report and its log under target/chaos/. A failure
-    # shows the end of its log, with the seed and the command to replay it.
-    begin "chaos: seeded fault schedules over whole sales (seeds ${CHAOS_SEEDS:-1 2 3})"
-    mkdir -p target/chaos
-    for seed in ${CHAOS_SEEDS:-1 2 3}; do
-        target/debug/flashgate-loadtest chaos --seed "$seed" --duration-seconds 20 \
-            --out "target/chaos/seed-$seed.json" 2>"target/chaos/seed-$seed.log" ||
-            { tail -n 30 "target/chaos/seed-$seed.log" >&2; exit 1; }
-    done
-fi
-
-[[ -z ${clippy_pid:-} ]] || finish_clippy
+await_alongside || failed=1
+if [[ -n ${clippy_pid:-} ]]; then finish_clippy || failed=1; fi
+((failed == 0)) || { note "a step failed (above)"; exit 1; }
 finish_step
 step "all checks passed"

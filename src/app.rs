@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admission::Admission;
+use crate::admission::oidc::OidcVerifier;
 use crate::clock::Clock;
 use crate::config::Settings;
 use crate::deals::DealSettings;
@@ -41,6 +42,9 @@ pub enum AppError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    /// The identity provider's keys could not be read; the message names the setting.
+    #[error("{0}")]
+    Identity(String),
     #[error("payment provider client: {0}")]
     Provider(#[from] crate::payments::http_provider::ClientError),
 }
@@ -110,7 +114,9 @@ impl Application {
         let pools = Pools::new(&settings.database)?;
         let redis = RedisHandle::from_settings(&settings.redis);
         redis.connect().await;
-        let admission = Admission::new(settings.admission(), redis.clone(), clock.clone());
+        let provider = identity_provider(&settings, &clock).await?;
+        let admission =
+            Admission::new(settings.admission(), redis.clone(), clock.clone(), provider);
         let payments = build_payments(&settings, &clock)?;
         let stock_events = subscribe_stock_events(&admission, &pools);
         let state = State::new(
@@ -175,6 +181,27 @@ impl Application {
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+/// The OpenID Connect provider's verifier with its keys read, when `[auth.oidc]` names one.
+async fn identity_provider(
+    settings: &Settings,
+    clock: &Clock,
+) -> Result<Option<Arc<OidcVerifier>>, AppError> {
+    let auth = &settings.auth;
+    if !auth.oidc.enabled() {
+        return Ok(None);
+    }
+    let clock = clock.clone();
+    OidcVerifier::start(
+        &auth.oidc,
+        auth.jwt_leeway_seconds,
+        auth.user_id_bytes_max,
+        clock,
+    )
+    .await
+    .map(Some)
+    .map_err(AppError::Identity)
 }
 
 /// What this instance runs with, for operators and the load scripts: the figures chosen from
@@ -244,6 +271,9 @@ fn spawn_background(
     shutdown: &CancellationToken,
 ) {
     let background = state.pools.background.clone();
+    if let Some(provider) = state.admission.provider() {
+        tasks.spawn(provider.clone().keep_fresh(shutdown.clone()));
+    }
     tasks.spawn(state.redis.clone().keep_connected(
         Duration::from_millis(settings.redis.reconnect_interval_ms),
         shutdown.clone(),

@@ -151,6 +151,7 @@ impl Settings {
         self.sweeper.validate()?;
         self.soldout.validate()?;
         self.ops.validate()?;
+        self.telemetry.validate()?;
         self.events.validate()?;
         self.validate_across()
     }
@@ -202,6 +203,7 @@ impl Settings {
             orders: self.orders.clone(),
             waiting_room: self.waiting_room.clone(),
             audit: self.audit(),
+            telemetry: self.telemetry.clone(),
             events: self.events.clone(),
         }
     }

@@ -29,6 +29,7 @@
 //!   what the sections' checks share.
 //! - [`events`]: order and deal events for the shop, written with each change by triggers,
 //!   put in commit order by one sequencer, pulled from the feed or pushed as signed webhooks.
+//! - [`operators`]: the operator log: every admin change with who made it.
 //! - [`ops`]: operator tools: pause/resume, bucket rebalance, the invariant audit, the CLI.
 //! - [`waiting_room`]: the per-deal line in Redis, signed passes checked by admission, and
 //!   the advancer that admits buyers at a controlled rate: the deal's fixed
@@ -50,6 +51,7 @@ pub mod domain;
 pub mod events;
 pub mod http;
 pub mod inventory;
+pub mod operators;
 pub mod ops;
 pub mod orders;
 pub mod payments;

@@ -10,7 +10,7 @@ use flashgate::config::{self, Settings};
 use flashgate::deals::{self, DealError, NewDeal};
 use flashgate::domain::DealId;
 use flashgate::ops::output;
-use flashgate::{auth, inventory, ops, shutdown, store, telemetry};
+use flashgate::{auth, inventory, operators, ops, shutdown, store, telemetry};
 
 /// The allocator: a request allocates and frees many small buffers (headers, JSON, rows)
 /// on one thread; mimalloc's thread-local free lists serve them with fewer instructions
@@ -68,6 +68,16 @@ enum Command {
     Review {
         #[command(subcommand)]
         command: ReviewCommand,
+    },
+    /// Print the operator log (every admin change and who made it), oldest first, as JSON:
+    /// `{"entries": [...], "next": "<cursor>"}`.
+    OperatorLog {
+        /// Print the entries after this cursor (`next` of an earlier page).
+        #[arg(long)]
+        after: Option<String>,
+        /// Most entries to print (1-1000).
+        #[arg(long, default_value_t = flashgate::operators::PAGE_ENTRIES_DEFAULT)]
+        limit: i64,
     },
     /// Print every setting's effective value and where it came from, secrets redacted.
     ///
@@ -221,6 +231,9 @@ async fn run(command: Command, settings: Settings) -> Result<(), String> {
             ops::events_cli::endpoints(&settings.cli(), command).await
         }
         Command::Check => ops::cli::check(&settings.cli()).await,
+        Command::OperatorLog { after, limit } => {
+            ops::cli::operator_log(&settings.cli(), after, limit).await
+        }
         Command::Reconcile => reconcile(&settings).await,
         Command::Review { command } => review(&settings, command).await,
     }
@@ -313,9 +326,9 @@ async fn review(settings: &Settings, command: ReviewCommand) -> Result<(), Strin
         ReviewCommand::Fulfil { order_id } => (order_id, review::fulfil(pool, order_id).await),
         ReviewCommand::Refund { order_id } => (order_id, review::refund(pool, order_id).await),
     };
-    let status = match outcome.map_err(|e| e.to_string())? {
-        ReviewOutcome::Fulfilled => "PAID",
-        ReviewOutcome::RefundQueued => "REFUND_PENDING",
+    let (status, action) = match outcome.map_err(|e| e.to_string())? {
+        ReviewOutcome::Fulfilled => ("PAID", "review.fulfilled"),
+        ReviewOutcome::RefundQueued => ("REFUND_PENDING", "review.refunded"),
         ReviewOutcome::NoStock => {
             return Err(format!(
                 "order {order_id}: not enough units left; refund it instead"
@@ -326,6 +339,12 @@ async fn review(settings: &Settings, command: ReviewCommand) -> Result<(), Strin
             return Err(format!("order {order_id} is {status}, not MANUAL_REVIEW"));
         }
     };
+    let change = operators::Change {
+        action,
+        target: &order_id.to_string(),
+        detail: serde_json::json!({}),
+    };
+    operators::record(pool, &operators::Operator::command_line(), change).await;
     output::json(&serde_json::json!({ "order_id": order_id, "status": status }))
 }
 

@@ -43,6 +43,7 @@ use crate::clock::{elapsed_since, monotonic};
 use crate::settings::redact_url;
 
 use crate::telemetry;
+use crate::telemetry::trace;
 pub use script::Script;
 pub use settings::RedisSettings;
 use target::{Connection, Target};
@@ -216,6 +217,8 @@ impl RedisHandle {
     /// Runs one command with the configured timeout; a failure that shows the connection
     /// broken (see `breaks_connection`) drops it.
     pub async fn run<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, RedisError> {
+        let mut span = trace::span("redis", trace::Kind::Client);
+        span.attribute("db.operation.name", || command_name(cmd));
         let Some(mut connection) = self.inner.connection.read().await.clone() else {
             metrics::counter!(telemetry::REDIS_ERRORS).increment(1);
             self.inner.refused.fetch_add(1, Ordering::Relaxed);
@@ -239,6 +242,7 @@ impl RedisHandle {
             Ok(Err(error)) => RedisError::Command(error),
             Err(_) => RedisError::Timeout,
         };
+        span.failed();
         // Not a failure: `eval` loads the script and calls again.
         if is_unknown_script(&error) {
             return Err(error);
@@ -432,6 +436,14 @@ impl RedisHandle {
             _ if first => tracing::info!(%url, "redis connected"),
             _ => tracing::debug!(%url, "redis reconnected after a short outage"),
         }
+    }
+}
+
+/// A command's name (`EVALSHA`, `XRANGE`), for its span.
+fn command_name(cmd: &Cmd) -> String {
+    match cmd.args_iter().next() {
+        Some(redis::Arg::Simple(name)) => String::from_utf8_lossy(name).into_owned(),
+        _ => String::new(),
     }
 }
 

@@ -7,10 +7,12 @@
 //! is docs/METRICS.md, checked against `/metrics` by a test.
 
 mod events;
+pub mod openmetrics;
 mod process;
 pub mod retention;
 mod settings;
 pub mod tally;
+pub mod trace;
 mod zeroes;
 
 pub use settings::{LogFormat, TelemetrySettings};
@@ -44,6 +46,10 @@ pub const GROUPED_ORDERS: &str = "flashgate_grouped_orders_total";
 pub const RESERVATION_BATCH_SIZE: &str = "flashgate_reservation_batch_size";
 pub const RESERVATION_BATCHES_RECHECKED: &str = "flashgate_reservation_batches_rechecked_total";
 pub const LANES_BUSY: &str = "flashgate_reservation_lanes_busy";
+/// JWKS fetches from the OpenID Connect provider, by outcome (`ok`, `error`).
+pub const OIDC_JWKS_FETCHES: &str = "flashgate_oidc_jwks_fetches_total";
+/// Usable keys held from the provider's JWKS.
+pub const OIDC_KEYS: &str = "flashgate_oidc_keys";
 pub const WEBHOOK_EVENTS: &str = "flashgate_webhook_events_total";
 pub const WEBHOOK_LAG: &str = "flashgate_webhook_lag_seconds";
 pub const PROVIDER_CALL_DURATION: &str = "flashgate_provider_call_duration_seconds";
@@ -266,6 +272,14 @@ fn describe() {
         "TCP connections closed at once over the limit."
     );
     describe_counter!(SWEEPER_RUNS, "Expiry sweeper passes, by outcome.");
+    describe_counter!(
+        OIDC_JWKS_FETCHES,
+        "JWKS fetches from the OpenID Connect provider (auth.oidc), by outcome; errors leave the keys held in use."
+    );
+    describe_gauge!(
+        OIDC_KEYS,
+        "Usable keys held from the OpenID Connect provider's JWKS; 0 without a provider."
+    );
     describe_counter!(
         RESERVATION_GROUPS,
         "Reservation batches run (one statement each)."

@@ -7,6 +7,7 @@ use std::ops::RangeInclusive;
 
 use serde::Deserialize;
 
+use super::oidc::OidcSettings;
 use crate::deals::DealSettings;
 use crate::settings::require;
 
@@ -50,8 +51,13 @@ pub struct AuthSettings {
     pub jwt_audience: String,
     /// Bearer token of the admin API.
     pub admin_token: String,
+    /// False switches the static admin token off: only provider tokens holding
+    /// `auth.oidc.admin_value` then open the admin API.
+    pub admin_token_enabled: bool,
     /// Longest `sub` accepted as a user id, in bytes.
     pub user_id_bytes_max: usize,
+    /// An OpenID Connect provider whose tokens name users and operators.
+    pub oidc: OidcSettings,
 }
 
 impl AuthSettings {
@@ -72,7 +78,12 @@ impl AuthSettings {
         require(
             self.user_id_bytes_max > 0,
             "auth.user_id_bytes_max must be > 0",
-        )
+        )?;
+        require(
+            self.admin_token_enabled || !self.oidc.admin_claim.is_empty(),
+            "auth.admin_token_enabled = false needs auth.oidc.admin_claim and admin_value, or nobody could use the admin API",
+        )?;
+        self.oidc.validate()
     }
 }
 

@@ -6,12 +6,15 @@
 //! trip, so it can run before anything expensive.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use chrono::{DateTime, Utc};
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
+use super::oidc::{Identity, OidcVerifier};
 use crate::clock::Clock;
 use crate::domain::UserId;
 
@@ -69,6 +72,9 @@ pub enum TokenError {
     Expired,
     #[error("invalid token")]
     Invalid,
+    /// The provider's keys have not been read yet (`auth.oidc.start_without_keys`).
+    #[error("the identity provider's keys are not available yet; retry shortly")]
+    KeysUnavailable { retry_after_seconds: u64 },
 }
 
 pub struct TokenVerifier {
@@ -107,7 +113,11 @@ impl TokenVerifier {
 
     /// Verifies the value of an `Authorization` header.
     pub fn verify(&self, authorization: Option<&[u8]>) -> Result<UserId, TokenError> {
-        let token = bearer_token(authorization)?;
+        self.verify_token(bearer_token(authorization)?)
+    }
+
+    /// Verifies a bearer token.
+    pub fn verify_token(&self, token: &[u8]) -> Result<UserId, TokenError> {
         let claims = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)
             .map_err(|_| TokenError::Invalid)?
             .claims;
@@ -122,6 +132,65 @@ impl TokenVerifier {
             return Err(TokenError::Invalid);
         }
         UserId::parse(&claims.sub, self.user_id_bytes_max).map_err(|_| TokenError::Invalid)
+    }
+}
+
+/// Both kinds of user token: HS256 with the shared secret, and, when `[auth.oidc]` names
+/// a provider, the provider's tokens. A token signed HS256 is checked only against the
+/// secret, any other only against the provider's keys, so neither can pass for the other.
+pub struct Tokens {
+    shared: TokenVerifier,
+    provider: Option<Arc<OidcVerifier>>,
+}
+
+impl Tokens {
+    pub fn new(shared: TokenVerifier, provider: Option<Arc<OidcVerifier>>) -> Self {
+        Self { shared, provider }
+    }
+
+    /// The provider's verifier, when one is configured.
+    pub fn provider(&self) -> Option<&Arc<OidcVerifier>> {
+        self.provider.as_ref()
+    }
+
+    /// Verifies the value of an `Authorization` header, waiting for the provider's keys
+    /// only when the token names a key not held yet.
+    pub async fn verify(&self, authorization: Option<&[u8]>) -> Result<Identity, TokenError> {
+        let token = bearer_token(authorization)?;
+        match self.provider_header(token)? {
+            Some((provider, header)) => provider.verify(token, &header).await,
+            None => self.shared_identity(token),
+        }
+    }
+
+    /// Verifies with what is in memory only (for checks made before the body is read).
+    pub fn verify_held(&self, authorization: Option<&[u8]>) -> Result<Identity, TokenError> {
+        let token = bearer_token(authorization)?;
+        match self.provider_header(token)? {
+            Some((provider, header)) => provider.verify_held(token, &header),
+            None => self.shared_identity(token),
+        }
+    }
+
+    /// The provider and the token's header, when the provider is the one to check it; a
+    /// token over `auth.oidc.token_bytes_max` is refused before its header is decoded.
+    fn provider_header(&self, token: &[u8]) -> Result<Option<(&OidcVerifier, Header)>, TokenError> {
+        let Some(provider) = self.provider.as_deref() else {
+            return Ok(None);
+        };
+        if token.len() > provider.token_bytes_max() {
+            return Err(TokenError::Invalid);
+        }
+        Ok(match jsonwebtoken::decode_header(token) {
+            Ok(header) if header.alg != Algorithm::HS256 => Some((provider, header)),
+            _ => None,
+        })
+    }
+
+    fn shared_identity(&self, token: &[u8]) -> Result<Identity, TokenError> {
+        self.shared
+            .verify_token(token)
+            .map(|user| Identity { user, admin: false })
     }
 }
 
@@ -195,7 +264,29 @@ pub fn mint_token_for(
     user_id: &str,
     ttl_seconds: i64,
 ) -> String {
-    let now = Clock::system().now().timestamp();
+    issue(
+        secret,
+        expected,
+        user_id,
+        ttl_seconds,
+        Clock::system().now(),
+    )
+}
+
+/// As [`mint_token`], issued at `at`: for a gateway running on a clock of its own (a test's
+/// manual clock), which a token issued on the system's would not suit.
+pub fn mint_token_at(secret: &str, user_id: &str, ttl_seconds: i64, at: DateTime<Utc>) -> String {
+    issue(secret, Audience::DEFAULT, user_id, ttl_seconds, at)
+}
+
+fn issue(
+    secret: &str,
+    expected: Audience<'_>,
+    user_id: &str,
+    ttl_seconds: i64,
+    at: DateTime<Utc>,
+) -> String {
+    let now = at.timestamp();
     sign(
         secret,
         &Claims {

@@ -21,7 +21,7 @@ pub const PREFIX: &str = "FLASHGATE__";
 const NAMESPACE: &str = "FLASHGATE_";
 
 /// The short names kept from before the canonical scheme, and the key each one sets.
-pub const ALIASES: [(&str, &str); 7] = [
+pub const ALIASES: [(&str, &str); 8] = [
     ("DATABASE_URL", "database.url"),
     ("DATABASE_DIRECT_URL", "database.direct_url"),
     ("REDIS_URL", "redis.url"),
@@ -29,12 +29,15 @@ pub const ALIASES: [(&str, &str); 7] = [
     ("FLASHGATE_OPS_LISTEN", "server.ops_listen"),
     ("FLASHGATE_ADMIN_TOKEN", "auth.admin_token"),
     ("FLASHGATE_JWT_SECRET", "auth.jwt_secret"),
+    // The OpenTelemetry SDKs' standard name for the collector.
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "telemetry.otlp_endpoint"),
 ];
 
 /// Names under `FLASHGATE_` that other programs of this project read (the payment
 /// simulator, the build script, the test, API-check and load scripts); they set no setting
 /// of the gateway, and a shell that exports them for those programs must still start it.
-const OTHER_PROGRAMS: [&str; 7] = [
+const OTHER_PROGRAMS: [&str; 8] = [
+    "FLASHGATE_EDGE_ORIGIN",
     "FLASHGATE_PSP_WEBHOOK_URL",
     "FLASHGATE_PSP_WEBHOOK_SECRET",
     "FLASHGATE_PSP_API_KEY",

@@ -82,12 +82,15 @@ pub fn render(value: &Value) -> String {
     serde_json::to_string(value).unwrap_or_else(|_| "?".to_owned())
 }
 
-/// Whether `key` holds a secret: its last part names a secret, token or key.
+/// Whether `key` holds a secret: its last part names a secret, token or key, and is not
+/// a switch or a limit about one (`admin_token_enabled`, `token_bytes_max`).
 pub fn is_secret(key: &str) -> bool {
     let name = key.rsplit('.').next().unwrap_or(key);
-    ["secret", "token", "api_key", "signing_keys"]
-        .iter()
-        .any(|word| name.contains(word))
+    let about_one = name.ends_with("_enabled") || name.ends_with("_max");
+    !about_one
+        && ["secret", "token", "api_key", "signing_keys"]
+            .iter()
+            .any(|word| name.contains(word))
 }
 
 /// `value` as it may be shown: secrets replaced (a list of them keeps its length, so an

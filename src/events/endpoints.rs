@@ -68,6 +68,7 @@ pub fn check_types(types: &[String]) -> Result<(), EventError> {
 /// Saves a new endpoint with a fresh secret. A new endpoint starts at the feed's end: it
 /// is sent what happens from now on (a replay sends the past).
 pub async fn create(pool: &PgPool, url: &str, changes: &Changes) -> Result<Endpoint, EventError> {
+    let mut tx = pool.begin().await.map_err(StoreError::from)?;
     let row = sqlx::query_as::<_, Endpoint>(sqlx::AssertSqlSafe(format!(
         "INSERT INTO event_endpoints (id, url, event_types, enabled, secret, delivered_position)
          VALUES ($1, $2, $3, $4, $5,
@@ -79,9 +80,10 @@ pub async fn create(pool: &PgPool, url: &str, changes: &Changes) -> Result<Endpo
     .bind(changes.event_types.clone().flatten())
     .bind(changes.enabled.unwrap_or(true))
     .bind(signing::generate())
-    .fetch_one(pool)
+    .fetch_one(&mut *tx)
     .await
     .map_err(StoreError::from)?;
+    tx.commit().await.map_err(StoreError::from)?;
     Ok(row)
 }
 
@@ -138,25 +140,29 @@ pub async fn update(pool: &PgPool, id: Uuid, changes: &Changes) -> Result<Endpoi
           WHERE id = $1
         RETURNING {COLUMNS}"
     );
-    sqlx::query_as(sqlx::AssertSqlSafe(sql))
+    let mut tx = pool.begin().await.map_err(StoreError::from)?;
+    let row: Option<Endpoint> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(id)
         .bind(&changes.url)
         .bind(changes.event_types.is_some())
         .bind(changes.event_types.clone().flatten())
         .bind(changes.enabled)
-        .fetch_optional(pool)
+        .fetch_optional(&mut *tx)
         .await
-        .map_err(StoreError::from)?
-        .ok_or(EventError::NotFound)
+        .map_err(StoreError::from)?;
+    tx.commit().await.map_err(StoreError::from)?;
+    row.ok_or(EventError::NotFound)
 }
 
 /// Removes an endpoint; its events stay in the feed.
 pub async fn delete(pool: &PgPool, id: Uuid) -> Result<(), EventError> {
+    let mut tx = pool.begin().await.map_err(StoreError::from)?;
     let deleted = sqlx::query("DELETE FROM event_endpoints WHERE id = $1")
         .bind(id)
-        .execute(pool)
+        .execute(&mut *tx)
         .await
         .map_err(StoreError::from)?;
+    tx.commit().await.map_err(StoreError::from)?;
     match deleted.rows_affected() {
         0 => Err(EventError::NotFound),
         _ => Ok(()),
@@ -166,6 +172,7 @@ pub async fn delete(pool: &PgPool, id: Uuid) -> Result<(), EventError> {
 /// A new secret; the current one keeps signing for `overlap_seconds`.
 pub async fn rotate(pool: &PgPool, id: Uuid, overlap_seconds: u64) -> Result<Vec<u8>, EventError> {
     let secret = signing::generate();
+    let mut tx = pool.begin().await.map_err(StoreError::from)?;
     let updated = sqlx::query(
         "UPDATE event_endpoints
             SET previous_secret = secret, secret = $2,
@@ -175,9 +182,10 @@ pub async fn rotate(pool: &PgPool, id: Uuid, overlap_seconds: u64) -> Result<Vec
     .bind(id)
     .bind(&secret)
     .bind(overlap_seconds as f64)
-    .execute(pool)
+    .execute(&mut *tx)
     .await
     .map_err(StoreError::from)?;
+    tx.commit().await.map_err(StoreError::from)?;
     match updated.rows_affected() {
         0 => Err(EventError::NotFound),
         _ => Ok(secret),
@@ -194,18 +202,21 @@ pub async fn replay(pool: &PgPool, id: Uuid, after: i64) -> Result<Endpoint, Eve
           WHERE id = $1
         RETURNING {COLUMNS}"
     );
-    sqlx::query_as(sqlx::AssertSqlSafe(sql))
+    let mut tx = pool.begin().await.map_err(StoreError::from)?;
+    let row: Option<Endpoint> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(id)
         .bind(after)
-        .fetch_optional(pool)
+        .fetch_optional(&mut *tx)
         .await
-        .map_err(StoreError::from)?
-        .ok_or(EventError::NotFound)
+        .map_err(StoreError::from)?;
+    tx.commit().await.map_err(StoreError::from)?;
+    row.ok_or(EventError::NotFound)
 }
 
 /// Records accepted deliveries: the endpoint has everything up to `to`. Only moves forward
 /// from `from`, so a replay set meanwhile is not undone.
 pub async fn advance(pool: &PgPool, id: Uuid, from: i64, to: i64) -> Result<bool, StoreError> {
+    let mut tx = pool.begin().await?;
     let moved = sqlx::query(
         "UPDATE event_endpoints
             SET delivered_position = $3, failing_since = NULL, last_error = NULL
@@ -214,13 +225,15 @@ pub async fn advance(pool: &PgPool, id: Uuid, from: i64, to: i64) -> Result<bool
     .bind(id)
     .bind(from)
     .bind(to)
-    .execute(pool)
+    .execute(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(moved.rows_affected() == 1)
 }
 
 /// Records a failed attempt at `now` (the application's clock); past
-/// `failing_after_seconds` of failures the endpoint is marked failing. Returns the endpoint's state afterwards.
+/// `failing_after_seconds` of failures the endpoint is marked failing. Returns the
+/// endpoint's state afterwards.
 pub async fn record_failure(
     pool: &PgPool,
     id: Uuid,
@@ -228,7 +241,8 @@ pub async fn record_failure(
     failing_after_seconds: u64,
     now: DateTime<Utc>,
 ) -> Result<String, StoreError> {
-    let state = sqlx::query_scalar(
+    let mut tx = pool.begin().await?;
+    let state: Option<String> = sqlx::query_scalar(
         "UPDATE event_endpoints
             SET failing_since = coalesce(failing_since, $4), last_error = $2,
                 state = CASE WHEN coalesce(failing_since, $4)
@@ -241,7 +255,8 @@ pub async fn record_failure(
     .bind(error)
     .bind(failing_after_seconds as f64)
     .bind(now)
-    .fetch_optional(pool)
+    .fetch_optional(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(state.unwrap_or_else(|| "deleted".to_owned()))
 }

@@ -146,6 +146,7 @@ pub async fn after(
 /// Deletes positioned events older than `hours`, keeping each order's and deal's newest
 /// event so that its sequence carries on. Returns how many went.
 pub async fn expire(pool: &PgPool, hours: u64, batch: i64) -> Result<u64, StoreError> {
+    let mut tx = pool.begin().await?;
     let deleted = sqlx::query(
         "DELETE FROM events WHERE id IN (
              SELECT e.id FROM events e
@@ -159,8 +160,9 @@ pub async fn expire(pool: &PgPool, hours: u64, batch: i64) -> Result<u64, StoreE
     )
     .bind(i32::try_from(hours).unwrap_or(i32::MAX))
     .bind(batch)
-    .execute(pool)
+    .execute(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(deleted.rows_affected())
 }
 

@@ -12,14 +12,16 @@ use std::sync::atomic::Ordering;
 
 use super::State;
 use super::body::{self, Caching};
-use super::guard::require_admin;
+use super::guard::{record, require_admin};
 use super::problem::Problem;
 use crate::deals::{
     self, AdmissionMode, AdmissionTerms, Deal, NewDeal, PaymentTerms, WaitingRoomTerms,
 };
 use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};
 use crate::inventory;
+use crate::operators::Operator;
 use crate::telemetry;
+use serde_json::json;
 
 type Reply = Result<Response<Full<Bytes>>, Problem>;
 
@@ -189,7 +191,7 @@ pub(super) async fn published_outflow(state: &State, deal: &Deal) -> Option<f64>
 
 /// `GET /admin/deals/{id}`: the deal as operators see it, with its line's outflow now.
 pub async fn deal<B>(state: &State, request: &Request<B>, raw_id: &str) -> Reply {
-    require_admin(state, request)?;
+    require_admin(state, request).await?;
     let id = DealId::parse(raw_id).map_err(|_| Problem::not_found("no such deal"))?;
     let deal = deals::load(&state.pools.admin, id.as_str())
         .await?
@@ -218,7 +220,7 @@ struct AdmissionChange {
 /// `POST /admin/deals/{id}/admission`: takes manual control of the line's outflow (`fixed`,
 /// at the current outflow unless a rate is given) or hands it back (`adaptive`).
 pub async fn set_admission(state: &State, request: Request<Incoming>, raw_id: &str) -> Reply {
-    let change: AdmissionChange = admin_json(state, request).await?;
+    let (operator, change): (_, AdmissionChange) = admin_json(state, request).await?;
     let mode = AdmissionMode::parse(&change.mode)
         .ok_or_else(|| Problem::invalid("mode must be fixed or adaptive"))?;
     let id = DealId::parse(raw_id).map_err(|_| Problem::not_found("no such deal"))?;
@@ -235,30 +237,28 @@ pub async fn set_admission(state: &State, request: Request<Incoming>, raw_id: &s
         .admission
         .deals()
         .put(&deal.id, Some(std::sync::Arc::new(deal.clone())));
-    tracing::info!(
-        deal = deal.id,
-        mode = mode.as_str(),
-        rate = deal.waiting_room.admit_per_second,
-        "waiting-room admission mode set by an operator"
-    );
+    let detail =
+        json!({"mode": mode.as_str(), "admit_per_second": deal.waiting_room.admit_per_second});
+    record(state, &operator, "deal.admission_set", &deal.id, detail).await;
     deal_reply(state, &deal).await
 }
 
-/// The JSON body of an authorised admin request.
+/// Who sent an authorised admin request, and its JSON body.
 pub(super) async fn admin_json<T: DeserializeOwned>(
     state: &State,
     request: Request<Incoming>,
-) -> Result<T, Problem> {
-    require_admin(state, &request)?;
+) -> Result<(Operator, T), Problem> {
+    let operator = require_admin(state, &request).await?;
     let (_, bytes) = body::split(request, &state.settings.server).await?;
-    body::json(&bytes)
+    Ok((operator, body::json(&bytes)?))
 }
 
 pub async fn create_deal(state: &State, request: Request<Incoming>) -> Reply {
-    let new = admin_json::<CreateDeal>(state, request)
-        .await?
-        .into_new_deal()?;
+    let (operator, asked) = admin_json::<CreateDeal>(state, request).await?;
+    let new = asked.into_new_deal()?;
     let deal = deals::create(&state.pools.admin, &new).await?;
+    let detail = json!({"name": deal.name, "stock": deal.stock_total});
+    record(state, &operator, "deal.created", &deal.id, detail).await;
     state
         .admission
         .deals()
@@ -283,7 +283,7 @@ struct StockChange {
 }
 
 pub async fn adjust_stock(state: &State, request: Request<Incoming>, raw_id: &str) -> Reply {
-    let change: StockChange = admin_json(state, request).await?;
+    let (operator, change): (_, StockChange) = admin_json(state, request).await?;
     if change.delta.unsigned_abs() > deals::STOCK_MAX as u64 {
         return Err(Problem::invalid(format!(
             "delta must be within ±{}",
@@ -292,11 +292,13 @@ pub async fn adjust_stock(state: &State, request: Request<Incoming>, raw_id: &st
     }
     let id = DealId::parse(raw_id).map_err(|_| Problem::not_found("no such deal"))?;
     crate::ops::stock::adjust(&state.pools.admin, id.as_str(), change.delta).await?;
+    let detail = json!({"delta": change.delta});
+    record(state, &operator, "deal.stock_adjusted", id.as_str(), detail).await;
     inventory_reply(state, &id).await
 }
 
 pub async fn inventory<B>(state: &State, request: &Request<B>, raw_id: &str) -> Reply {
-    require_admin(state, request)?;
+    require_admin(state, request).await?;
     let id = DealId::parse(raw_id).map_err(|_| Problem::not_found("no such deal"))?;
     inventory_reply(state, &id).await
 }
@@ -380,15 +382,28 @@ pub async fn readyz(state: &State) -> Response<Full<Bytes>> {
     body::respond(status, &report, Caching::Private)
 }
 
-pub fn metrics(state: &State) -> Response<Full<Bytes>> {
+pub fn metrics(state: &State, headers: &http::HeaderMap) -> Response<Full<Bytes>> {
     state.pools.record_metrics();
     let handle = telemetry::prometheus();
     handle.run_upkeep();
-    body::text(
-        StatusCode::OK,
-        "text/plain; version=0.0.4; charset=utf-8",
-        handle.render(),
-    )
+    // A scraper that asks for OpenMetrics gets it, with the latency histogram's exemplars.
+    let openmetrics = headers
+        .get_all(http::header::ACCEPT)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .any(|value| value.contains("application/openmetrics-text"));
+    match openmetrics {
+        true => body::text(
+            StatusCode::OK,
+            telemetry::openmetrics::CONTENT_TYPE,
+            telemetry::openmetrics::render(&handle.render()),
+        ),
+        false => body::text(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            handle.render(),
+        ),
+    }
 }
 
 /// The `waiting_room` object of `POST /admin/deals`; missing fields take the defaults.

@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::State;
 use super::admin::admin_json;
 use super::body::{self, Caching};
-use super::guard::require_admin;
+use super::guard::{record, require_admin};
 use super::problem::Problem;
 use crate::events::endpoints::{Endpoint, EndpointView};
 use crate::events::manage::{self, EndpointInput};
@@ -113,9 +113,18 @@ impl<'a> View<'a> {
 
 /// `POST /admin/event-endpoints`: 201 with the secret, shown this once.
 pub async fn create(state: &State, request: Request<Incoming>) -> Reply {
-    let asked: EndpointBody = admin_json(state, request).await?;
+    let (operator, asked): (_, EndpointBody) = admin_json(state, request).await?;
     let settings = &state.settings.events;
     let endpoint = manage::create(&state.pools.admin, settings, asked.into()).await?;
+    let detail = serde_json::json!({"url": endpoint.url});
+    record(
+        state,
+        &operator,
+        "endpoint.created",
+        &endpoint.id.to_string(),
+        detail,
+    )
+    .await;
     let view = View {
         secret: Some(signing::render(&endpoint.secret)),
         ..View::of(&endpoint)
@@ -125,7 +134,7 @@ pub async fn create(state: &State, request: Request<Incoming>) -> Reply {
 
 /// `GET /admin/event-endpoints`.
 pub async fn list<B>(state: &State, request: &Request<B>) -> Reply {
-    require_admin(state, request)?;
+    require_admin(state, request).await?;
     let views = manage::list(&state.pools.admin).await?;
     let endpoints: Vec<View> = views.iter().map(View::with_backlog).collect();
     let answer = serde_json::json!({ "endpoints": endpoints });
@@ -136,20 +145,38 @@ pub async fn list<B>(state: &State, request: &Request<B>) -> Reply {
 pub async fn one(state: &State, request: Request<Incoming>, raw_id: &str) -> Reply {
     let method = request.method().clone();
     if method == Method::PATCH {
-        let asked: EndpointBody = admin_json(state, request).await?;
+        let (operator, asked): (_, EndpointBody) = admin_json(state, request).await?;
         let id = endpoint_id(raw_id)?;
         let view =
             manage::update(&state.pools.admin, &state.settings.events, id, asked.into()).await?;
+        let target = id.to_string();
+        record(
+            state,
+            &operator,
+            "endpoint.updated",
+            &target,
+            Value::Object(Default::default()),
+        )
+        .await;
         return Ok(body::respond(
             StatusCode::OK,
             &View::with_backlog(&view),
             Caching::Private,
         ));
     }
-    require_admin(state, &request)?;
+    let operator = require_admin(state, &request).await?;
     let id = endpoint_id(raw_id)?;
     if method == Method::DELETE {
         manage::delete(&state.pools.admin, id).await?;
+        let target = id.to_string();
+        record(
+            state,
+            &operator,
+            "endpoint.deleted",
+            &target,
+            Value::Object(Default::default()),
+        )
+        .await;
         return Ok(body::text(
             StatusCode::NO_CONTENT,
             "text/plain",
@@ -166,21 +193,39 @@ pub async fn one(state: &State, request: Request<Incoming>, raw_id: &str) -> Rep
 
 /// `POST /admin/event-endpoints/{id}/rotate-secret`.
 pub async fn rotate(state: &State, request: Request<Incoming>, raw_id: &str) -> Reply {
-    let asked: RotateBody = admin_json(state, request).await?;
+    let (operator, asked): (_, RotateBody) = admin_json(state, request).await?;
     let id = endpoint_id(raw_id)?;
     let overlap = u64::try_from(asked.overlap_seconds)
         .map_err(|_| Problem::invalid("overlap_seconds must not be negative"))?;
     let settings = &state.settings.events;
     let secret = manage::rotate_secret(&state.pools.admin, settings, id, overlap).await?;
+    let detail = serde_json::json!({"overlap_seconds": overlap});
+    record(
+        state,
+        &operator,
+        "endpoint.secret_rotated",
+        &id.to_string(),
+        detail,
+    )
+    .await;
     let answer = serde_json::json!({ "secret": signing::render(&secret) });
     Ok(body::respond(StatusCode::OK, &answer, Caching::Private))
 }
 
 /// `POST /admin/event-endpoints/{id}/replay`.
 pub async fn replay(state: &State, request: Request<Incoming>, raw_id: &str) -> Reply {
-    let asked: ReplayBody = admin_json(state, request).await?;
+    let (operator, asked): (_, ReplayBody) = admin_json(state, request).await?;
     let id = endpoint_id(raw_id)?;
     let view = manage::replay(&state.pools.admin, id, asked.after.as_deref()).await?;
+    let detail = serde_json::json!({"after": asked.after});
+    record(
+        state,
+        &operator,
+        "endpoint.replayed",
+        &id.to_string(),
+        detail,
+    )
+    .await;
     Ok(body::respond(
         StatusCode::OK,
         &View::with_backlog(&view),
@@ -190,7 +235,7 @@ pub async fn replay(state: &State, request: Request<Incoming>, raw_id: &str) -> 
 
 /// `GET /admin/events?after=<cursor>&limit=N`.
 pub async fn feed<B>(state: &State, request: &Request<B>) -> Reply {
-    require_admin(state, request)?;
+    require_admin(state, request).await?;
     let (mut after, mut limit) = (None, None);
     for (key, value) in url::form_urlencoded::parse(request.uri().query().unwrap_or("").as_bytes())
     {

@@ -11,12 +11,18 @@ use http::{HeaderMap, Request};
 use super::State;
 use super::problem::Problem;
 use crate::admission::token::{TokenError, bearer_token, constant_time_eq};
+use crate::operators::{self, Change, Operator};
 
 /// The request header that carries a pass on `POST /v1/deals/{id}/orders`.
 pub const PASS_HEADER: &str = "flashgate-pass";
 
 /// The request header that carries a proof-of-work solution on `POST /v1/deals/{id}/queue`.
 pub const POW_HEADER: &str = "flashgate-pow";
+
+/// The request header that carries a ticket's signed `position_token` back: a re-join
+/// without a new proof of work, and a ticket poll answered from far outside the check-in
+/// window.
+pub const POSITION_HEADER: &str = "flashgate-position";
 
 /// A request header's raw bytes.
 pub(super) fn header<B>(
@@ -56,15 +62,47 @@ pub(super) fn check_ip(
     Ok(state.admission.check_ip(ip)?)
 }
 
-/// Only the configured admin token opens /admin; compared in constant time.
-pub(super) fn require_admin<B>(state: &State, request: &Request<B>) -> Result<(), Problem> {
-    let token = bearer_token(header(request, AUTHORIZATION)).map_err(|error| match error {
+/// Who may use /admin: the static admin token (compared in constant time, while
+/// `auth.admin_token_enabled`), or a provider token holding the operators' role. A valid
+/// token without the role is 403; a token that is not valid is 401.
+pub(super) async fn require_admin<B>(
+    state: &State,
+    request: &Request<B>,
+) -> Result<Operator, Problem> {
+    let authorization = header(request, AUTHORIZATION);
+    let token = bearer_token(authorization).map_err(|error| match error {
         TokenError::WrongScheme => Problem::unauthorized(error.to_string()),
         _ => Problem::unauthorized("admin bearer token required"),
     })?;
-    if constant_time_eq(token, state.settings.auth.admin_token.as_bytes()) {
-        Ok(())
-    } else {
-        Err(Problem::forbidden("this token may not use the admin API"))
+    let auth = &state.settings.auth;
+    if auth.admin_token_enabled && constant_time_eq(token, auth.admin_token.as_bytes()) {
+        return Ok(Operator::admin_token());
     }
+    if state.admission.provider().is_none() {
+        return Err(Problem::forbidden("this token may not use the admin API"));
+    }
+    let identity = state.admission.identify(authorization).await?;
+    if identity.admin {
+        Ok(Operator::named(identity.user.as_str()))
+    } else {
+        Err(Problem::forbidden(
+            "this token does not hold the operators' role",
+        ))
+    }
+}
+
+/// Records an admin change in the operator log, naming who made it.
+pub(super) async fn record(
+    state: &State,
+    who: &Operator,
+    action: &'static str,
+    target: &str,
+    detail: serde_json::Value,
+) {
+    let change = Change {
+        action,
+        target,
+        detail,
+    };
+    operators::record(&state.pools.admin, who, change).await;
 }

@@ -17,6 +17,7 @@ mod front;
 mod guard;
 mod http1;
 mod integer;
+mod operator_log;
 mod ops;
 mod payments;
 pub mod problem;
@@ -24,11 +25,13 @@ mod public;
 mod queue;
 pub mod request_id;
 mod review;
+mod revoked_feed;
 mod router;
 mod routes;
 mod server;
 mod settings;
 mod stream;
+mod traced;
 mod wait_page;
 
 use std::sync::Arc;
@@ -45,6 +48,7 @@ use crate::payments::attempts::InitialAttempt;
 use crate::redis_link::RedisHandle;
 use crate::sale::Sale;
 use crate::store::Pools;
+use crate::telemetry::trace::Tracer;
 
 pub use server::{Listeners, serve, serve_public};
 pub use settings::{HandlerSettings, ServerSettings, WORKER_THREADS_MAX};
@@ -63,6 +67,8 @@ pub struct State {
     /// The application's clock: what every time-dependent rule asks (admission's own copy
     /// is the same clock).
     pub clock: Clock,
+    /// Starts and ends request traces; `None` with tracing off.
+    pub tracer: Option<Tracer>,
     /// False once shutdown has begun, so load balancers stop sending traffic.
     pub ready: AtomicBool,
     /// True once shutdown has begun: every answer closes its connection.
@@ -94,7 +100,9 @@ impl State {
         let clock = admission.clock().clone();
         let client_ip_header = HeaderName::from_bytes(settings.server.client_ip_header.as_bytes())
             .expect("validated: client_ip_header is a header name");
+        let tracer = Tracer::start(&settings.telemetry, clock.clone());
         Arc::new(Self {
+            tracer,
             settings,
             pools,
             redis,

@@ -12,10 +12,11 @@ use serde::{Deserialize, Serialize};
 use super::State;
 use super::admin::{admin_json, deal_reply};
 use super::body::{self, Caching};
-use super::guard::require_admin;
+use super::guard::{record, require_admin};
 use super::problem::Problem;
 use crate::domain::DealId;
 use crate::ops::{audit, pause, rebalance};
+use serde_json::json;
 
 type Reply = Result<Response<Full<Bytes>>, Problem>;
 
@@ -34,9 +35,15 @@ pub async fn set_paused<B>(
     raw_id: &str,
     paused: bool,
 ) -> Reply {
-    require_admin(state, request)?;
+    let operator = require_admin(state, request).await?;
     let id = deal_id(raw_id)?;
     let deal = pause::set_paused(&state.pools.admin, id.as_str(), paused).await?;
+    let action = if paused {
+        "deal.paused"
+    } else {
+        "deal.resumed"
+    };
+    record(state, &operator, action, &deal.id, json!({})).await;
     state
         .admission
         .deals()
@@ -60,12 +67,15 @@ struct RebalanceView<'a> {
 }
 
 pub async fn rebalance(state: &State, request: Request<Incoming>, raw_id: &str) -> Reply {
-    let asked: RebalanceRequest = admin_json(state, request).await?;
+    let (operator, asked): (_, RebalanceRequest) = admin_json(state, request).await?;
     let buckets =
         i32::try_from(asked.buckets).map_err(|_| rebalance::RebalanceError::InvalidCount)?;
     let id = deal_id(raw_id)?;
     let done = rebalance::rebalance(&state.pools.admin, id.as_str(), buckets).await?;
     state.admission.deals().evict(id.as_str());
+    let detail =
+        json!({"buckets_before": done.buckets_before, "buckets_after": done.buckets_after});
+    record(state, &operator, "deal.rebalanced", &done.deal_id, detail).await;
     let view = RebalanceView {
         deal_id: &done.deal_id,
         buckets_before: done.buckets_before,
@@ -77,7 +87,7 @@ pub async fn rebalance(state: &State, request: Request<Incoming>, raw_id: &str) 
 
 /// Runs the audit now, on the admin pool, and publishes its gauges.
 pub async fn audit<B>(state: &State, request: &Request<B>) -> Reply {
-    require_admin(state, request)?;
+    require_admin(state, request).await?;
     let options = state.settings.audit;
     let report = audit::run(&state.pools.admin, Some(&state.redis), options).await?;
     audit::record(&report);

@@ -32,7 +32,7 @@ pub async fn start_payment(
         .headers()
         .get(AUTHORIZATION)
         .map(HeaderValue::as_bytes);
-    let user = state.admission.authenticate(values)?;
+    let user = state.admission.authenticate(values).await?;
     crate::telemetry::record_user(&user);
     let order_id = Uuid::parse_str(raw_id).map_err(|_| Problem::not_found("no such order"))?;
     let key = request

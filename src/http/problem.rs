@@ -278,7 +278,17 @@ impl From<EventError> for Problem {
 
 impl From<TokenError> for Problem {
     fn from(error: TokenError) -> Self {
-        Problem::unauthorized(error.to_string())
+        match error {
+            TokenError::KeysUnavailable {
+                retry_after_seconds,
+            } => Problem::new(
+                Kind::Overloaded,
+                StatusCode::SERVICE_UNAVAILABLE,
+                error.to_string(),
+            )
+            .with_header(RETRY_AFTER, HeaderValue::from(retry_after_seconds)),
+            _ => Problem::unauthorized(error.to_string()),
+        }
     }
 }
 

@@ -91,7 +91,7 @@ struct OrderRequest {
     quantity: i64,
 }
 
-fn authenticate<B>(
+async fn authenticate<B>(
     state: &State,
     peer: SocketAddr,
     request: &Request<B>,
@@ -99,7 +99,8 @@ fn authenticate<B>(
     check_ip(state, peer, request.headers())?;
     let user = state
         .admission
-        .authenticate(header(request, AUTHORIZATION))?;
+        .authenticate(header(request, AUTHORIZATION))
+        .await?;
     crate::telemetry::record_user(&user);
     Ok(user)
 }
@@ -199,7 +200,7 @@ pub async fn get_order(
     request: &Request<Incoming>,
     raw_id: &str,
 ) -> Reply {
-    let user = authenticate(state, peer, request)?;
+    let user = authenticate(state, peer, request).await?;
     let order_id = parse_order_id(raw_id)?;
     let found = state.sale.order(&user, order_id).await?;
     Ok(body::respond(
@@ -215,7 +216,7 @@ pub async fn cancel_order(
     request: &Request<Incoming>,
     raw_id: &str,
 ) -> Reply {
-    let user = authenticate(state, peer, request)?;
+    let user = authenticate(state, peer, request).await?;
     let order_id = parse_order_id(raw_id)?;
     let order = state.sale.cancel(&user, order_id).await?;
     Ok(body::respond(

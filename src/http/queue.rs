@@ -3,17 +3,19 @@
 //! revocation.
 //!
 //! Polls are answered from Redis and the in-memory deal cache, never from PostgreSQL. The
-//! public line status is the same for everyone: each instance reads it from Redis at most
-//! once per `line_state_refresh_ms`, and a CDN may cache it for a second. Ticket answers are
-//! personal (`private, no-store`, `Vary: Authorization`) and carry the ticket's signed
-//! position, so a client reads the public status until the line comes within
-//! `checkin_window_tickets` of it, and polls its ticket only then.
+//! public line status is the same for everyone at the same distance from the front: each
+//! instance reads it from Redis at most once per `line_state_refresh_ms`, and a CDN may
+//! cache it for a second. Ticket answers are personal (`private, no-store`,
+//! `Vary: Authorization`) and carry the ticket's signed position, so a client reads the
+//! public status until the line comes within `checkin_window_tickets` of it, and polls its
+//! ticket only then; a poll that shows the signed position from far outside the window is
+//! answered from memory (`waiting_room::follow`).
 
 use std::net::SocketAddr;
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use http::header::{AUTHORIZATION, HeaderValue, VARY};
+use http::header::{AUTHORIZATION, HeaderValue, RETRY_AFTER, VARY};
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -21,11 +23,12 @@ use serde::{Deserialize, Serialize};
 
 use super::State;
 use super::body::{self, Caching};
-use super::guard::{POW_HEADER, check_ip, require_admin};
+use super::guard::{POSITION_HEADER, POW_HEADER, check_ip, header, record, require_admin};
 use super::problem::Problem;
-use crate::deals::{AdmissionMode, Deal, WaitingRoomTerms, Window};
+use crate::deals::{Deal, WaitingRoomTerms, Window};
 use crate::domain::{DealId, UserId};
-use crate::waiting_room::{QueueError, TicketState, TicketStatus};
+use crate::waiting_room::follow::{self, Far};
+use crate::waiting_room::{Position, QueueError, TicketState, TicketStatus};
 
 type Reply = Result<Response<Full<Bytes>>, Problem>;
 
@@ -68,6 +71,10 @@ struct TicketView<'a> {
     /// Where an admitted buyer goes to order (the deal's checkout URL), when configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     checkout_url: Option<&'a str>,
+    /// False for a poll answered from far outside the check-in window (from the signed
+    /// position and the line in memory): not recorded as a sign of life; come back after
+    /// `refresh_after_seconds`.
+    checked_in: bool,
 }
 
 #[derive(Serialize)]
@@ -95,8 +102,9 @@ struct LineView {
     prequeue_size: Option<u64>,
     /// A ticket whose position is at most this far past `admitted_through` checks in.
     checkin_window_tickets: u64,
-    /// How often a waiting client reads this state again.
-    refresh_after_seconds: u32,
+    /// How long a client `behind` tickets from the front (the query parameter; 0 when
+    /// absent) waits before reading this state again: longer the further back it is.
+    refresh_after_seconds: u64,
     /// Units of the last stock snapshot not promised to an outstanding pass.
     #[serde(skip_serializing_if = "Option::is_none")]
     units_left: Option<u64>,
@@ -132,10 +140,10 @@ async fn deal_with_room(state: &State, raw_id: &str) -> Result<std::sync::Arc<De
     Ok(deal)
 }
 
-fn user<B>(state: &State, peer: SocketAddr, request: &Request<B>) -> Result<UserId, Problem> {
+async fn user<B>(state: &State, peer: SocketAddr, request: &Request<B>) -> Result<UserId, Problem> {
     check_ip(state, peer, request.headers())?;
     let authorization = request.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
-    let user = state.admission.authenticate(authorization)?;
+    let user = state.admission.authenticate(authorization).await?;
     crate::telemetry::record_user(&user);
     Ok(user)
 }
@@ -147,7 +155,7 @@ pub async fn join(
     request: &Request<Incoming>,
     raw_id: &str,
 ) -> Reply {
-    let user = user(state, peer, request)?;
+    let user = user(state, peer, request).await?;
     let deal = deal_with_room(state, raw_id).await?;
     let now = state.clock.now();
     if deal.window(now) == Window::Ended {
@@ -157,8 +165,9 @@ pub async fn join(
         return Err(sale_not_open("the waiting room is not open yet"));
     }
     let room = state.admission.waiting_room();
-    let solution = request.headers().get(POW_HEADER).map(|v| v.as_bytes());
-    let status = room.join(&deal, user.as_str(), solution).await?;
+    let solution = header(request, POW_HEADER);
+    let position = header(request, POSITION_HEADER);
+    let status = room.join(&deal, user.as_str(), solution, position).await?;
     Ok(ticket_reply(
         state,
         &deal,
@@ -176,7 +185,7 @@ pub async fn poll(
     raw_id: &str,
     ticket: &str,
 ) -> Reply {
-    let user = user(state, peer, request)?;
+    let user = user(state, peer, request).await?;
     let deal = deal_with_room(state, raw_id).await?;
     if ticket.is_empty()
         || ticket.len() > TICKET_BYTES_MAX
@@ -185,11 +194,104 @@ pub async fn poll(
         return Err(Problem::not_found("no such ticket"));
     }
     let room = state.admission.waiting_room();
+    if let Some(shown) = shown_position(state, &deal, &user, ticket, request)? {
+        let far = room.far(&deal.id, &deal.waiting_room, &shown).await?;
+        if let Some(far) = far {
+            return Ok(far_reply(state, &deal, &shown, &far, request));
+        }
+    }
     let status = room
         .poll(&deal.id, user.as_str(), ticket)
         .await?
         .ok_or_else(|| Problem::not_found("no such ticket"))?;
     Ok(ticket_reply(state, &deal, &user, &status, StatusCode::OK))
+}
+
+/// The position the poll shows in `Flashgate-Position`, verified in memory; a token that
+/// does not verify for this user's `ticket` is refused before anything touches Redis.
+fn shown_position(
+    state: &State,
+    deal: &Deal,
+    user: &UserId,
+    ticket: &str,
+    request: &Request<Incoming>,
+) -> Result<Option<Position>, Problem> {
+    let Some(token) = header(request, POSITION_HEADER) else {
+        return Ok(None);
+    };
+    let positions = state.admission.waiting_room().positions();
+    let shown = positions
+        .verify(token, &deal.id, user.as_str())
+        .map_err(|error| Problem::forbidden(error.to_string()))?;
+    if shown.ticket != ticket {
+        return Err(Problem::forbidden(
+            "the position token is for another ticket, deal or user",
+        ));
+    }
+    Ok(Some(shown))
+}
+
+/// A poll from far outside the check-in window: the ticket as the signed position and the
+/// line in memory show it, and when to come back (also as `Retry-After`).
+fn far_reply(
+    state: &State,
+    deal: &Deal,
+    shown: &Position,
+    far: &Far,
+    request: &Request<Incoming>,
+) -> Response<Full<Bytes>> {
+    let terms = &deal.waiting_room;
+    let room = state.admission.waiting_room();
+    let sold_out = far.line.sold_out || state.admission.sold_out().is_sold_out(&deal.id);
+    let ahead = far.behind.saturating_sub(1);
+    let units_left = far.line.units_left.filter(|_| !sold_out);
+    let refresh = follow_refresh(state, deal, far.behind);
+    let view = TicketView {
+        ticket: &shown.ticket,
+        position: shown.position,
+        position_token: String::from_utf8_lossy(
+            header(request, POSITION_HEADER).unwrap_or_default(),
+        )
+        .into_owned(),
+        position_final: shown.is_final,
+        checkin_window_tickets: room.checkin_window_tickets(terms),
+        admitted_through: far.line.admitted_through,
+        ahead,
+        estimated_wait_seconds: if sold_out {
+            0
+        } else {
+            wait_seconds(ahead, far.line.outflow_per_second, terms)
+        },
+        state: if sold_out { "sold_out" } else { "waiting" },
+        pass: None,
+        pass_expires_at: None,
+        pass_expires_in_ms: None,
+        refresh_after_seconds: refresh,
+        units_left,
+        chance_of_units: units_left.map(|left| (left as f64 / far.behind as f64).min(1.0)),
+        likely_sold_out: sold_out || units_left.is_some_and(|left| ahead >= left),
+        checkout_url: None,
+        checked_in: false,
+    };
+    let mut response = body::respond(StatusCode::OK, &view, Caching::Private);
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(refresh));
+    response
+}
+
+/// How long a client `behind` tickets from the front waits before it reads the line again.
+fn follow_refresh(state: &State, deal: &Deal, behind: u64) -> u64 {
+    let terms = &deal.waiting_room;
+    let settings = &state.settings.waiting_room;
+    let min = u64::from(state.settings.server.public_cache_max_age_seconds.max(1));
+    follow::refresh_seconds(
+        behind,
+        state.admission.waiting_room().checkin_window_tickets(terms),
+        follow::fastest_per_second(terms),
+        min,
+        settings.follow_refresh_seconds_max,
+    )
 }
 
 /// `GET /v1/deals/{id}/queue`: the public line, cacheable for about a second.
@@ -200,13 +302,15 @@ pub async fn line(
     raw_id: &str,
 ) -> Reply {
     check_ip(state, peer, request.headers())?;
+    let behind = behind(request.uri().query())?;
     let deal = deal_with_room(state, raw_id).await?;
-    let line = state.admission.waiting_room().line(&deal.id).await?;
+    let room = state.admission.waiting_room();
+    let line = room.line(&deal.id).await?;
     let sold_out = line.sold_out || state.admission.sold_out().is_sold_out(&deal.id);
     let max_age = state.settings.server.public_cache_max_age_seconds;
     let view = LineView {
-        checkin_window_tickets: checkin_window_tickets(state, &deal),
-        refresh_after_seconds: max_age.max(1),
+        checkin_window_tickets: room.checkin_window_tickets(&deal.waiting_room),
+        refresh_after_seconds: follow_refresh(state, &deal, behind),
         units_left: line.units_left.filter(|_| !sold_out),
         admitted_through: line.admitted_through,
         waiting: line.waiting,
@@ -227,6 +331,28 @@ pub async fn line(
     ))
 }
 
+/// Largest `behind` the public state takes (2^40 tickets).
+const BEHIND_MAX: u64 = 1 << 40;
+
+/// The `behind` query parameter of the public state: 0 or a power of two up to
+/// `BEHIND_MAX` (a client rounds its distance down to one), so an edge caches a few dozen
+/// answers per line rather than one per position.
+fn behind(query: Option<&str>) -> Result<u64, Problem> {
+    let Some(query) = query.filter(|q| !q.is_empty()) else {
+        return Ok(0);
+    };
+    let refused =
+        || Problem::invalid("the only query parameter is behind: 0 or a power of two up to 2^40");
+    let value = query.strip_prefix("behind=").ok_or_else(refused)?;
+    let behind = value.parse::<u64>().map_err(|_| refused())?;
+    // One spelling per value (no leading zeros, no repeats), so no query busts a cache.
+    let canonical = value == behind.to_string();
+    if !canonical || behind > BEHIND_MAX || (behind != 0 && !behind.is_power_of_two()) {
+        return Err(refused());
+    }
+    Ok(behind)
+}
+
 /// Seconds until `ahead + 1` tickets are admitted at the current outflow (the deal's
 /// `admit_per_second` before the advancer published one), so the promise moves with it.
 fn wait_seconds(ahead: u64, outflow: Option<f64>, terms: &WaitingRoomTerms) -> u64 {
@@ -239,19 +365,6 @@ fn wait_seconds(ahead: u64, outflow: Option<f64>, terms: &WaitingRoomTerms) -> u
 /// An outflow as shown: two decimals are all a person reads.
 pub(super) fn round_rate(rate: f64) -> f64 {
     (rate * 100.0).round() / 100.0
-}
-
-/// The tickets the line passes in `checkin_window_seconds` at the fastest rate it may move:
-/// the deal's `admit_per_second`, or an adaptive line's `max_per_second`, so a climb of the
-/// outflow never brings a turn before the ticket checked in.
-fn checkin_window_tickets(state: &State, deal: &Deal) -> u64 {
-    let terms = &deal.waiting_room;
-    let fastest = match terms.admission.mode {
-        AdmissionMode::Fixed => terms.admit_per_second,
-        AdmissionMode::Adaptive => terms.admission.max_per_second,
-    };
-    let rate = u64::try_from(fastest).unwrap_or(1).max(1);
-    rate.saturating_mul(state.settings.waiting_room.checkin_window_seconds)
 }
 
 fn sale_not_open(detail: &str) -> Problem {
@@ -284,6 +397,7 @@ fn ticket_reply(
     let refresh_max = state.settings.waiting_room.refresh_after_seconds_max.max(1);
     let refresh = (wait / 4).clamp(1, refresh_max);
     let room = state.admission.waiting_room();
+    let window = room.checkin_window_tickets(terms);
     let admitted = ticket_state == TicketState::Admitted;
     let expires_s = status.pass_expires_ms.div_euclid(1000);
     let pass = admitted.then(|| {
@@ -297,6 +411,7 @@ fn ticket_reply(
         units_left.is_some_and(|left| status.ahead >= left) || ticket_state == TicketState::SoldOut;
     let position_token = room.positions().sign(
         &deal.id,
+        user.as_str(),
         &status.ticket,
         status.position,
         status.position_final,
@@ -306,7 +421,7 @@ fn ticket_reply(
         position: status.position,
         position_token,
         position_final: status.position_final,
-        checkin_window_tickets: checkin_window_tickets(state, deal),
+        checkin_window_tickets: window,
         admitted_through: status.admitted_through,
         ahead: status.ahead,
         estimated_wait_seconds: wait,
@@ -321,6 +436,7 @@ fn ticket_reply(
         chance_of_units: chance,
         likely_sold_out,
         checkout_url: terms.checkout_url.as_deref().filter(|_| admitted),
+        checked_in: true,
     };
     let mut response = body::respond(code, &view, Caching::Private);
     response
@@ -336,7 +452,7 @@ pub async fn challenge(
     request: &Request<Incoming>,
     raw_id: &str,
 ) -> Reply {
-    let user = user(state, peer, request)?;
+    let user = user(state, peer, request).await?;
     let deal = deal_with_room(state, raw_id).await?;
     let room = state.admission.waiting_room();
     let challenge = room.challenge(&deal, user.as_str()).await?;
@@ -384,7 +500,7 @@ struct RevokeView {
 /// `POST /admin/deals/{id}/queue/revoke`: ends a user's session on the line; their pass
 /// stops working on every instance within `revocation_poll_ms`.
 pub async fn revoke(state: &State, request: Request<Incoming>, raw_id: &str) -> Reply {
-    require_admin(state, &request)?;
+    let operator = require_admin(state, &request).await?;
     let deal = deal_with_room(state, raw_id).await?;
     let (_, bytes) = body::split(request, &state.settings.server).await?;
     let asked: RevokeRequest = body::json(&bytes)?;
@@ -392,6 +508,8 @@ pub async fn revoke(state: &State, request: Request<Incoming>, raw_id: &str) -> 
         .map_err(|_| Problem::invalid("user_id must be a user id"))?;
     let room = state.admission.waiting_room();
     let ticket = room.revoke(&deal.id, user.as_str()).await?;
+    let detail = serde_json::json!({"user_id": user.as_str()});
+    record(state, &operator, "queue.revoked", &deal.id, detail).await;
     let view = RevokeView {
         deal_id: deal.id.clone(),
         user_id: user.as_str().to_owned(),
@@ -415,5 +533,25 @@ mod tests {
         assert_eq!(wait_seconds(199, Some(25.0), &terms), 8);
         assert_eq!(wait_seconds(0, Some(0.5), &terms), 2);
         assert_eq!(wait_seconds(9, Some(0.0), &terms), 10_000);
+    }
+
+    #[test]
+    fn behind_takes_one_spelling_of_a_power_of_two() {
+        assert_eq!(behind(None).ok(), Some(0));
+        assert_eq!(behind(Some("")).ok(), Some(0));
+        assert_eq!(behind(Some("behind=0")).ok(), Some(0));
+        assert_eq!(behind(Some("behind=1024")).ok(), Some(1024));
+        assert_eq!(behind(Some("behind=1099511627776")).ok(), Some(BEHIND_MAX));
+        for refused in [
+            "behind=3",
+            "behind=0004",
+            "behind=+4",
+            "behind=4&behind=8",
+            "behind=2199023255552",
+            "other=1",
+            "behind=",
+        ] {
+            assert!(behind(Some(refused)).is_err(), "{refused}");
+        }
     }
 }

@@ -9,8 +9,9 @@ use uuid::Uuid;
 
 use super::State;
 use super::body::{self, Caching};
-use super::guard::require_admin;
+use super::guard::{record, require_admin};
 use super::problem::Problem;
+use crate::operators::Operator;
 use crate::payments::review::{self, ReviewItem, ReviewOutcome};
 
 type Reply = Result<Response<Full<Bytes>>, Problem>;
@@ -31,7 +32,7 @@ struct Settled {
 
 /// `GET /admin/payments/review`.
 pub async fn list<B>(state: &State, request: &Request<B>) -> Reply {
-    require_admin(state, request)?;
+    require_admin(state, request).await?;
     let orders = review::list(&state.pools.admin, LIST_MAX).await?;
     Ok(body::respond(
         StatusCode::OK,
@@ -42,16 +43,37 @@ pub async fn list<B>(state: &State, request: &Request<B>) -> Reply {
 
 /// `POST /admin/orders/{id}/review/fulfil`.
 pub async fn fulfil<B>(state: &State, request: &Request<B>, raw_id: &str) -> Reply {
-    require_admin(state, request)?;
+    let operator = require_admin(state, request).await?;
     let id = order_id(raw_id)?;
-    answer(id, review::fulfil(&state.pools.admin, id).await?)
+    let outcome = review::fulfil(&state.pools.admin, id).await?;
+    decided(state, &operator, id, "review.fulfilled", &outcome).await;
+    answer(id, outcome)
 }
 
 /// `POST /admin/orders/{id}/review/refund`.
 pub async fn refund<B>(state: &State, request: &Request<B>, raw_id: &str) -> Reply {
-    require_admin(state, request)?;
+    let operator = require_admin(state, request).await?;
     let id = order_id(raw_id)?;
-    answer(id, review::refund(&state.pools.admin, id).await?)
+    let outcome = review::refund(&state.pools.admin, id).await?;
+    decided(state, &operator, id, "review.refunded", &outcome).await;
+    answer(id, outcome)
+}
+
+/// Records a review decision that changed the order (a refusal changed nothing).
+async fn decided(
+    state: &State,
+    operator: &Operator,
+    order_id: Uuid,
+    action: &'static str,
+    outcome: &ReviewOutcome,
+) {
+    if matches!(
+        outcome,
+        ReviewOutcome::Fulfilled | ReviewOutcome::RefundQueued
+    ) {
+        let target = order_id.to_string();
+        record(state, operator, action, &target, serde_json::json!({})).await;
+    }
 }
 
 fn order_id(raw: &str) -> Result<Uuid, Problem> {

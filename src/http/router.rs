@@ -18,11 +18,15 @@ use super::guard::Headers;
 use super::problem::Problem;
 use super::request_id::{self, RequestId};
 use super::routes::{Face, Route};
-use super::{State, admin, events, ops, payments, public, queue, review, wait_page};
+use super::{
+    State, admin, events, operator_log, ops, payments, public, queue, review, revoked_feed, traced,
+    wait_page,
+};
 use crate::admission::SoldOutChecked;
 use crate::clock::{elapsed_since, monotonic};
 use crate::domain::DealId;
 use crate::telemetry;
+use crate::telemetry::trace::{Trace, Tracer};
 
 /// What the first stage of a request decided: an answer (every refusal that memory
 /// decides, as a flood gets), or the request and what is known of it, to be served by a
@@ -48,6 +52,8 @@ pub struct Waiting {
     span: Span,
     request: Request<Incoming>,
     work: Work,
+    /// The request's trace, when tracing is on.
+    trace: Option<Trace>,
 }
 
 impl Waiting {
@@ -100,6 +106,9 @@ pub fn begin(
                 Err(problem) => {
                     let answered = Answered::new(Err(problem), started, &id, template);
                     let (response, at) = answered.complete(state, &span);
+                    let elapsed = at.saturating_duration_since(started);
+                    let status = response.status();
+                    traced::refusal(state, request.headers(), &id, template, status, elapsed);
                     let body = request.into_body();
                     return Begun::Answered { response, at, body };
                 }
@@ -107,6 +116,7 @@ pub fn begin(
         }
         _ => Work::Route(face),
     };
+    let trace = traced::begin(state, request.headers(), &span);
     Begun::Waits(Box::new(Waiting {
         started,
         id,
@@ -114,6 +124,7 @@ pub fn begin(
         span,
         request,
         work,
+        trace,
     }))
 }
 
@@ -155,6 +166,7 @@ pub fn begin_front(
     let (status, slug) = (problem.status(), problem.slug());
     problem.write_http1(&id, date, out);
     let elapsed = elapsed_since(started);
+    traced::refusal(state, headers, &id, route.template(), status, elapsed);
     span.record("outcome", slug);
     span.record("latency_ms", elapsed.as_secs_f64() * 1000.0);
     tracing::debug!(parent: &span, status = status.as_u16(), "answered");
@@ -176,15 +188,33 @@ pub async fn finish(
         span,
         request,
         work,
+        trace,
     } = *waiting;
     let timeout = Duration::from_millis(state.settings.server.request_timeout_ms);
-    let serving = std::pin::pin!(serve(state, peer, request, work).instrument(span.clone()));
-    let reply = in_time(timeout, serving)
-        .await
-        .unwrap_or_else(|_| Err(Problem::overloaded("the request took too long")));
-    Answered::new(reply, started, &id, template)
-        .complete(state, &span)
-        .0
+    let method = request.method().clone();
+    let serving = serve(state, peer, request, work).instrument(span.clone());
+    let reply = match &trace {
+        None => in_time(timeout, std::pin::pin!(serving)).await,
+        Some(trace) => {
+            let scoped = Tracer::within(trace.clone(), serving);
+            in_time(timeout, std::pin::pin!(scoped)).await
+        }
+    };
+    let reply = reply.unwrap_or_else(|_| Err(Problem::overloaded("the request took too long")));
+    let (response, at) = Answered::new(reply, started, &id, template).complete(state, &span);
+    if let Some(trace) = &trace {
+        let elapsed = at.saturating_duration_since(started);
+        traced::end(
+            state,
+            trace,
+            &method,
+            template,
+            &id,
+            response.status(),
+            elapsed,
+        );
+    }
+    response
 }
 
 async fn serve(
@@ -286,6 +316,7 @@ fn request_span(id: &RequestId, route: &Route<'_>) -> Span {
         user = tracing::field::Empty,
         outcome = tracing::field::Empty,
         latency_ms = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
     );
     if !span.is_disabled()
         && let Some(deal) = route.deal_id().filter(|raw| DealId::parse(raw).is_ok())
@@ -325,7 +356,7 @@ async fn dispatch(
     match route {
         Route::Healthz => Ok(admin::healthz()),
         Route::Readyz => Ok(Box::pin(admin::readyz(state)).await),
-        Route::Metrics => Ok(admin::metrics(state)),
+        Route::Metrics => Ok(admin::metrics(state, request.headers())),
         Route::GetDeal(id) => Box::pin(public::get_deal(state, peer, &request, id)).await,
         Route::PlaceOrder(id) => {
             let deal_id = public::check_order(state, peer, request.headers(), id)?;
@@ -351,9 +382,11 @@ async fn dispatch(
         Route::ResumeDeal(id) => Box::pin(ops::set_paused(state, &request, id, false)).await,
         Route::Rebalance(id) => Box::pin(ops::rebalance(state, request, id)).await,
         Route::Audit => Box::pin(ops::audit(state, &request)).await,
+        Route::OperatorLog => Box::pin(operator_log::list(state, &request)).await,
         Route::OpenApi => Ok(ops::openapi()),
         Route::QueueChallenge(id) => Box::pin(queue::challenge(state, peer, &request, id)).await,
         Route::PassKeys => queue::keys(state),
+        Route::RevokedPasses => Ok(revoked_feed::feed(state)),
         Route::RevokeQueue(id) => Box::pin(queue::revoke(state, request, id)).await,
         Route::WaitPage(id) => wait_page::page(state, id),
         Route::ReviewQueue => Box::pin(review::list(state, &request)).await,

@@ -39,9 +39,11 @@ pub enum Route<'a> {
     ResumeDeal(&'a str),
     Rebalance(&'a str),
     Audit,
+    OperatorLog,
     OpenApi,
     QueueChallenge(&'a str),
     PassKeys,
+    RevokedPasses,
     RevokeQueue(&'a str),
     WaitPage(&'a str),
     ReviewQueue,
@@ -99,6 +101,11 @@ impl<'a> Route<'a> {
                 "/.well-known/flashgate-keys.json",
                 "GET, HEAD",
                 Route::PassKeys,
+            ),
+            [".well-known", "flashgate-revoked.json"] => (
+                "/.well-known/flashgate-revoked.json",
+                "GET, HEAD",
+                Route::RevokedPasses,
             ),
             ["wait", id] => ("/wait/{deal_id}", "GET, HEAD", Route::WaitPage(id)),
             ["admin", "deals", id, "queue", "revoke"] => (
@@ -174,6 +181,7 @@ impl<'a> Route<'a> {
                 ("/admin/deals/{id}/rebalance", "POST", Route::Rebalance(id))
             }
             ["admin", "audit"] => ("/admin/audit", "GET, HEAD", Route::Audit),
+            ["admin", "operator-log"] => ("/admin/operator-log", "GET, HEAD", Route::OperatorLog),
             ["admin", "payments", "review"] => {
                 ("/admin/payments/review", "GET, HEAD", Route::ReviewQueue)
             }
@@ -255,9 +263,11 @@ impl<'a> Route<'a> {
             Route::ResumeDeal(_) => "/admin/deals/{id}/resume",
             Route::Rebalance(_) => "/admin/deals/{id}/rebalance",
             Route::Audit => "/admin/audit",
+            Route::OperatorLog => "/admin/operator-log",
             Route::OpenApi => "/openapi.json",
             Route::QueueChallenge(_) => "/v1/deals/{id}/queue/challenge",
             Route::PassKeys => "/.well-known/flashgate-keys.json",
+            Route::RevokedPasses => "/.well-known/flashgate-revoked.json",
             Route::RevokeQueue(_) => "/admin/deals/{id}/queue/revoke",
             Route::WaitPage(_) => "/wait/{deal_id}",
             Route::ReviewQueue => "/admin/payments/review",

@@ -160,6 +160,8 @@ pub struct HandlerSettings {
     pub waiting_room: WaitingRoomSettings,
     /// How the audit behind the admin API runs.
     pub audit: audit::Options,
+    /// Where request traces go, and which are kept.
+    pub telemetry: crate::telemetry::TelemetrySettings,
     /// Endpoint URL checks, rotation overlap and page limits of the events' admin API.
     pub events: EventSettings,
 }

@@ -15,6 +15,7 @@ use crate::deals::{
 };
 use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};
 use crate::inventory;
+use crate::operators::{self, Change, Operator};
 use crate::redis_link::{RedisHandle, RedisSettings};
 use crate::store::{DatabaseSettings, Pools};
 use crate::waiting_room::{WaitingRoom, WaitingRoomSettings};
@@ -271,9 +272,68 @@ fn print(value: &impl Serialize) -> Result<(), String> {
 /// Runs one `flashgate deals …` command.
 pub async fn deals(settings: &CliSettings, command: DealsCommand) -> Result<(), String> {
     let pool = admin_pool(settings).await?;
+    let change = change_of(&command);
     let outcome = run_deals(settings, &pool, command).await;
+    if let (Ok(()), Some((action, target, detail))) = (&outcome, change) {
+        let change = Change {
+            action,
+            target: &target,
+            detail,
+        };
+        operators::record(&pool, &Operator::command_line(), change).await;
+    }
     pool.close().await;
     outcome
+}
+
+/// What a command changes, for the operator log: nothing for the readers.
+fn change_of(command: &DealsCommand) -> Option<(&'static str, String, serde_json::Value)> {
+    use serde_json::json;
+    let (action, id, detail) = match command {
+        DealsCommand::List | DealsCommand::Show { .. } => return None,
+        DealsCommand::Create(args) => (
+            "deal.created",
+            &args.id,
+            json!({"name": args.name, "stock": args.stock}),
+        ),
+        DealsCommand::Stock { id, delta } => ("deal.stock_adjusted", id, json!({"delta": delta})),
+        DealsCommand::Pause { id } => ("deal.paused", id, json!({})),
+        DealsCommand::Resume { id } => ("deal.resumed", id, json!({})),
+        DealsCommand::DrainQueue { id } => ("queue.drained", id, json!({})),
+        DealsCommand::Admission {
+            id,
+            mode,
+            admit_per_second,
+        } => (
+            "deal.admission_set",
+            id,
+            json!({"mode": mode, "admit_per_second": admit_per_second}),
+        ),
+        DealsCommand::Rebalance { id, buckets } => {
+            ("deal.rebalanced", id, json!({"buckets_after": buckets}))
+        }
+    };
+    Some((action, id.clone(), detail))
+}
+
+/// `flashgate operator-log`: a page of the operator log, as `GET /admin/operator-log`.
+pub async fn operator_log(
+    settings: &CliSettings,
+    after: Option<String>,
+    limit: i64,
+) -> Result<(), String> {
+    let after = match after.as_deref() {
+        None => 0,
+        Some(raw) => operators::parse_cursor(raw)
+            .ok_or("--after must be a cursor printed as `next` by an earlier page")?,
+    };
+    if !(1..=operators::PAGE_ENTRIES_MAX).contains(&limit) {
+        return Err(format!("--limit must be 1-{}", operators::PAGE_ENTRIES_MAX));
+    }
+    let pool = admin_pool(settings).await?;
+    let page = operators::page(&pool, after, limit).await;
+    pool.close().await;
+    print(&page.map_err(|e| e.to_string())?)
 }
 
 fn connect_redis(settings: &CliSettings) -> RedisHandle {

@@ -16,6 +16,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicUsize, Ordering};
+use std::time::Instant;
 
 use dashmap::DashMap;
 use sqlx::PgPool;
@@ -30,6 +31,7 @@ use crate::domain::{IdempotencyKey, UserId};
 use crate::inventory::{self, StockEvents};
 use crate::store::StoreError;
 use crate::telemetry;
+use crate::telemetry::trace::{self, Finished, Kind, Trace};
 
 /// How orders are batched.
 #[derive(Debug, Clone, Copy)]
@@ -54,6 +56,8 @@ struct Job {
     deal: Arc<Deal>,
     request: Request,
     reply: oneshot::Sender<Result<Placed, OrderError>>,
+    /// The request's trace, which the batch records its spans into.
+    trace: Option<Trace>,
 }
 
 /// What the lanes of one deal share.
@@ -148,6 +152,7 @@ impl Engine {
             deal: admitted.deal,
             request,
             reply,
+            trace: trace::current(),
         };
         if queue.send(job).await.is_err() {
             return Err(batch::unexpected("the deal's lanes stopped"));
@@ -181,6 +186,47 @@ impl Engine {
             })
             .clone()
     }
+}
+
+/// The batch's spans in a traced request's trace: the batch (its size and lane) and,
+/// below it, its PostgreSQL statement.
+fn record_spans(
+    trace: &Trace,
+    lane: usize,
+    size: usize,
+    began: Instant,
+    placed: Instant,
+    failed: bool,
+) {
+    let batch = trace.record(Finished {
+        id: [0; 8],
+        name: "reservation batch",
+        kind: Kind::Internal,
+        parent: trace.root(),
+        start: began,
+        end: placed,
+        attributes: vec![
+            ("flashgate.batch.size", trace::Value::Int(size as i64)),
+            ("flashgate.batch.lane", trace::Value::Int(lane as i64)),
+        ],
+        error: failed,
+    });
+    trace.record(Finished {
+        id: [0; 8],
+        name: "postgresql orders_place_batch",
+        kind: Kind::Client,
+        parent: batch,
+        start: began,
+        end: placed,
+        attributes: vec![
+            ("db.system.name", trace::Value::from("postgresql")),
+            (
+                "db.operation.name",
+                trace::Value::from("orders_place_batch"),
+            ),
+        ],
+        error: failed,
+    });
 }
 
 /// One lane: takes everything queued (up to the limit), places it, answers, repeats.
@@ -259,11 +305,17 @@ async fn run_batch(
     record_size(size);
     let (pool, retries_max) = (context.pool.clone(), context.settings.retries_max);
     let placing = deal.clone();
+    let began = crate::clock::monotonic();
     // Its own task, so a broken invariant (a panic) fails this batch, not the lane.
     let outcome = tokio::spawn(async move {
         place_retrying(&pool, &placing, &requests, &options, retries_max).await
     })
     .await;
+    let placed = crate::clock::monotonic();
+    let broke = !matches!(outcome, Ok(Ok(_)));
+    for trace in jobs.iter().filter_map(|job| job.trace.as_ref()) {
+        record_spans(trace, lane, size, began, placed, broke);
+    }
     let (results, ran_out) = match outcome {
         Ok(Ok(batch)) => {
             if batch.rechecked {

@@ -20,6 +20,7 @@ use super::provider::*;
 use super::signature;
 use crate::clock::{Clock, monotonic};
 use crate::telemetry;
+use crate::telemetry::trace;
 
 pub struct HttpProvider {
     name: String,
@@ -107,6 +108,8 @@ impl HttpProvider {
         body: Option<Value>,
     ) -> Result<Value, ProviderError> {
         let started = monotonic();
+        let mut span = trace::span("payment provider", trace::Kind::Client);
+        span.attribute("flashgate.provider.operation", || op);
         let mut attempt = 0;
         let outcome = loop {
             match self
@@ -125,6 +128,7 @@ impl HttpProvider {
         if let Err(error) = &outcome {
             metrics::counter!(telemetry::PROVIDER_ERRORS, "op" => op, "kind" => error.label())
                 .increment(1);
+            span.failed();
         }
         outcome
     }

@@ -24,6 +24,7 @@ use crate::payments::Payments;
 use crate::payments::attempts::{self, Attempt};
 use crate::payments::webhook::Received;
 use crate::store::Pools;
+use crate::telemetry::trace;
 use crate::waiting_room::health::Served;
 
 pub use error::SaleError;
@@ -97,7 +98,8 @@ impl Sale {
         // Admission does not depend on the quantity: a quantity out of range is refused
         // after it, so that its key check is held to the same limits.
         let asked = request.quantity.as_ref().map_or(Quantity::ONE, |q| *q);
-        let mut admitted = self
+        let mut span = trace::span("admission", trace::Kind::Internal);
+        let decided = self
             .admission
             .admit_order(
                 self.pool(),
@@ -106,7 +108,13 @@ impl Sale {
                 request.pass,
                 asked,
             )
-            .await?;
+            .await;
+        span.attribute("flashgate.admission", || match &decided {
+            Ok(_) => "admitted",
+            Err(rejection) => rejection.reason(),
+        });
+        drop(span);
+        let mut admitted = decided?;
         crate::telemetry::record_user(&admitted.user);
         admitted.quantity = match request.quantity {
             Ok(quantity) => quantity,

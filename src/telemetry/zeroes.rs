@@ -6,8 +6,8 @@
 
 use super::{
     AUDIT_RUNS, CONNECTIONS_REFUSED, DB_POOL_TIMEOUTS, DB_RETRIES, GROUPED_ORDERS, HTTP_REQUESTS,
-    ORDERS_EXPIRED, REDIS_ERRORS, RESERVATION_BATCHES_RECHECKED, SWEEPER_RUNS,
-    WAITING_ROOM_LINE_READS, WAITING_ROOM_REVOKED,
+    OIDC_JWKS_FETCHES, OIDC_KEYS, ORDERS_EXPIRED, REDIS_ERRORS, RESERVATION_BATCHES_RECHECKED,
+    SWEEPER_RUNS, WAITING_ROOM_LINE_READS, WAITING_ROOM_REVOKED,
 };
 
 /// Routes on the buyer's path whose 5xx answers are exported at zero from the start, so
@@ -48,6 +48,10 @@ pub(super) fn export() {
         }
     }
     metrics::counter!(DB_RETRIES, "operation" => "reservation").increment(0);
+    for outcome in ["ok", "error"] {
+        metrics::counter!(OIDC_JWKS_FETCHES, "outcome" => outcome).increment(0);
+    }
+    metrics::gauge!(OIDC_KEYS).set(0.0);
     for source in ["memory", "redis"] {
         metrics::counter!(WAITING_ROOM_LINE_READS, "source" => source).increment(0);
     }

@@ -20,13 +20,20 @@
 //! Without Redis, tickets cannot be taken or polled (503) and the line stands still; orders
 //! on deals with a waiting room still need a valid pass, so nobody skips the line.
 //!
+//! A join is checked in memory first (`join`): a proof of work for a new place, or the
+//! signed position a returning buyer shows instead, so a refused join costs Redis nothing.
+//! A poll from far outside the check-in window is answered from the signed position and
+//! the line state in memory (`follow`), which also says how often a client far back reads.
+//!
 //! An operator can drain a line (`flashgate deals drain-queue`, `WaitingRoom::drain`): it
 //! closes for good, every waiting ticket reads `expired`, and no pass is handed out again.
 
 pub mod advancer;
 pub mod challenge;
 pub mod controller;
+pub mod follow;
 pub mod health;
+mod join;
 mod line_cache;
 pub mod pass;
 pub mod position;
@@ -40,11 +47,11 @@ use std::sync::Arc;
 use redis::Value;
 
 use crate::clock::Clock;
-use crate::deals::Deal;
 use crate::redis_link::{RedisError, RedisHandle, Script};
 use crate::telemetry;
 
 pub use challenge::{Challenge, ChallengeError, Challenges};
+pub use follow::Far;
 use line_cache::LineCache;
 pub use pass::{PassError, Passes, VerifiedPass};
 pub use position::{Position, PositionError, Positions};
@@ -128,6 +135,8 @@ pub struct LineStatus {
     /// Units of the last stock snapshot not yet promised to an outstanding pass; `None`
     /// until the advancer has read the deal's stock.
     pub units_left: Option<u64>,
+    /// An operator drained the line: it takes no tickets and admits nobody any more.
+    pub closed: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -271,61 +280,6 @@ impl WaitingRoom {
         self.redis.eval(script, keys, &args).await
     }
 
-    /// The user's ticket for the deal, issued on the first call; the same afterwards. When
-    /// the deal asks for a proof of work, only issuing a ticket takes `solution`: a user who
-    /// holds one already gets it back without (a proof of work buys a place, and joining
-    /// again takes none).
-    pub async fn join(
-        &self,
-        deal: &Deal,
-        user: &str,
-        solution: Option<&[u8]>,
-    ) -> Result<TicketStatus, QueueError> {
-        if let Some(floor) = pow_floor(deal) {
-            if let Some(held) = self.take_ticket(deal, user, false).await? {
-                return Ok(held);
-            }
-            self.check_solution(deal, user, floor, solution).await?;
-        }
-        let issued = self.take_ticket(deal, user, true).await?;
-        issued.ok_or_else(|| QueueError::Unexpected("join issued no ticket".into()))
-    }
-
-    /// The user's ticket, issued if `may_issue`; `None` when the user holds none and may not
-    /// take one.
-    async fn take_ticket(
-        &self,
-        deal: &Deal,
-        user: &str,
-        may_issue: bool,
-    ) -> Result<Option<TicketStatus>, QueueError> {
-        // 128 random bits: a ticket cannot be guessed, and only its holder can poll it.
-        let ticket = hex::encode(rand::random::<[u8; 16]>());
-        let (seed, hash) = if deal.waiting_room.is_random() {
-            let seed = shuffle::new_seed();
-            let hash = shuffle::commitment(&seed);
-            (seed, hash)
-        } else {
-            (String::new(), String::new())
-        };
-        let keys_ttl = (self.settings.keys_ttl_seconds * 1000).to_string();
-        let issue = if may_issue { "1" } else { "0" };
-        let args = [user, &ticket, &seed, &hash, &keys_ttl, issue];
-        let reply: Value = self.eval(&self.scripts.join, &deal.id, &args).await?;
-        if reply == Value::Int(0) {
-            return Ok(None);
-        }
-        let status = parse_status(reply)?.ok_or(QueueError::Closed)?;
-        let in_line = matches!(status.state, TicketState::Waiting | TicketState::SoldOut);
-        // A new line (or its first buyer again) is read at once; a line someone waits in
-        // is stepped again if the advancer left it idle or sleeps. A failure is returned:
-        // joining again wakes it.
-        if in_line || status.position == 1 {
-            advancer::wake(self, &deal.id, status.position == 1).await?;
-        }
-        Ok(Some(status))
-    }
-
     /// Closes the deal's line for good: no new tickets, no more passes, and every ticket
     /// still waiting reads `expired` at its next poll. Ticket holders keep their (expired)
     /// ticket; the keys leave Redis after `keys_ttl_seconds` like any finished line. Safe
@@ -385,6 +339,7 @@ impl WaitingRoom {
             total,
             outflow,
             left,
+            closed,
         ] = m.as_slice()
         else {
             return Err(QueueError::Unexpected(format!("line status {m:?}")));
@@ -401,6 +356,7 @@ impl WaitingRoom {
             admitted_total: total.parse().unwrap_or(0),
             outflow_per_second: outflow.parse().ok().filter(|rate: &f64| *rate > 0.0),
             units_left: left.parse().ok(),
+            closed: closed == "1",
         })
     }
 
@@ -440,49 +396,6 @@ impl WaitingRoom {
         Ok(self.eval(&self.scripts.forget, deal_id, tickets).await?)
     }
 
-    /// A proof-of-work challenge for `user`'s join, as hard as the deal and its crowd ask.
-    pub async fn challenge(&self, deal: &Deal, user: &str) -> Result<Challenge, QueueError> {
-        let base = u32::try_from(deal.waiting_room.pow_bits).unwrap_or(0);
-        let cmd = redis::cmd("ZCARD")
-            .arg(line_key(&self.redis, &deal.id, "line"))
-            .clone();
-        let waiting: u64 = self.redis.run(&cmd).await?;
-        let s = &self.settings;
-        let bits = challenge::difficulty(base, waiting, s.pow_crowd_step, s.pow_bits_max);
-        let now_ms = self.clock.now().timestamp_millis();
-        Ok(self.challenges.issue(&deal.id, user, bits, now_ms))
-    }
-
-    /// Checks a join's proof of work against the deal's `floor` bits, and refuses its reuse
-    /// by recording the challenge's id in Redis until the challenge expires.
-    async fn check_solution(
-        &self,
-        deal: &Deal,
-        user: &str,
-        floor: u32,
-        solution: Option<&[u8]>,
-    ) -> Result<(), QueueError> {
-        let now_ms = self.clock.now().timestamp_millis();
-        let checked = self
-            .challenges
-            .check(solution, &deal.id, user, floor, now_ms);
-        let solved = checked.inspect_err(|e| count_challenge(e.outcome()))?;
-        let cmd = redis::cmd("SET")
-            .arg(self.redis.key(&format!("wr:pow:{}", solved.id)))
-            .arg(1)
-            .arg("NX")
-            .arg("PX")
-            .arg(solved.ttl_ms)
-            .clone();
-        let first: Option<String> = self.redis.run(&cmd).await?;
-        if first.is_none() {
-            count_challenge(ChallengeError::Replayed.outcome());
-            return Err(ChallengeError::Replayed.into());
-        }
-        count_challenge("solved");
-        Ok(())
-    }
-
     /// Ends `user`'s session on the deal's line (an operator's call, or the user's order was
     /// paid or cancelled): the pass stops working on every instance within
     /// `revocation_poll_ms`, here at once, and a waiting ticket leaves the line. Returns the
@@ -514,6 +427,11 @@ impl WaitingRoom {
         }
     }
 
+    /// The passes revoked before their expiry that this instance knows of.
+    pub fn revoked(&self) -> &Revoked {
+        &self.revoked
+    }
+
     /// Verifies a pass for an order, counting refusals by reason.
     pub fn check_pass(
         &self,
@@ -533,17 +451,6 @@ impl WaitingRoom {
                     .increment(1);
             })
     }
-}
-
-/// The bits of proof of work the deal asks of a new ticket; `None` when it asks none.
-fn pow_floor(deal: &Deal) -> Option<u32> {
-    u32::try_from(deal.waiting_room.pow_bits)
-        .ok()
-        .filter(|bits| *bits > 0)
-}
-
-fn count_challenge(outcome: &'static str) {
-    metrics::counter!(telemetry::WAITING_ROOM_CHALLENGES, "outcome" => outcome).increment(1);
 }
 
 /// Reads the `status` tuple of the scripts (nil: no such ticket).

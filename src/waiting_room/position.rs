@@ -1,12 +1,17 @@
 //! Position tokens: a ticket's place in its line, signed, so that its holder can follow the
-//! line on the public state alone.
+//! line on the public state alone, and prove to any instance, without a Redis read, which
+//! ticket it holds and where.
 //!
 //! A buyer far back needs nothing personal from the origin until the line's
 //! `admitted_through` comes near; the token tells the client where it stands, and the
 //! signature keeps it honest wherever it is shown or checked: a client that edits its
-//! position gets a token that no longer verifies. The token is
+//! position gets a token that no longer verifies. The gateway accepts the token back in the
+//! `Flashgate-Position` header: a returning buyer re-joins with it instead of a new proof
+//! of work, and a poll from far outside the check-in window is answered from it and the
+//! line state in memory. The token is
 //! `base64url(payload) "." base64url(HMAC-SHA256(key, payload))`, the payload a small JSON
-//! object binding the deal, the ticket, the position and whether that position is final (a
+//! object binding the deal, the holder (a digest of the user id, so a token shown
+//! elsewhere names nobody), the ticket, the position and whether that position is final (a
 //! random-order line reorders the tickets taken before it opens, so a position read before
 //! the shuffle is provisional). The key is derived from `pass_secret`, apart from the
 //! passes' own.
@@ -24,6 +29,8 @@ pub const POSITION_TOKEN_BYTES_MAX: usize = 512;
 struct Payload {
     /// Deal id.
     d: String,
+    /// The holder: `holder(user)`.
+    u: String,
     /// Ticket id.
     t: String,
     /// 1-based position in the line.
@@ -33,8 +40,10 @@ struct Payload {
 }
 
 /// A verified position token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Position {
+    /// The ticket the token was signed for.
+    pub ticket: String,
     pub position: u64,
     pub is_final: bool,
 }
@@ -44,7 +53,7 @@ pub struct Position {
 pub enum PositionError {
     #[error("the position token is malformed or its signature does not match")]
     Forged,
-    #[error("the position token is for another ticket or deal")]
+    #[error("the position token is for another ticket, deal or user")]
     OtherTicket,
 }
 
@@ -69,10 +78,18 @@ impl Positions {
         HmacSha256::new_from_slice(&self.key).expect("HMAC takes keys of any length")
     }
 
-    /// The token of `ticket` at `position` in the line of `deal`.
-    pub fn sign(&self, deal: &str, ticket: &str, position: u64, is_final: bool) -> String {
+    /// The token of `user`'s `ticket` at `position` in the line of `deal`.
+    pub fn sign(
+        &self,
+        deal: &str,
+        user: &str,
+        ticket: &str,
+        position: u64,
+        is_final: bool,
+    ) -> String {
         let payload = Payload {
             d: deal.to_owned(),
+            u: holder(user),
             t: ticket.to_owned(),
             p: position,
             f: is_final,
@@ -81,13 +98,9 @@ impl Positions {
         super::pass::seal(self.mac(), &json)
     }
 
-    /// The position `token` signs for `ticket` of `deal`.
-    pub fn verify(
-        &self,
-        token: &[u8],
-        deal: &str,
-        ticket: &str,
-    ) -> Result<Position, PositionError> {
+    /// The ticket and position `token` signs for `user` in the line of `deal`; checked in
+    /// memory, so a forged or borrowed token costs nothing downstream.
+    pub fn verify(&self, token: &[u8], deal: &str, user: &str) -> Result<Position, PositionError> {
         if token.len() > POSITION_TOKEN_BYTES_MAX {
             return Err(PositionError::Forged);
         }
@@ -96,14 +109,22 @@ impl Positions {
         let json = super::pass::unseal(self.mac(), body.as_bytes(), signature.as_bytes())
             .ok_or(PositionError::Forged)?;
         let payload: Payload = serde_json::from_slice(&json).map_err(|_| PositionError::Forged)?;
-        if payload.d != deal || payload.t != ticket {
+        if payload.d != deal || payload.u != holder(user) {
             return Err(PositionError::OtherTicket);
         }
         Ok(Position {
+            ticket: payload.t,
             position: payload.p,
             is_final: payload.f,
         })
     }
+}
+
+/// The holder as a token names it: 64 bits of SHA-256 of the user id, enough to tell users
+/// apart within one line, without writing the id itself into a token.
+fn holder(user: &str) -> String {
+    let digest = Sha256::digest(user.as_bytes());
+    hex::encode(&digest[..8])
 }
 
 #[cfg(test)]
@@ -115,38 +136,42 @@ mod tests {
     #[test]
     fn a_signed_position_verifies_for_its_ticket_only() {
         let positions = Positions::new("a pass secret of some length");
-        let token = positions.sign("deal-1", "ab12", 42, true);
-        let verified = positions.verify(token.as_bytes(), "deal-1", "ab12");
+        let token = positions.sign("deal-1", "alice", "ab12", 42, true);
+        let verified = positions.verify(token.as_bytes(), "deal-1", "alice");
         assert_eq!(
             verified,
             Ok(Position {
+                ticket: "ab12".into(),
                 position: 42,
                 is_final: true
             })
         );
-        let other = positions.verify(token.as_bytes(), "deal-1", "cd34");
-        assert_eq!(other, Err(PositionError::OtherTicket));
+        let other_user = positions.verify(token.as_bytes(), "deal-1", "bob");
+        assert_eq!(other_user, Err(PositionError::OtherTicket));
+        let other_deal = positions.verify(token.as_bytes(), "deal-2", "alice");
+        assert_eq!(other_deal, Err(PositionError::OtherTicket));
         let other_key = Positions::new("another secret of some length");
-        let forged = other_key.verify(token.as_bytes(), "deal-1", "ab12");
+        let forged = other_key.verify(token.as_bytes(), "deal-1", "alice");
         assert_eq!(forged, Err(PositionError::Forged));
     }
 
     #[test]
     fn a_client_cannot_move_itself_forward() {
         let positions = Positions::new("a pass secret of some length");
-        let token = positions.sign("deal-1", "ab12", 42, true);
+        let token = positions.sign("deal-1", "alice", "ab12", 42, true);
         let (_, signature) = token.split_once('.').expect("two parts");
         let moved = Payload {
             d: "deal-1".into(),
+            u: holder("alice"),
             t: "ab12".into(),
             p: 1,
             f: true,
         };
         let moved = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&moved).expect("json"));
         let edited = format!("{moved}.{signature}");
-        let refused = positions.verify(edited.as_bytes(), "deal-1", "ab12");
+        let refused = positions.verify(edited.as_bytes(), "deal-1", "alice");
         assert_eq!(refused, Err(PositionError::Forged));
-        let garbage = positions.verify(b"not a token", "deal-1", "ab12");
+        let garbage = positions.verify(b"not a token", "deal-1", "alice");
         assert_eq!(garbage, Err(PositionError::Forged));
     }
 }

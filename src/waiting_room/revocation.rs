@@ -42,6 +42,14 @@ impl Revoked {
         self.0.contains_key(pass_id)
     }
 
+    /// Every pass id still refused, with how long (unix ms): the feed an edge follows.
+    pub fn entries(&self) -> Vec<(String, i64)> {
+        self.0
+            .iter()
+            .map(|entry| (entry.key().clone(), *entry.value()))
+            .collect()
+    }
+
     /// Forgets passes that have expired by themselves.
     fn forget_expired(&self, now_ms: i64) {
         self.0.retain(|_, until| *until >= now_ms);

@@ -101,11 +101,13 @@ local function holds_lease(epoch)
 end
 "#;
 
-/// ARGV: user, a fresh ticket id, seed, seed hash (both empty for fifo), keys ttl ms, may
-/// issue (0/1). Returns the status of the user's ticket, issuing it on first call and
-/// again, at the back of the line, once its pass ran out unused (`lapsed`) while the line
-/// is open, when allowed (0 when not: the caller checks a proof of work first); nil when
-/// the user has none and the line was closed (`DRAIN`). Every join pushes the expiry of the
+/// ARGV: user, a ticket id (a fresh one when issuing; else the one the caller showed it
+/// holds, empty for any), seed, seed hash (both empty for fifo), keys ttl ms, may issue
+/// (0/1). Returns the status of the user's ticket, issuing it on first call and again, at
+/// the back of the line, once its pass ran out unused (`lapsed`) while the line is open,
+/// when allowed (0 when not, or when the user's ticket is not the one shown: the caller
+/// checks a proof of work first); nil when the user has none and the line was closed
+/// (`DRAIN`). Every join pushes the expiry of the
 /// line's keys out, so a finished line leaves Redis on its own. The caller bumps the lines
 /// version when the ticket is the line's first.
 const JOIN: &str = r#"
@@ -113,6 +115,7 @@ local t = redis.call('HGET', KEYS[2], ARGV[1])
 local closed = redis.call('HEXISTS', KEYS[1], 'closed_at') == 1
 local now = now_ms()
 if t and not closed and lapsed(t, now) then t = nil end
+if t and ARGV[6] ~= '1' and ARGV[2] ~= '' and t ~= ARGV[2] then t = nil end
 if not t and ARGV[6] ~= '1' then
   if closed then return false end
   return 0
@@ -145,15 +148,15 @@ return status(ARGV[1], now)
 "#;
 
 /// No ARGV. The line as the public sees it (and `units_left`, empty until the advancer read
-/// the deal's stock).
+/// the deal's stock, and `1` when the line was drained).
 const PUBLIC: &str = r#"
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', now)
 local m = redis.call('HMGET', KEYS[1], 'admitted_through', 'state', 'seed_sha256', 'seed',
-  'shuffled', 'prequeue_size', 'admitted_total', 'outflow', 'units_left')
+  'shuffled', 'prequeue_size', 'admitted_total', 'outflow', 'units_left', 'closed_at')
 return {m[1] or '0', tostring(redis.call('ZCARD', KEYS[9])), m[2] or '', m[3] or '',
   (m[5] == '1' and m[4]) or '', m[6] or '', tostring(redis.call('ZCARD', KEYS[10])),
-  m[7] or '0', m[8] or '', m[9] or ''}
+  m[7] or '0', m[8] or '', m[9] or '', (m[10] and '1') or ''}
 "#;
 
 /// ARGV: pass id (its ticket), keys ttl ms. Frees the pass's active slot (it placed an

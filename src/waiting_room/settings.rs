@@ -54,6 +54,10 @@ pub const POW_CHALLENGE_TTL_SECONDS_RANGE: RangeInclusive<u64> = 10..=600;
 /// The values `waiting_room.pow_bits_max` may take.
 pub const POW_BITS_MAX_RANGE: RangeInclusive<u32> = 1..=32;
 
+/// The longest `waiting_room.follow_refresh_seconds_max` may be: a client far back still
+/// reads the line at least once an hour.
+pub const FOLLOW_REFRESH_SECONDS_CEILING: u64 = 3600;
+
 /// The values `waiting_room.checkin_window_seconds` may take: a window of at least a few
 /// seconds leaves a client that reads the public state every second time to check in, and
 /// one of an hour already covers any line a buyer would wait in with the page open.
@@ -93,7 +97,7 @@ pub struct WaitingRoomSettings {
     pub advance_interval_ms: u64,
     /// The advancing instance's Redis lease; if it dies, another takes over within this.
     pub lease_ttl_ms: u64,
-    /// While no line has anyone waiting or a pass outstanding, the advancer sleeps; each
+    /// While no line has anyone waiting, the advancer sleeps; each
     /// instance checks this often whether a join elsewhere woke it (one Redis command).
     pub idle_check_ms: u64,
     /// A waiting ticket not polled for this long is skipped when its turn comes.
@@ -115,6 +119,10 @@ pub struct WaitingRoomSettings {
     /// within that grace when its turn comes is skipped, so one that never checked in
     /// within the window is skipped like any abandoned one.
     pub checkin_window_seconds: u64,
+    /// Longest interval a client outside the check-in window is told to wait before it
+    /// reads the line again (the public state for its distance, or a ticket poll answered
+    /// from far back): the interval grows with the distance from the window up to this.
+    pub follow_refresh_seconds_max: u64,
     /// Each instance reads a line's public state from Redis at most once per this; every
     /// public poll in between is answered from memory, so public polls cost Redis nothing.
     pub line_state_refresh_ms: u64,
@@ -246,6 +254,13 @@ impl WaitingRoomSettings {
                 && self.checkin_window_seconds >= self.abandon_after_seconds,
             &format!(
                 "waiting_room.checkin_window_seconds must be {CHECKIN_WINDOW_SECONDS_RANGE:?}, at least twice refresh_after_seconds_max and at least abandon_after_seconds"
+            ),
+        )?;
+        require(
+            self.follow_refresh_seconds_max >= self.refresh_after_seconds_max
+                && self.follow_refresh_seconds_max <= FOLLOW_REFRESH_SECONDS_CEILING,
+            &format!(
+                "waiting_room.follow_refresh_seconds_max must be refresh_after_seconds_max..={FOLLOW_REFRESH_SECONDS_CEILING}"
             ),
         )?;
         require(

@@ -238,7 +238,7 @@ async fn sale(
                     None => sold_out.store(true, Ordering::Relaxed),
                 }
                 // The buyers' pace: load spread over the disruption, not a wait.
-                tokio::time::sleep(PACE).await;
+                crate::helpers::pace(PACE).await;
             }
             acks
         });

@@ -184,7 +184,7 @@ async fn postgres_down_for_over_a_minute_then_back() {
             orders.push(api.order(&format!("during-{n}"), &deal, 1).await);
         }
         // The outage lasts its minute whatever the gateways do: it is the input here.
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        crate::helpers::pace(Duration::from_secs(5)).await;
     }
     let (tries, acknowledged) = sim.succeeded_deliveries(&intent).await;
     postgres.up();

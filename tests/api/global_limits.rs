@@ -15,6 +15,7 @@ use serde_json::json;
 
 use crate::helpers::{
     Api, ChildGuard, TestDb, delete_redis_keys, eventually, new_deal, test_settings, unique_suffix,
+    wait_until,
 };
 use crate::multi_process::{spawn_gateway_with, wait_until_healthy};
 use crate::redis_outage::start_redis;
@@ -220,8 +221,34 @@ async fn without_redis_each_gateway_keeps_its_share_of_the_user_budget() {
         counted.is_some(),
         "the three gateways never counted each other"
     );
-    // One more heartbeat each, so every gateway has read the count of three.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // One more heartbeat each, so every gateway has read the count of three: a heartbeat
+    // stamps its member with Redis's time and returns the count in one script.
+    let key = format!("{}instances", settings.redis.key_prefix);
+    let beats = |url: String, key: String| async move {
+        let mut conn = crate::helpers::redis_connection(&url).await.unwrap();
+        redis::cmd("ZRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async::<Vec<(String, f64)>>(&mut conn)
+            .await
+            .unwrap()
+    };
+    let counted_at = beats(redis_url.clone(), key.clone())
+        .await
+        .into_iter()
+        .map(|(_, at)| at)
+        .fold(0.0, f64::max);
+    wait_until(
+        "every gateway to beat again",
+        Duration::from_secs(10),
+        || async {
+            let now = beats(redis_url.clone(), key.clone()).await;
+            now.len() == 3 && now.iter().all(|(_, at)| *at > counted_at)
+        },
+    )
+    .await;
     redis.kill();
 
     // Act

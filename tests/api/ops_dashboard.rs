@@ -318,7 +318,8 @@ pub(crate) async fn small_sale(app: &PayApp) -> String {
     app.wait_for_order(&f, late_id, &["REFUNDED"], SETTLE).await;
 
     // q orders with the pass once gone has been silent past the abandonment grace: the
-    // freed slot reaches gone, who is skipped.
+    // freed slot reaches gone, who is skipped. The grace runs on Redis's clock, which a
+    // test cannot move, so it is waited out.
     let grace = Duration::from_secs(app.settings.waiting_room.abandon_after_seconds);
     let silent = grace + Duration::from_millis(500);
     tokio::time::sleep(silent.saturating_sub(gone_joined.elapsed())).await;

@@ -38,7 +38,7 @@ async fn keep_ordering(gateway: usize, api: Api, deal: String, stop: Arc<AtomicB
             slug: reply.problem_slug(),
         });
         // A client's pace: the load, not a wait for an outcome.
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        crate::helpers::pace(Duration::from_millis(5)).await;
     }
     sent
 }
@@ -90,12 +90,14 @@ async fn pausing_through_the_cli_stops_every_instance_within_a_second() {
     let paused_at = Instant::now();
     assert!(paused.success, "deals pause failed: {}", paused.stderr);
     assert_eq!(paused.json()["paused"], json!(true), "{}", paused.stdout);
-    // The promise spans time: a second for the pause to reach every instance, then a while
-    // in which nothing sells.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    let orders_a_second_after = orders_in_db(&db).await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    let orders_later = orders_in_db(&db).await;
+    // The promise spans time (its subject): a second for the pause to reach every
+    // instance, then a while in which nothing sells.
+    let mut counted = Vec::new();
+    for span in [Duration::from_millis(1000), Duration::from_millis(700)] {
+        tokio::time::sleep(span).await;
+        counted.push(orders_in_db(&db).await);
+    }
+    let (orders_a_second_after, orders_later) = (counted[0], counted[1]);
     stop.store(true, Ordering::Relaxed);
     let sent: Vec<Sent> = load.join_all().await.into_iter().flatten().collect();
 

@@ -38,7 +38,7 @@ async fn shop(api: Api, deal: String, stop: Arc<AtomicBool>, placed: Arc<AtomicI
             _ => {
                 reply.expect_problem(409, "sold-out");
                 // A shopper's pause before trying again: load, not a wait for an outcome.
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                crate::helpers::pace(Duration::from_millis(20)).await;
             }
         }
     }
@@ -65,7 +65,7 @@ async fn watch(api: Api, deal: String, stop: Arc<AtomicBool>) -> usize {
         assert_eq!(audit["findings"], json!([]), "{audit}");
         samples += 1;
         // Sampled at a steady pace for as long as the sale runs.
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        crate::helpers::pace(Duration::from_millis(20)).await;
     }
     samples
 }

@@ -64,7 +64,7 @@ async fn payment_attempts_stop_at_expiry_and_cannot_hold_units_past_it() {
             refused_after_expiry += 1;
         }
         // Attempts at a steady pace across the expiry: each is a sample of the outcome.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        crate::helpers::pace(Duration::from_millis(100)).await;
     }
     assert!(refused_after_expiry >= 10, "{refused_after_expiry}");
 

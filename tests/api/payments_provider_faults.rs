@@ -1,9 +1,13 @@
 //! The provider's API misbehaving: a create call that times out is an unknown outcome,
 //! never a failure, and repeating it must not charge twice.
 
+use std::time::Duration;
+
 use serde_json::json;
 
-use crate::helpers::{SETTLE, attempts_of, new_deal, spawn_pay_app_with, stock};
+use crate::helpers::{
+    SETTLE, attempts_of, holds_for, new_deal, pace, spawn_pay_app_with, stock, wait_until,
+};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_timed_out_create_is_repeated_with_the_same_key_and_makes_one_payment() {
@@ -31,9 +35,10 @@ async fn a_timed_out_create_is_repeated_with_the_same_key_and_makes_one_payment(
     let attempt_id = order["payment"]["attempt_id"].as_str().unwrap();
     assert_eq!(intents[0]["reference"], attempt_id);
 
-    // The provider recovers; the client retries the same order request a bit later.
+    // The provider recovers; the client retries the same order request a bit later (its
+    // pause, while the creates the gateway gave up on still answer, is part of the case).
     app.sim.reset_faults().await;
-    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    pace(Duration::from_millis(1_500)).await;
     let retried = app.place_order(&alice, &deal, "k-slow", 1).await;
     assert_eq!(retried.header("idempotent-replayed"), Some("true"));
     let retried = retried.expect(201);
@@ -87,11 +92,25 @@ async fn an_order_whose_create_was_lost_waits_for_the_provider_then_expires_with
     let order_id = order["order_id"].as_str().unwrap().to_owned();
     assert!(order["payment"]["checkout_url"].is_null(), "{order}");
 
-    // Past its expiry, but the provider cannot say whether it was paid: the order waits.
-    tokio::time::sleep(std::time::Duration::from_millis(2_000)).await;
-    let waiting = app.get_order(&alice, &order_id).await.expect(200);
-    assert_eq!(waiting["status"], "PENDING_PAYMENT", "{waiting}");
-    assert_eq!(stock(&app.db, &deal).await, (4, 1, 0));
+    // Past its expiry (on PostgreSQL's clock), but the provider cannot say whether it was
+    // paid: through the sweeper's checks (100 ms apart) the order waits.
+    wait_until("the reservation to run out", SETTLE, || async {
+        sqlx::query_scalar::<_, bool>("SELECT expires_at < now() FROM orders WHERE id::text = $1")
+            .bind(&order_id)
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
+    })
+    .await;
+    holds_for(
+        "the order waits for the provider",
+        Duration::from_millis(1_000),
+        || async {
+            let waiting = app.get_order(&alice, &order_id).await.expect(200);
+            waiting["status"] == "PENDING_PAYMENT" && stock(&app.db, &deal).await == (4, 1, 0)
+        },
+    )
+    .await;
 
     // The provider answers again: the gateway finds the payment its lost create made,
     // closes it, and only then lets the reservation go.

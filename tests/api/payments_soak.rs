@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    Api, SETTLE, SimClient, all_attempts, new_deal, poll_every, refunds, spawn_pay_app, stock,
+    Api, SETTLE, SimClient, all_attempts, holds_for, new_deal, poll_every, refunds, spawn_pay_app,
+    stock,
 };
 
 const USERS: usize = 150;
@@ -56,7 +57,7 @@ async fn buy(api: Api, sim: SimClient, user: usize, deal: String) -> Option<(Pla
     let order = bought.ok()?;
     let intent_id = crate::helpers::intent_id(&order);
     // Payers take their time, each a little differently: load spread over the expiry.
-    tokio::time::sleep(Duration::from_millis((user as u64 % 5) * 40)).await;
+    crate::helpers::pace(Duration::from_millis((user as u64 % 5) * 40)).await;
     match plan {
         Plan::Pay => {
             let (status, body) = sim.pay(&intent_id).await;
@@ -135,9 +136,15 @@ async fn a_bounded_soak_keeps_money_and_stock_in_agreement() {
         open == 0
     })
     .await;
-    // One more reconciler pass after everything looked settled; it leaves no trace to
-    // wait for when it finds nothing, and finding nothing is the outcome.
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // One more reconciler pass (500 ms apart) after everything looked settled: it leaves no
+    // trace when it finds nothing, so nothing moving through it is the outcome.
+    let settled = statuses_now(&app.db).await;
+    holds_for(
+        "settled orders, attempts and refunds stay put",
+        Duration::from_millis(700),
+        || async { statuses_now(&app.db).await == settled },
+    )
+    .await;
 
     let attempts = all_attempts(&app.db).await;
     let refund_rows = refunds(&app.db).await;
@@ -229,4 +236,17 @@ async fn a_bounded_soak_keeps_money_and_stock_in_agreement() {
         "the soak took {:?}",
         started.elapsed()
     );
+}
+
+/// Every order's, attempt's and refund's status, to see whether anything moved.
+async fn statuses_now(db: &sqlx::PgPool) -> Vec<(String, String)> {
+    sqlx::query_as(
+        "SELECT id::text, status::text FROM orders
+         UNION ALL SELECT id::text, status::text FROM payment_attempts
+         UNION ALL SELECT id::text, status::text FROM refunds
+         ORDER BY 1",
+    )
+    .fetch_all(db)
+    .await
+    .unwrap()
 }

@@ -182,7 +182,7 @@ async fn write_cut(stream: &mut tokio::net::tcp::OwnedWriteHalf, bytes: &[u8], c
         piece += 1;
         match cut {
             // A client that trickles its bytes: the case under test.
-            Cut::Slow => tokio::time::sleep(SLOW_PAUSE).await,
+            Cut::Slow => crate::helpers::pace(SLOW_PAUSE).await,
             Cut::Bytes => tokio::task::yield_now().await,
             Cut::Whole | Cut::Odd => {}
         }
@@ -536,7 +536,7 @@ async fn a_refused_body_arriving_slowly_is_read_to_its_end_and_the_connection_ke
         .unwrap();
     for piece in body.chunks(5) {
         // The slow client is the case under test.
-        tokio::time::sleep(Duration::from_millis(SHORT_HEADER_READ_MS)).await;
+        crate::helpers::pace(Duration::from_millis(SHORT_HEADER_READ_MS)).await;
         let sent = writer.write_all(piece).await;
         sent.expect("the connection stays open while the body arrives");
     }

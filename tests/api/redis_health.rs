@@ -263,7 +263,7 @@ async fn losing_a_cluster_node_is_a_few_log_lines_not_a_flood() {
         assert!(reply.status < 500 || reply.status == 503, "{}", reply.text);
         sent += 1;
         // A steady stream of orders through the node's loss: load, not a wait.
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        crate::helpers::pace(Duration::from_millis(20)).await;
     }
 
     // Assert

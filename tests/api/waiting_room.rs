@@ -8,7 +8,9 @@ use flashgate::waiting_room::Passes;
 use flashgate::waiting_room::shuffle;
 use serde_json::{Value, json};
 
-use crate::helpers::{Api, Reply, TestApp, send, spawn_app_with, unique_suffix, wait_until};
+use crate::helpers::{
+    Api, Reply, TestApp, holds_for, send, spawn_app_with, unique_suffix, wait_until,
+};
 
 /// A deal with a waiting room (open now unless `extra` says otherwise).
 pub fn room_deal(id: &str, stock: i64, room: Value, extra: Value) -> Value {
@@ -273,14 +275,20 @@ async fn sold_out_reaches_waiting_users_and_returning_stock_resumes_the_line() {
     }
     assert!(waiting.len() >= 4, "most of the line was told sold_out");
     assert_eq!(line(&app, &deal).await["state"], "sold_out");
-    // Nothing to wait for: the outcome is that nothing changes while the line keeps moving.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    for (user, ticket) in &waiting {
-        assert_eq!(
-            poll(&app, user, &deal, ticket).await.expect(200)["state"],
-            "sold_out"
-        );
-    }
+    // Nothing changes while the line keeps moving.
+    holds_for(
+        "the line stays sold out",
+        Duration::from_millis(500),
+        || async {
+            let mut sold_out = true;
+            for (user, ticket) in &waiting {
+                sold_out &=
+                    poll(&app, user, &deal, ticket).await.expect(200)["state"] == "sold_out";
+            }
+            sold_out
+        },
+    )
+    .await;
 
     // A cancelled order returns a unit: the line moves again once a slot is free (passes
     // handed out before the sell-out was seen hold theirs until they expire).
@@ -317,7 +325,7 @@ async fn abandoned_tickets_are_skipped() {
         assert_eq!(body["state"], "waiting", "the slot is still taken: {body}");
         assert_eq!(body["ahead"], 1);
         // The grace period runs on the gateway's clock; keen polls at a client's pace.
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        crate::helpers::pace(Duration::from_millis(300)).await;
     }
     order_with_pass(&app, "first", &deal, pass["pass"].as_str())
         .await

@@ -212,7 +212,7 @@ async fn buyer(
             }
         };
         // A buyer's own pace, as a browser keeps it: the polls' load is part of the test.
-        tokio::time::sleep(pause).await;
+        crate::helpers::pace(pause).await;
     }
     panic!("{user} was never decided");
 }
@@ -327,7 +327,7 @@ async fn watch_bound(app: Arc<TestApp>, deal: String, finished: Arc<AtomicBool>)
             return over_max.load(Ordering::SeqCst);
         }
         // Sampled at a steady pace: the largest excess over the whole sale is the outcome.
-        tokio::time::sleep(Duration::from_millis(25)).await;
+        crate::helpers::pace(Duration::from_millis(25)).await;
     }
     panic!("the sale never finished");
 }

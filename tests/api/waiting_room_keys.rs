@@ -10,7 +10,7 @@ use flashgate::waiting_room::{Challenges, Passes};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::helpers::{Api, Reply, send, spawn_app_with};
+use crate::helpers::{Api, Reply, send, spawn_app_with, wait_until};
 use crate::waiting_room::{join, order_with_pass, poll_until, room_deal};
 use crate::waiting_room_edge::{EVENTUALLY, fast_room, ticket_of};
 
@@ -138,11 +138,16 @@ async fn joining_a_deal_with_a_challenge_takes_a_fresh_solution_of_the_user_for_
             .await
             .expect(201);
     }
-    let raised = fetch_challenge(&app, "dave", &deal).await;
-    assert!(
-        raised["difficulty_bits"].as_u64().unwrap() >= 10,
-        "{raised}"
-    );
+    // The crowd is counted on the line state each instance holds, read again at most once
+    // per `line_state_refresh_ms`.
+    wait_until("the difficulty to rise", EVENTUALLY, || async {
+        let raised = fetch_challenge(&app, "dave", &deal).await;
+        match raised["difficulty_bits"].as_u64().unwrap() >= 10 {
+            true => Ok(()),
+            false => Err(raised.to_string()),
+        }
+    })
+    .await;
     let metrics = app.metrics().await;
     assert!(metrics.contains("flashgate_waiting_room_challenges_total"));
     app.cleanup().await;
@@ -164,17 +169,39 @@ async fn joining_again_keeps_the_ticket_without_a_new_proof_of_work() {
         .await
         .expect(201);
 
-    // Act: she leaves the page and comes back, with no solution or a stale one.
-    let bare = join_with(&app, "alice", &deal, None).await;
-    let stale = join_with(&app, "alice", &deal, Some("stale:0")).await;
+    // Act: she leaves the page and comes back showing her signed position, with no
+    // solution or a stale one.
+    let token = first["position_token"].as_str().unwrap();
+    let rejoin = |solution: Option<&'static str>| {
+        let request = app
+            .client
+            .post(app.url(&format!("/v1/deals/{deal}/queue")))
+            .bearer_auth(app.token("alice"))
+            .header("Flashgate-Position", token);
+        match solution {
+            Some(solution) => send(request.header("Flashgate-Pow", solution)),
+            None => send(request),
+        }
+    };
+    let bare = rejoin(None).await;
+    let stale = rejoin(Some("stale:0")).await;
 
-    // Assert: the same ticket and place both times; a user without a ticket still pays.
+    // Assert: the same ticket and place both times; a user without a ticket still pays,
+    // and so does one who shows someone else's position.
     for again in [bare, stale] {
         let again = again.expect(201);
         assert_eq!(again["ticket"], first["ticket"]);
         assert_eq!(again["position"], first["position"]);
     }
     join_with(&app, "bob", &deal, None)
+        .await
+        .expect_problem(403, "challenge-required");
+    let borrowed = app
+        .client
+        .post(app.url(&format!("/v1/deals/{deal}/queue")))
+        .bearer_auth(app.token("bob"))
+        .header("Flashgate-Position", token);
+    send(borrowed)
         .await
         .expect_problem(403, "challenge-required");
     app.cleanup().await;

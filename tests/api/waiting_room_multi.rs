@@ -331,7 +331,7 @@ async fn three_processes_share_one_fair_line() {
     // Sampled for a fixed window: the rate over it and the peak within it are the outcome.
     while started.elapsed() < Duration::from_secs(5) {
         outstanding_max = outstanding_max.max(passes_outstanding(&mut redis, &b_adm).await);
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        crate::helpers::pace(Duration::from_millis(50)).await;
     }
     let sample_end = through_at(&mut redis, &a_meta).await;
     let through_end = admitted_through(&apis[1], &a).await;

@@ -213,10 +213,11 @@ impl Browser {
     }
 
     /// The page's requests to the line so far (Resource Timing): the public state read
-    /// (`…/queue`, the join's POST counted among them) and the ticket's own polls.
+    /// (`…/queue?behind=…`, the join's POST to `…/queue` counted among them) and the
+    /// ticket's own polls.
     async fn line_requests(&self) -> (u64, u64) {
         let script = "const names = performance.getEntriesByType('resource').map(e => e.name); \
-            return [names.filter(n => /\\/queue$/.test(n)).length, \
+            return [names.filter(n => /\\/queue(\\?behind=\\d+)?$/.test(n)).length, \
                     names.filter(n => /\\/queue\\/[0-9a-f]+$/.test(n)).length];";
         let counts = self.eval(script).await;
         (
@@ -307,7 +308,7 @@ async fn crowd_member(
             return;
         }
         // A buyer's own pace between polls: the crowd's load is part of the sale.
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        crate::helpers::pace(Duration::from_millis(300)).await;
     }
 }
 

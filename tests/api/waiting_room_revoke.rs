@@ -136,7 +136,7 @@ async fn stays_refused(apis: &[Api], user: &str, deal: &str, pass: &str, polls: 
             );
         }
         // Probed at a steady pace through the whole span: the outcome is that nothing changes.
-        tokio::time::sleep(poll_every / 4).await;
+        crate::helpers::pace(poll_every / 4).await;
     }
 }
 

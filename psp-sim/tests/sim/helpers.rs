@@ -269,9 +269,17 @@ impl Receiver {
         }
     }
 
-    /// Waits `quiet` and asserts no more than `n` requests arrived in total.
+    /// Asserts that no more than `n` requests arrived in total, and that none more arrives
+    /// within `quiet`: fails as soon as one does.
     pub async fn assert_total(&self, n: usize, quiet: Duration) {
-        tokio::time::sleep(quiet).await;
+        let deadline = tokio::time::Instant::now() + quiet;
+        loop {
+            let notified = self.arrived.notified();
+            assert!(self.deliveries().len() <= n, "{:#?}", self.deliveries());
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                break;
+            }
+        }
         assert_eq!(self.deliveries().len(), n, "{:#?}", self.deliveries());
     }
 }

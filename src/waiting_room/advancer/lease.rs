@@ -1,7 +1,7 @@
 //! The advancer's lease, and its sleep while no line has anything to do.
 //!
 //! One instance at a time holds the lease and moves the lines. When none of them has anyone
-//! waiting or a pass outstanding, the holder gives the lease up and marks the advancer
+//! waiting (passes may still be outstanding), the holder gives the lease up and marks the advancer
 //! asleep (`SLEEP`); every instance then stops its `advance_interval_ms` ticks, so an idle
 //! gateway sends Redis next to nothing. A join into a line marks the line woken and clears
 //! the mark (`WAKE`): the joining instance's own advancer wakes at once, the others within

@@ -37,7 +37,7 @@ impl Line {
 /// `inventory`, the owner of the stock). The same snapshot says which holders of outstanding
 /// passes have already ordered: those slots are freed here, so a pass whose release was lost
 /// (a Redis timeout after the order) cannot hold a unit back from the line until it
-/// expires. Lines in `idle` have no pass outstanding and are not asked.
+/// expires. Lines in `idle` have nobody waiting, so their slots matter to no one: not asked.
 pub(super) async fn read(
     room: &WaitingRoom,
     pool: &PgPool,

@@ -15,10 +15,11 @@
 //! passes outstanding plus passes that ordered since the stock snapshot never exceed
 //! `stock_multiple ×` the snapshot's available units (see `scripts::ADVANCE`).
 //!
-//! Idle lines cost nothing: a line whose step found nobody waiting and no pass outstanding
-//! is not stepped again until someone joins it, and once every line is idle the advancer
-//! sleeps and gives the lease up (`lease`), so a gateway with no sale running leaves Redis
-//! alone.
+//! Idle lines cost nothing: a line whose step found nobody waiting (all admitted, gone or
+//! never there, whatever passes are still outstanding) is not stepped again until someone
+//! joins it, and once every line is idle the advancer sleeps and gives the lease up
+//! (`lease`), so what a gateway costs Redis while no line has anyone waiting does not grow
+//! with the number of deals, lines or passes that exist.
 
 mod gauges;
 mod lease;
@@ -50,9 +51,11 @@ struct Step {
 }
 
 impl Step {
-    /// Nobody waits and no pass is outstanding: nothing to do until someone joins.
+    /// Nobody waits: nothing to do until someone joins. Passes still outstanding need no
+    /// step: their slots matter only to someone waiting, and the step a join wakes frees
+    /// the expired ones first.
     fn is_idle(&self) -> bool {
-        self.waiting == 0 && self.active == 0
+        self.waiting == 0
     }
 }
 

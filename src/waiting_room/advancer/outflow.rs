@@ -42,7 +42,11 @@ impl Advancer {
             };
         }
         let bounds = bounds(terms, &self.room.settings);
-        let age = (self.room.clock().instant()).saturating_duration_since(self.started);
+        let age = self
+            .room
+            .clock()
+            .instant()
+            .saturating_duration_since(self.started);
         let now_ms = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
         let reading = health::read(&self.room, &line.id).await;
         if let Err(error) = &reading {

@@ -3,6 +3,8 @@
 
 mod api;
 mod db;
+mod edge;
+mod oidc;
 mod process;
 mod psp;
 mod receiver;
@@ -15,6 +17,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use flashgate::app::Application;
+use flashgate::clock::Clock;
 use flashgate::config::Settings;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
@@ -23,6 +26,8 @@ use uuid::Uuid;
 
 pub use api::*;
 pub use db::*;
+pub use edge::*;
+pub use oidc::*;
 pub use process::*;
 pub use psp::*;
 pub use receiver::*;
@@ -146,14 +151,13 @@ pub async fn spawn_app() -> TestApp {
 }
 
 pub async fn spawn_app_with(configure: impl FnOnce(&mut Settings)) -> TestApp {
-    spawn_app_on(flashgate::clock::Clock::system(), configure).await
+    spawn_app_on(Clock::system(), configure).await
 }
 
-/// A gateway on `clock` (a `ManualClock`'s, for a test about time).
-pub async fn spawn_app_on(
-    clock: flashgate::clock::Clock,
-    configure: impl FnOnce(&mut Settings),
-) -> TestApp {
+/// A gateway whose rules run on `clock`: a test about time (a sale's window, a pass's or a
+/// token's expiry, a cache's age, a breaker's cool-down) hands it a `ManualClock` and moves
+/// that instead of sleeping. What PostgreSQL and Redis decide stays on their own clocks.
+pub async fn spawn_app_on(clock: Clock, configure: impl FnOnce(&mut Settings)) -> TestApp {
     let database = TestDb::create().await;
     let mut settings = test_settings(&database.url);
     configure(&mut settings);

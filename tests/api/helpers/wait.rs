@@ -86,6 +86,34 @@ where
         if Instant::now() >= deadline {
             return Err(seen);
         }
-        tokio::time::sleep(every).await;
+        pace(every).await;
     }
+}
+
+/// Checks that `condition` holds at every look (eight or more, spread) through `span`: for
+/// an outcome that is "nothing changes" (a drained line admits nobody, a settled order stays
+/// put), which no event marks. It fails at the first look that finds otherwise, naming
+/// `what`.
+pub async fn holds_for<F>(what: &str, span: Duration, mut condition: impl FnMut() -> F)
+where
+    F: Future<Output = bool>,
+{
+    let until = Instant::now() + span;
+    let every = (span / 8).max(POLL_INTERVAL);
+    loop {
+        assert!(condition().await, "{what}: no longer holds");
+        if Instant::now() >= until {
+            return;
+        }
+        pace(every).await;
+    }
+}
+
+/// The pause between two steps of a loop whose rhythm is the input, never a wait for an
+/// outcome (that is [`wait_until`]): a poll's interval, a client's pace between requests (a
+/// buyer polling, a shopper retrying, a slow client trickling its bytes: the load is part of
+/// the case), a sampler's between samples taken over a span.
+pub async fn pace(between: Duration) {
+    // The tests' one pacing sleep: the rhythm of a loop, the subject of no assertion.
+    tokio::time::sleep(between).await;
 }
