@@ -12,6 +12,7 @@ verified it, and the event. A delivery no secret verifies is answered 401 and lo
     POST /control   {"mode": "ok" | "fail" | "hang", "secrets": [...], "retry_after": N,
                      "delay_ms": N}
     GET  /received  every delivery so far, as a JSON array
+    GET  /refused   the webhook-id of every delivery answered 500 so far, as a JSON array
 
 "fail" answers 500 (with Retry-After when set), "hang" never answers; "delay_ms" holds
 each answer that long after logging the delivery (a sender killed meanwhile sends it again). The first line on
@@ -29,6 +30,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 STATE = {"mode": "ok", "secrets": [], "retry_after": None, "delay_ms": 0}
 RECEIVED = []
+REFUSED = []
 LOCK = threading.Lock()
 
 
@@ -62,10 +64,11 @@ class Handler(BaseHTTPRequestHandler):
         return self.rfile.read(int(self.headers.get("content-length", "0")))
 
     def do_GET(self):
-        if self.path != "/received":
+        lists = {"/received": RECEIVED, "/refused": REFUSED}
+        if self.path not in lists:
             return self.reply(404)
         with LOCK:
-            answer = json.dumps(RECEIVED).encode()
+            answer = json.dumps(lists[self.path]).encode()
         self.reply(200, answer, [("content-type", "application/json")])
 
     def do_POST(self):
@@ -79,6 +82,8 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(3600)
             return
         if mode == "fail":
+            with LOCK:
+                REFUSED.append(self.headers.get("webhook-id"))
             headers = []
             if STATE["retry_after"] is not None:
                 headers.append(("retry-after", str(STATE["retry_after"])))

@@ -8,16 +8,22 @@
 //! moves both together, and only when told. Expiry that the database decides (a
 //! reservation's, an unpaid order's) stays on the database's clock.
 //!
+//! [`Clock::sleep`] waits on the clock, for a rule's wait (a retry's back-off): on the
+//! system's clock it is tokio's sleep, on a manual one it ends when the clock is moved past
+//! it, so a test moves a minute of back-off without waiting a minute.
+//!
 //! [`monotonic`] is the process's monotonic time for what only measures or paces (a
 //! request's latency, a log line's rate limit): it follows tokio's clock, so a test on a
 //! paused runtime sees it move with `tokio::time::advance`. This module is the only place
 //! that reads a clock directly (a test keeps it so).
 
+use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use tokio::sync::Notify;
 
 /// The time rules are decided on: the system's, or a manual one in tests. Cheap to clone.
 #[derive(Clone, Debug, Default)]
@@ -45,6 +51,23 @@ impl Clock {
         match &self.manual {
             None => monotonic(),
             Some(manual) => manual.instant(),
+        }
+    }
+
+    /// Waits until `duration` has passed on this clock: tokio's sleep on the system's clock,
+    /// and on a manual one until it has been moved that far.
+    pub async fn sleep(&self, duration: Duration) {
+        let Some(manual) = &self.manual else {
+            return tokio::time::sleep(duration).await;
+        };
+        let deadline = manual.instant() + duration;
+        loop {
+            let mut moved = pin!(manual.moved.notified());
+            moved.as_mut().enable();
+            if manual.instant() >= deadline {
+                return;
+            }
+            moved.await;
         }
     }
 
@@ -79,6 +102,8 @@ struct Manual {
     instant_start: Instant,
     /// Microseconds the monotonic time has moved; never goes back.
     instant_us: AtomicU64,
+    /// Wakes the sleepers on this clock whenever it is moved.
+    moved: Notify,
 }
 
 impl ManualClock {
@@ -89,6 +114,7 @@ impl ManualClock {
             wall_us: AtomicI64::new(0),
             instant_start: monotonic(),
             instant_us: AtomicU64::new(0),
+            moved: Notify::new(),
         }))
     }
 
@@ -111,6 +137,7 @@ impl ManualClock {
         self.0
             .instant_us
             .fetch_add(us.unsigned_abs(), Ordering::Relaxed);
+        self.0.moved.notify_waiters();
     }
 
     /// Sets the wall time to `at`; monotonic time moves forward by as much when that is
@@ -122,6 +149,7 @@ impl ManualClock {
         let before = self.0.wall_us.swap(us, Ordering::Relaxed);
         let forward = us.saturating_sub(before).max(0).unsigned_abs();
         self.0.instant_us.fetch_add(forward, Ordering::Relaxed);
+        self.0.moved.notify_waiters();
     }
 
     pub fn now(&self) -> DateTime<Utc> {
@@ -170,6 +198,29 @@ mod tests {
         manual.set(wall - chrono::Duration::seconds(5));
         assert_eq!(manual.now(), wall - chrono::Duration::seconds(5));
         assert_eq!(manual.clock().instant() - instant, Duration::from_secs(60));
+    }
+
+    #[tokio::test]
+    async fn a_sleep_on_a_manual_clock_ends_when_the_clock_is_moved_past_it() {
+        let manual = ManualClock::starting_now();
+        let clock = manual.clock();
+        let mut sleeping = pin!(clock.sleep(Duration::from_secs(60)));
+        let short = Duration::from_millis(20);
+        assert!(
+            tokio::time::timeout(short, sleeping.as_mut())
+                .await
+                .is_err()
+        );
+        manual.advance(Duration::from_secs(59));
+        assert!(
+            tokio::time::timeout(short, sleeping.as_mut())
+                .await
+                .is_err()
+        );
+        manual.advance(Duration::from_secs(1));
+        tokio::time::timeout(Duration::from_secs(10), sleeping)
+            .await
+            .expect("the sleep ends once the clock passed it");
     }
 
     #[tokio::test(start_paused = true)]

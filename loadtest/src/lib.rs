@@ -42,6 +42,7 @@ pub mod pow;
 pub mod progress;
 pub mod provider;
 pub mod sale;
+pub mod sale_events;
 pub mod summary;
 pub mod timeline;
 pub mod verdict;

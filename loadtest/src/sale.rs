@@ -72,6 +72,10 @@ pub struct SaleConfig {
     /// PostgreSQL of the gateway, to check the orders behind the answers.
     #[arg(long)]
     pub database_url: Option<String>,
+    /// Subscribes a receiver in this process to every event before the sale and, after it,
+    /// times the backlog draining to it and checks each order's events arrived in sequence.
+    #[arg(long)]
+    pub events_receiver: bool,
 }
 
 /// Latency histograms keyed by outcome (HTTP status or "error").
@@ -153,6 +157,12 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
         .build()
         .map_err(|e| e.to_string())?;
     let deal_id = format!("lt-{}", uuid::Uuid::now_v7().simple());
+    let subscribed = if config.events_receiver {
+        let database_url = config.database_url.as_deref();
+        Some(crate::sale_events::subscribe(&client, &config.operator, database_url).await?)
+    } else {
+        None
+    };
     create_deal(&client, config, &deal_id).await?;
     let recorder = Arc::new(Mutex::new(Recorder::new(config.stock)));
     // Every token is minted before the clock starts, so signing costs the run nothing.
@@ -226,6 +236,12 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
         .collect();
     report["paid_at_checkout"] = json!(paid);
     report["load_generator_cpu_seconds"] = json!(cpu_used);
+    if let Some(subscribed) = subscribed {
+        let (operator, orders) = (&config.operator, &recorder.order_ids);
+        subscribed
+            .report(&client, operator, &deal_id, orders, &mut report)
+            .await;
+    }
     Ok(report)
 }
 

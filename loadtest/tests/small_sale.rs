@@ -102,6 +102,7 @@ impl Gateway {
             rate: 0,
             duration_max_seconds: 30,
             retries_max: 5,
+            events_receiver: false,
             database_url: Some(self.settings.database.url.clone()),
             pay_fraction: 0.0,
             queue_admit_per_second: 0,

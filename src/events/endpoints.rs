@@ -231,20 +231,22 @@ pub async fn advance(pool: &PgPool, id: Uuid, from: i64, to: i64) -> Result<bool
     Ok(moved.rows_affected() == 1)
 }
 
-/// Records a failed attempt; past `failing_after_seconds` of failures the endpoint is
-/// marked failing. Returns the endpoint's state afterwards.
+/// Records a failed attempt at `now` (the application's clock); past
+/// `failing_after_seconds` of failures the endpoint is marked failing. Returns the
+/// endpoint's state afterwards.
 pub async fn record_failure(
     pool: &PgPool,
     id: Uuid,
     error: &str,
     failing_after_seconds: u64,
+    now: DateTime<Utc>,
 ) -> Result<String, StoreError> {
     let mut tx = pool.begin().await?;
     let state: Option<String> = sqlx::query_scalar(
         "UPDATE event_endpoints
-            SET failing_since = coalesce(failing_since, now()), last_error = $2,
-                state = CASE WHEN coalesce(failing_since, now())
-                                  <= now() - make_interval(secs => $3)
+            SET failing_since = coalesce(failing_since, $4), last_error = $2,
+                state = CASE WHEN coalesce(failing_since, $4)
+                                  <= $4 - make_interval(secs => $3)
                              THEN 'failing' ELSE state END
           WHERE id = $1
         RETURNING state",
@@ -252,6 +254,7 @@ pub async fn record_failure(
     .bind(id)
     .bind(error)
     .bind(failing_after_seconds as f64)
+    .bind(now)
     .fetch_optional(&mut *tx)
     .await?;
     tx.commit().await?;

@@ -227,8 +227,10 @@ async fn serve_endpoint(context: Context, id: Uuid, stop: CancellationToken) {
         }
         let wait = delivery::backoff(attempt, initial, max, failure.retry_after);
         attempt = attempt.saturating_add(1);
-        if sleep_or_stop(wait, &stop).await {
-            return;
+        // The schedule is a rule, so it waits on the application's clock.
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = context.clock.sleep(wait) => {}
         }
     }
 }
@@ -289,7 +291,8 @@ async fn deliver(
 /// Records a failed attempt; true when the endpoint is now failing (or gone).
 async fn failed(context: &Context, id: Uuid, failure: &delivery::Failure) -> bool {
     let limit = context.settings.failing_after_seconds;
-    match endpoints::record_failure(&context.pool, id, &failure.error, limit).await {
+    let now = context.clock.now();
+    match endpoints::record_failure(&context.pool, id, &failure.error, limit, now).await {
         Ok(state) if state == "active" => false,
         Ok(state) => {
             tracing::warn!(endpoint = %id, error = %failure.error, state, "event endpoint failing; deliveries stopped until a replay");

@@ -5,7 +5,7 @@
 //! library in the gateway's own tests; here the HMAC is recomputed to catch a body or id
 //! mixed up under faults.)
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -63,13 +63,14 @@ impl Receiver {
         Ok(Self { addr, key, arrived })
     }
 
-    /// Subscribes the receiver to every event through the admin API at `ops`.
+    /// Subscribes the receiver to every event through the admin API at `ops`; the
+    /// endpoint's id.
     pub async fn subscribe(
         &self,
         http: &reqwest::Client,
         ops: &str,
         token: &str,
-    ) -> Result<(), String> {
+    ) -> Result<String, String> {
         let url = format!("http://{}/hooks", self.addr);
         let answer = http
             .post(format!("{ops}/admin/event-endpoints"))
@@ -86,7 +87,44 @@ impl Receiver {
             .decode(secret.trim_start_matches("whsec_"))
             .map_err(|e| e.to_string())?;
         *self.key.lock().unwrap_or_else(|e| e.into_inner()) = key;
-        Ok(())
+        let id = created["id"].as_str().unwrap_or_default();
+        Ok(id.to_owned())
+    }
+
+    /// How many different events arrived.
+    pub fn distinct(&self) -> usize {
+        let arrived = self.arrived.lock().unwrap_or_else(|e| e.into_inner());
+        arrived
+            .iter()
+            .map(|d| d.id.as_str())
+            .collect::<BTreeSet<_>>()
+            .len()
+    }
+
+    /// How many of `objects` (order ids) had at least one event arrive.
+    pub fn objects_told(&self, objects: &HashSet<String>) -> usize {
+        let arrived = self.arrived.lock().unwrap_or_else(|e| e.into_inner());
+        arrived
+            .iter()
+            .map(|d| object(&d.body))
+            .filter(|o| objects.contains(o))
+            .collect::<HashSet<_>>()
+            .len()
+    }
+
+    /// How many deliveries arrived, repeats counted.
+    pub fn arrivals(&self) -> usize {
+        self.arrived.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// What arrived wrongly signed, changed on a repeat or out of its object's sequence,
+    /// among the events of `objects` (order ids, and `deal:<id>` for a deal) from the
+    /// `from`th delivery on.
+    pub fn violations(&self, objects: &HashSet<String>, from: usize) -> Vec<String> {
+        let arrived = self.arrived.lock().unwrap_or_else(|e| e.into_inner());
+        let since = arrived.get(from..).unwrap_or_default();
+        let among = since.iter().filter(|d| objects.contains(&object(&d.body)));
+        walk(among).violations
     }
 }
 
@@ -156,7 +194,7 @@ pub async fn check(db: &PgPool, receiver: &Receiver) -> (Vec<String>, Value) {
             sqlx::query_as("SELECT count(*), count(*) FILTER (WHERE position IS NULL) FROM events")
                 .fetch_one(db)
                 .await;
-        let distinct = distinct(receiver);
+        let distinct = receiver.distinct();
         match counts {
             Ok((all, 0)) if all == distinct as i64 => break all,
             _ if started.elapsed() > DRAIN_MAX => break counts.map_or(-1, |c| c.0),
@@ -174,15 +212,6 @@ pub async fn check(db: &PgPool, receiver: &Receiver) -> (Vec<String>, Value) {
     (violations, figures)
 }
 
-fn distinct(receiver: &Receiver) -> usize {
-    let arrived = receiver.arrived.lock().unwrap_or_else(|e| e.into_inner());
-    arrived
-        .iter()
-        .map(|d| d.id.as_str())
-        .collect::<BTreeSet<_>>()
-        .len()
-}
-
 async fn compare(db: &PgPool, receiver: &Receiver) -> Result<Vec<String>, String> {
     let ids: Vec<i64> =
         sqlx::query_scalar("SELECT id FROM events WHERE position IS NOT NULL ORDER BY position")
@@ -196,43 +225,11 @@ async fn compare(db: &PgPool, receiver: &Receiver) -> Result<Vec<String>, String
         .into_iter()
         .collect();
     let arrived = receiver.arrived.lock().unwrap_or_else(|e| e.into_inner());
-    let mut violations = Vec::new();
-    let mut first: HashMap<&str, &Delivery> = HashMap::new();
-    let mut last_sequence: HashMap<String, i64> = HashMap::new();
-    let mut last_status: HashMap<String, String> = HashMap::new();
-    for delivery in arrived.iter() {
-        if !delivery.signed {
-            violations.push(format!(
-                "event {} arrived with a wrong signature",
-                delivery.id
-            ));
-        }
-        if let Some(earlier) = first.get(delivery.id.as_str()) {
-            if earlier.body != delivery.body {
-                violations.push(format!(
-                    "event {} arrived twice with different bodies",
-                    delivery.id
-                ));
-            }
-            continue;
-        }
-        first.insert(&delivery.id, delivery);
-        let data = &delivery.body["data"];
-        let object = match data["order_id"].as_str() {
-            Some(order) => order.to_owned(),
-            None => format!("deal:{}", data["deal_id"].as_str().unwrap_or_default()),
-        };
-        let sequence = data["sequence"].as_i64().unwrap_or(0);
-        let previous = last_sequence.insert(object.clone(), sequence).unwrap_or(0);
-        if sequence != previous + 1 {
-            violations.push(format!(
-                "{object}: event {sequence} arrived after {previous}"
-            ));
-        }
-        if let Some(status) = data["status"].as_str() {
-            last_status.insert(object, status.to_owned());
-        }
-    }
+    let Walk {
+        mut violations,
+        first,
+        last_status,
+    } = walk(arrived.iter());
     let expected: BTreeSet<String> = ids.iter().map(|id| format!("evt_{id}")).collect();
     let got: BTreeSet<String> = first.keys().map(|k| (*k).to_owned()).collect();
     for missing in expected.difference(&got).take(10) {
@@ -250,4 +247,64 @@ async fn compare(db: &PgPool, receiver: &Receiver) -> Result<Vec<String>, String
         }
     }
     Ok(violations)
+}
+
+/// The arrivals, walked in order.
+struct Walk<'a> {
+    violations: Vec<String>,
+    first: HashMap<&'a str, &'a Delivery>,
+    last_status: HashMap<String, String>,
+}
+
+/// Checks every arrival: signed, the same body when repeated, and each order's (or deal's)
+/// events in sequence; keeps each event's first arrival and each order's last status.
+fn walk<'a>(arrived: impl IntoIterator<Item = &'a Delivery>) -> Walk<'a> {
+    let mut violations = Vec::new();
+    let mut first: HashMap<&str, &Delivery> = HashMap::new();
+    let mut last_sequence: HashMap<String, i64> = HashMap::new();
+    let mut last_status: HashMap<String, String> = HashMap::new();
+    for delivery in arrived {
+        if !delivery.signed {
+            violations.push(format!(
+                "event {} arrived with a wrong signature",
+                delivery.id
+            ));
+        }
+        if let Some(earlier) = first.get(delivery.id.as_str()) {
+            if earlier.body != delivery.body {
+                violations.push(format!(
+                    "event {} arrived twice with different bodies",
+                    delivery.id
+                ));
+            }
+            continue;
+        }
+        first.insert(&delivery.id, delivery);
+        let data = &delivery.body["data"];
+        let object = object(&delivery.body);
+        let sequence = data["sequence"].as_i64().unwrap_or(0);
+        let previous = last_sequence.insert(object.clone(), sequence).unwrap_or(0);
+        if sequence != previous + 1 {
+            violations.push(format!(
+                "{object}: event {sequence} arrived after {previous}"
+            ));
+        }
+        if let Some(status) = data["status"].as_str() {
+            last_status.insert(object, status.to_owned());
+        }
+    }
+    Walk {
+        violations,
+        first,
+        last_status,
+    }
+}
+
+/// The order an event is about, or `deal:<id>` for a deal's.
+fn object(body: &Value) -> String {
+    let data = &body["data"];
+    match data["order_id"].as_str() {
+        Some(order) => order.to_owned(),
+        None => format!("deal:{}", data["deal_id"].as_str().unwrap_or_default()),
+    }
 }

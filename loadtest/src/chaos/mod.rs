@@ -11,7 +11,7 @@
 
 mod clients;
 mod cluster;
-mod events;
+pub mod events;
 mod ledger;
 pub mod schedule;
 

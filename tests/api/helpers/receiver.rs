@@ -99,6 +99,13 @@ impl Receiver {
             .collect()
     }
 
+    /// The `webhook-id` of every delivery answered 500 so far (since its last start).
+    pub async fn refused(&self) -> Vec<String> {
+        let url = format!("http://127.0.0.1:{}/refused", self.port);
+        let answer = self.client.get(url).send().await.expect("refused");
+        answer.json().await.expect("a JSON array of ids")
+    }
+
     /// Answers 500 to everything from now on.
     pub async fn fail(&self) {
         self.control(json!({"mode": "fail"})).await;
