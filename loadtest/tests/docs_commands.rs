@@ -175,10 +175,11 @@ fn is_sketch(args: &[String]) -> bool {
     })
 }
 
-/// Placeholders take a value of their kind: order ids are UUIDs, counts are numbers.
+/// Placeholders take a value of their kind: order and endpoint ids are UUIDs, counts are
+/// numbers.
 fn fill(arg: &str) -> String {
     if arg.starts_with('<') && arg.ends_with('>') {
-        if arg.contains("order") {
+        if arg.contains("order") || arg.contains("endpoint") {
             "0190a000-0000-7000-8000-000000000000".to_owned()
         } else {
             "demo".to_owned()

@@ -44,13 +44,22 @@ async fn a_refund_the_provider_keeps_refusing_is_given_up_after_bounded_tries_an
             .unwrap();
     assert_eq!(tries, 2);
     assert!(error.is_some_and(|e| e.contains("500")));
-    // Nothing retries it any more, and it is visible: metric and reconcile output.
-    let pending: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE kind = 'refund' AND done_at IS NULL")
-            .fetch_one(&app.db)
+    // Nothing retries it any more (the outbox closes its entry right after the refund is
+    // marked, in a write of its own), and it is visible: metric and reconcile output.
+    app.wait_db(
+        "the refund's outbox entry closed",
+        SETTLE,
+        |db| async move {
+            let pending: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM outbox WHERE kind = 'refund' AND done_at IS NULL",
+            )
+            .fetch_one(&db)
             .await
             .unwrap();
-    assert_eq!(pending, 0);
+            pending == 0
+        },
+    )
+    .await;
     assert_eq!(app.counter("flashgate_refunds_failed_total", "").await, 1.0);
     app.sim.reset_faults().await;
     let findings = reconcile(&app.settings);
