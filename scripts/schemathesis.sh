@@ -89,6 +89,8 @@ export SCHEMATHESIS_HOOKS="$PWD/scripts/schemathesis_hooks.py"
 # Payments at the simulator, which sends its webhooks to this gateway. No grace after a
 # reservation's expiry, so the late payments below are late at once.
 sim_port=$(free_port)
+# Endpoints on loopback (see scripts/schemathesis_hooks.py): deliveries stay on this machine.
+export FLASHGATE__EVENTS__ALLOW_PRIVATE_TARGETS=true
 export FLASHGATE__PAYMENTS__ENABLED=true
 export FLASHGATE__PAYMENTS__BASE_URL="http://127.0.0.1:$sim_port"
 export FLASHGATE__PAYMENTS__API_KEY="schemathesis-psp-api-key-$suffix-0123456789"

@@ -24,6 +24,20 @@ pub const POW_HEADER: &str = "flashgate-pow";
 /// window.
 pub const POSITION_HEADER: &str = "flashgate-position";
 
+/// The longest `Flashgate-Position` taken (a token the gateway signs is under 300 bytes); a
+/// longer one is bad input, answered 400 before anything else reads it.
+pub const POSITION_TOKEN_BYTES_MAX: usize = 512;
+
+/// The request's `Flashgate-Position`, if any, within [`POSITION_TOKEN_BYTES_MAX`].
+pub(super) fn position_header<B>(request: &Request<B>) -> Result<Option<&[u8]>, Problem> {
+    match header(request, POSITION_HEADER) {
+        Some(token) if token.len() > POSITION_TOKEN_BYTES_MAX => Err(Problem::invalid(format!(
+            "Flashgate-Position is longer than {POSITION_TOKEN_BYTES_MAX} bytes"
+        ))),
+        shown => Ok(shown),
+    }
+}
+
 /// A request header's raw bytes.
 pub(super) fn header<B>(
     request: &Request<B>,

@@ -23,7 +23,9 @@ use serde::{Deserialize, Serialize};
 
 use super::State;
 use super::body::{self, Caching};
-use super::guard::{POSITION_HEADER, POW_HEADER, check_ip, header, record, require_admin};
+use super::guard::{
+    POSITION_HEADER, POW_HEADER, check_ip, header, position_header, record, require_admin,
+};
 use super::problem::Problem;
 use crate::deals::{Deal, WaitingRoomTerms, Window};
 use crate::domain::{DealId, UserId};
@@ -166,7 +168,7 @@ pub async fn join(
     }
     let room = state.admission.waiting_room();
     let solution = header(request, POW_HEADER);
-    let position = header(request, POSITION_HEADER);
+    let position = position_header(request)?;
     let status = room.join(&deal, user.as_str(), solution, position).await?;
     Ok(ticket_reply(
         state,
@@ -216,7 +218,7 @@ fn shown_position(
     ticket: &str,
     request: &Request<Incoming>,
 ) -> Result<Option<Position>, Problem> {
-    let Some(token) = header(request, POSITION_HEADER) else {
+    let Some(token) = position_header(request)? else {
         return Ok(None);
     };
     let positions = state.admission.waiting_room().positions();
