@@ -77,7 +77,7 @@ pub async fn export(url: String, mut spans: mpsc::Receiver<Vec<Span>>) {
     let mut batch: Vec<Span> = Vec::new();
     // When the oldest span waiting must be sent: a trickle of traces, each sooner than the
     // interval after the last, must not hold the batch back until it is full.
-    let mut due = tokio::time::Instant::now();
+    let mut due = tokio::time::Instant::from_std(crate::clock::monotonic());
     loop {
         let next = match batch.is_empty() {
             true => spans.recv().await,
@@ -90,9 +90,10 @@ pub async fn export(url: String, mut spans: mpsc::Receiver<Vec<Span>>) {
             return;
         };
         if batch.is_empty() {
-            due = tokio::time::Instant::now() + EXPORT_INTERVAL;
+            due = tokio::time::Instant::from_std(crate::clock::monotonic()) + EXPORT_INTERVAL;
         }
-        let flush = trace.is_empty() || tokio::time::Instant::now() >= due;
+        let flush =
+            trace.is_empty() || tokio::time::Instant::from_std(crate::clock::monotonic()) >= due;
         batch.extend(trace);
         if flush || batch.len() >= EXPORT_SPANS_MAX {
             post(&client, &url, &batch).await;
