@@ -17,6 +17,7 @@ mod settings;
 pub mod slices;
 pub mod soldout;
 pub mod token;
+mod token_error;
 
 use std::net::IpAddr;
 use std::sync::Arc;

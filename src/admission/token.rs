@@ -15,6 +15,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
 use super::oidc::{Identity, OidcVerifier};
+pub use super::token_error::TokenError;
 use crate::clock::Clock;
 use crate::domain::UserId;
 
@@ -58,23 +59,6 @@ impl Audience<'static> {
         issuer: DEFAULT_ISSUER,
         audience: DEFAULT_AUDIENCE,
     };
-}
-
-/// Why a bearer token was refused. The detail is deliberately vague towards clients.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TokenError {
-    #[error("missing bearer token")]
-    Missing,
-    /// An `Authorization` header of another scheme (`Basic …`), or of none.
-    #[error("the Authorization header must use the Bearer scheme: `Authorization: Bearer <token>`")]
-    WrongScheme,
-    #[error("token expired")]
-    Expired,
-    #[error("invalid token")]
-    Invalid,
-    /// The provider's keys have not been read yet (`auth.oidc.start_without_keys`).
-    #[error("the identity provider's keys are not available yet; retry shortly")]
-    KeysUnavailable { retry_after_seconds: u64 },
 }
 
 pub struct TokenVerifier {

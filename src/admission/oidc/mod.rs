@@ -23,7 +23,7 @@ use serde_json::Value;
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::token::TokenError;
+use super::token_error::TokenError;
 use crate::clock::{Clock, elapsed_since, monotonic};
 use crate::domain::UserId;
 use crate::telemetry;
