@@ -231,10 +231,14 @@ async fn unreadable_health_gives_the_floor_and_a_new_holder_resumes_from_the_pub
     first.stop().await.expect("the first gateway stops");
     let second = spawn_sibling(&first.settings).await;
 
-    // Assert 2: the new holder resumed from 20 and cut it once more: 10, not 20 (from the
-    // maximum) nor 3 (from the floor).
+    // Assert 2: the new holder resumed from 20 and cut it once more: a halving to 10, or
+    // deeper (to 20 × target / p99) when the stopped holder's last report, still fresh, was
+    // slower on a busy machine; not the floor, and not a climb.
     let resumed = outflow_until(&second, &deal, "the new holder's decision", |r| r != 20.0).await;
-    assert_eq!(resumed, 10.0, "resumed from the published outflow");
+    assert!(
+        (5.0..=10.0).contains(&resumed),
+        "resumed from the published outflow: {resumed}"
+    );
     stop.store(true, Ordering::Relaxed);
     second.stop().await;
     first.cleanup().await;
