@@ -277,21 +277,16 @@ async fn at_ratio_zero_a_failed_or_slow_purchase_is_traced_and_an_ordinary_one_i
     ];
     let unsampled = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-00");
 
-    // Act: an ordinary purchase (an unsampled caller); one held 600 ms and one held past
-    // the request timeout by a transaction locking the deal's buckets.
+    // Act: an ordinary purchase (an unsampled caller); one held until PostgreSQL shows it
+    // blocked 600 ms and one held until it is answered (past the request timeout) by a
+    // transaction locking the deal's buckets.
     assert_eq!(
         purchase(&app, "quick", &deal, &passes[0], Some(&unsampled)).await,
         201
     );
-    let slow = held_purchase(&app, "slow", &deal, &passes[1], Duration::from_millis(600)).await;
-    let stuck = held_purchase(
-        &app,
-        "stuck",
-        &deal,
-        &passes[2],
-        Duration::from_millis(2500),
-    )
-    .await;
+    let blocked = Hold::Blocked(Duration::from_millis(600));
+    let slow = held_purchase(&app, "slow", &deal, &passes[1], blocked).await;
+    let stuck = held_purchase(&app, "stuck", &deal, &passes[2], Hold::Answered).await;
 
     // Assert: the slow one (201) and the failed one (503) are traced, the quick one is not.
     assert_eq!((slow, stuck), (201, 503));
@@ -321,8 +316,16 @@ async fn at_ratio_zero_a_failed_or_slow_purchase_is_traced_and_an_ordinary_one_i
     app.cleanup().await;
 }
 
-/// A purchase while another transaction holds the deal's buckets for `hold`; its status.
-async fn held_purchase(app: &TestApp, user: &str, deal: &str, pass: &str, hold: Duration) -> u16 {
+/// How long a transaction holds the deal's buckets against a purchase.
+enum Hold {
+    /// Until PostgreSQL shows the purchase's statement waiting on the lock this long.
+    Blocked(Duration),
+    /// Until the purchase is answered.
+    Answered,
+}
+
+/// A purchase while another transaction holds the deal's buckets as `hold` says; its status.
+async fn held_purchase(app: &TestApp, user: &str, deal: &str, pass: &str, hold: Hold) -> u16 {
     let mut locker = sqlx::PgConnection::connect(&app.settings.database.url)
         .await
         .unwrap();
@@ -333,12 +336,37 @@ async fn held_purchase(app: &TestApp, user: &str, deal: &str, pass: &str, hold: 
         .await
         .unwrap();
     let sent = purchase(app, user, deal, pass, None);
-    let release = async {
-        tokio::time::sleep(hold).await;
-        transaction.rollback().await.unwrap();
-    };
-    let (status, ()) = tokio::join!(sent, release);
-    status
+    match hold {
+        Hold::Answered => {
+            let status = sent.await;
+            transaction.rollback().await.unwrap();
+            status
+        }
+        Hold::Blocked(blocked) => {
+            let release = async {
+                blocked_on_a_lock(app, blocked).await;
+                transaction.rollback().await.unwrap();
+            };
+            tokio::join!(sent, release).0
+        }
+    }
+}
+
+/// Waits until a statement of the app's database has waited on a lock for `blocked`, as
+/// PostgreSQL's `pg_stat_activity` tells.
+async fn blocked_on_a_lock(app: &TestApp, blocked: Duration) {
+    let what = format!("a statement blocked on a lock for {blocked:?}");
+    wait_until(&what, blocked + Duration::from_secs(10), || async {
+        let longest: Option<f64> = sqlx::query_scalar(
+            "SELECT max(extract(epoch FROM clock_timestamp() - query_start))::float8 \
+             FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+        longest.filter(|seconds| *seconds >= blocked.as_secs_f64())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

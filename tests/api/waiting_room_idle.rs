@@ -222,12 +222,7 @@ async fn a_hundred_lines_whose_buyers_were_admitted_or_gone_cost_an_idle_gateway
         let ticket = ticket_of(&join(&app, "early", deal).await.expect(201));
         poll_until(&app, "early", deal, &ticket, &["admitted"], WINDOW).await;
         if i % 2 == 1 {
-            let revoke = app
-                .client
-                .post(app.url(&format!("/admin/deals/{deal}/queue/revoke")))
-                .bearer_auth(&app.admin_token)
-                .json(&json!({"user_id": "early"}));
-            send(revoke).await.expect(200);
+            app.revoke_in_line(deal, "early").await;
         }
     }
     let asleep = format!("{}wr:{{advancer}}:asleep", app.settings.redis.key_prefix);
