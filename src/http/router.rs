@@ -108,7 +108,8 @@ pub fn begin(
                     let (response, at) = answered.complete(state, &span);
                     let elapsed = at.saturating_duration_since(started);
                     let status = response.status();
-                    traced::refusal(state, request.headers(), &id, template, status, elapsed);
+                    let headers = request.headers();
+                    traced::refusal(state, headers, &id, template, status, started, elapsed);
                     let body = request.into_body();
                     return Begun::Answered { response, at, body };
                 }
@@ -116,7 +117,7 @@ pub fn begin(
         }
         _ => Work::Route(face),
     };
-    let trace = traced::begin(state, request.headers(), &span);
+    let trace = traced::begin(state, request.headers(), &span, started);
     Begun::Waits(Box::new(Waiting {
         started,
         id,
@@ -166,7 +167,8 @@ pub fn begin_front(
     let (status, slug) = (problem.status(), problem.slug());
     problem.write_http1(&id, date, out);
     let elapsed = elapsed_since(started);
-    traced::refusal(state, headers, &id, route.template(), status, elapsed);
+    let template = route.template();
+    traced::refusal(state, headers, &id, template, status, started, elapsed);
     span.record("outcome", slug);
     span.record("latency_ms", elapsed.as_secs_f64() * 1000.0);
     tracing::debug!(parent: &span, status = status.as_u16(), "answered");

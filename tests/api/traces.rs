@@ -369,6 +369,67 @@ async fn blocked_on_a_lock(app: &TestApp, blocked: Duration) {
     .await;
 }
 
+/// Refusals sent by one buyer past its limit in the test below.
+const REFUSALS: usize = 400;
+/// The trace a caller sampled, sent last: once it arrives, every trace before it has.
+const LAST_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refusals_answered_from_memory_are_traced_at_the_ratio() {
+    // Arrange: ratio one half, nothing slow enough to be traced for it; one order a second
+    // per buyer.
+    let receiver = Receiver::start().await;
+    let url = receiver.url.clone();
+    let app = spawn_app_with(move |s| {
+        s.telemetry.otlp_endpoint = url;
+        s.telemetry.trace_ratio = 0.5;
+        s.telemetry.trace_slow_ms = 60_000;
+        s.limits.per_user.rate_per_second = 1;
+        s.limits.per_user.burst = 1;
+    })
+    .await;
+    let deal = app.given_deal(&new_deal("refused", 10, 1)).await;
+
+    // Act: one buyer's orders, all but about one a second refused from memory (429); then
+    // one more whose caller sampled it.
+    let token = app.token("eager");
+    let mut refused = 0;
+    for _ in 0..REFUSALS {
+        let reply = app.place_order(&token, &deal, &unique_suffix(), 1).await;
+        refused += usize::from(reply.status == 429);
+    }
+    let last = app
+        .client
+        .post(app.url(&format!("/v1/deals/{deal}/orders")))
+        .bearer_auth(&token)
+        .header("Idempotency-Key", unique_suffix())
+        .header("traceparent", format!("00-{LAST_TRACE}-{CALLER_SPAN}-01"))
+        .json(&json!({ "quantity": 1 }));
+    send(last).await.expect_problem(429, "rate-limited");
+    wait_until(
+        "the sampled refusal's trace",
+        Duration::from_secs(10),
+        || async { !receiver.trace(LAST_TRACE).is_empty() },
+    )
+    .await;
+
+    // Assert: about half the refusals were traced, each as one span (not a half of a half:
+    // the head's one draw decides).
+    let traced = receiver
+        .spans()
+        .iter()
+        .filter(|s| s["attributes"]["http.response.status_code"] == 429)
+        .filter(|s| s["trace_id"] != LAST_TRACE)
+        .count();
+    let (expected, spread) = (refused as f64 / 2.0, (refused as f64 / 4.0).sqrt());
+    assert!(refused >= REFUSALS * 3 / 4, "{refused} refused");
+    assert!(
+        (traced as f64 - expected).abs() <= 5.0 * spread,
+        "{traced} of {refused} refusals traced at a ratio of 0.5"
+    );
+    app.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn at_ratio_zero_a_failed_and_a_slow_webhook_delivery_are_each_traced() {
     // Arrange: ratio 0, slow from 300 ms; a shop's receiver that answers 500.
