@@ -378,21 +378,21 @@ const LAST_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 #[tokio::test(flavor = "multi_thread")]
 async fn refusals_answered_from_memory_are_traced_at_the_ratio() {
     // Arrange: ratio one half, nothing slow enough to be traced for it; one order a second
-    // per buyer.
+    // per address (a limit each instance keeps in memory).
     let receiver = Receiver::start().await;
     let url = receiver.url.clone();
     let app = spawn_app_with(move |s| {
         s.telemetry.otlp_endpoint = url;
         s.telemetry.trace_ratio = 0.5;
         s.telemetry.trace_slow_ms = 60_000;
-        s.limits.per_user.rate_per_second = 1;
-        s.limits.per_user.burst = 1;
+        s.limits.per_ip.rate_per_second = 1;
+        s.limits.per_ip.burst = 1;
     })
     .await;
     let deal = app.given_deal(&new_deal("refused", 10, 1)).await;
 
-    // Act: one buyer's orders, all but about one a second refused from memory (429); then
-    // one more whose caller sampled it.
+    // Act: orders from one address, all but about one a second refused from memory (429);
+    // then one more whose caller sampled it.
     let token = app.token("eager");
     let mut refused = 0;
     for _ in 0..REFUSALS {
