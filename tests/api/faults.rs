@@ -223,8 +223,9 @@ async fn postgres_down_for_over_a_minute_then_back() {
         "the payment made during the outage was lost"
     );
 
-    // Act 2: once both listeners are back, a pause on one instance...
-    wait_until("both deal change listeners back", EVENTUALLY, || async {
+    // Act 2: once both listeners are back (each retries every second; ten seconds leave
+    // room for a loaded runner), a pause on one instance...
+    wait_until("both deal change listeners back", Duration::from_secs(10), || async {
         change_listeners(&postgres.url()).await >= 2
     })
     .await;
