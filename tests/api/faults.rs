@@ -225,9 +225,11 @@ async fn postgres_down_for_over_a_minute_then_back() {
 
     // Act 2: once both listeners are back (each retries every second; ten seconds leave
     // room for a loaded runner), a pause on one instance...
-    wait_until("both deal change listeners back", Duration::from_secs(10), || async {
-        change_listeners(&postgres.url()).await >= 2
-    })
+    wait_until(
+        "both deal change listeners back",
+        Duration::from_secs(10),
+        || async { change_listeners(&postgres.url()).await >= 2 },
+    )
     .await;
     let request = a.client.post(a.url(&format!("/admin/deals/{deal}/pause")));
     send(request.bearer_auth(&a.admin_token).json(&json!({})))
