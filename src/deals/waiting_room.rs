@@ -49,6 +49,44 @@ impl TryFrom<String> for AdmissionMode {
     }
 }
 
+/// When the line is in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// Every buyer takes a ticket and waits for the advancer.
+    #[default]
+    Always,
+    /// While arrivals stay below the outflow and passes below `max_active`, a join is
+    /// admitted at once; once they go past it, buyers queue until the line is empty and
+    /// calm again (`waiting_room.when_busy_calm_seconds`).
+    WhenBusy,
+}
+
+impl Activation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Activation::Always => "always",
+            Activation::WhenBusy => "when_busy",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "always" => Some(Activation::Always),
+            "when_busy" => Some(Activation::WhenBusy),
+            _ => None,
+        }
+    }
+}
+
+impl TryFrom<String> for Activation {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        Self::parse(&text).ok_or_else(|| format!("unknown activation {text}"))
+    }
+}
+
 /// How the line's outflow is set; stored in `wr_admission_mode`, `wr_min_per_second`,
 /// `wr_max_per_second` and `wr_target_p99_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::FromRow)]
@@ -130,6 +168,9 @@ pub struct WaitingRoomTerms {
     /// Who sets the outflow: the operator's `admit_per_second`, or the measured health.
     #[sqlx(flatten)]
     pub admission: AdmissionTerms,
+    /// `always` queues every buyer; `when_busy` admits at once while the line is calm.
+    #[sqlx(rename = "wr_activation", try_from = "String")]
+    pub activation: Activation,
 }
 
 impl Default for WaitingRoomTerms {
@@ -144,6 +185,7 @@ impl Default for WaitingRoomTerms {
             pow_bits: 0,
             checkout_url: None,
             admission: AdmissionTerms::default(),
+            activation: Activation::Always,
         }
     }
 }
@@ -151,6 +193,10 @@ impl Default for WaitingRoomTerms {
 impl WaitingRoomTerms {
     pub fn is_random(&self) -> bool {
         self.queue_order == "random"
+    }
+
+    pub fn when_busy(&self) -> bool {
+        self.activation == Activation::WhenBusy
     }
 
     /// Checks the bounds; the message names the offending field.

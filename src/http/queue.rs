@@ -30,7 +30,7 @@ use super::problem::Problem;
 use crate::deals::{Deal, WaitingRoomTerms, Window};
 use crate::domain::{DealId, UserId};
 use crate::waiting_room::follow::{self, Far};
-use crate::waiting_room::{Position, QueueError, TicketState, TicketStatus};
+use crate::waiting_room::{Position, Proof, QueueError, TicketState, TicketStatus};
 
 type Reply = Result<Response<Full<Bytes>>, Problem>;
 
@@ -169,7 +169,9 @@ pub async fn join(
     let room = state.admission.waiting_room();
     let solution = header(request, POW_HEADER);
     let position = position_header(request)?;
-    let status = room.join(&deal, user.as_str(), solution, position).await?;
+    let proof = Proof { solution, position };
+    let sold_out = state.admission.sold_out().is_sold_out(&deal.id);
+    let status = room.join(&deal, user.as_str(), proof, sold_out).await?;
     Ok(ticket_reply(
         state,
         &deal,

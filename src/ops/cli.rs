@@ -11,7 +11,7 @@ use sqlx::PgPool;
 use super::{admission, audit, pause, rebalance};
 use crate::clock::Clock;
 use crate::deals::{
-    self, AdmissionMode, AdmissionTerms, Deal, NewDeal, PaymentTerms, WaitingRoomTerms,
+    self, Activation, AdmissionMode, AdmissionTerms, Deal, NewDeal, PaymentTerms, WaitingRoomTerms,
 };
 use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};
 use crate::inventory;
@@ -175,6 +175,9 @@ struct WaitingRoomArgs {
     /// Adaptive: the admitted buyers' order p99 above which the outflow is cut.
     #[arg(long, requires = "waiting_room", value_name = "MS")]
     target_p99_ms: Option<i32>,
+    /// `always` (every buyer queues) or `when_busy` (admitted at once while the line is calm).
+    #[arg(long, requires = "waiting_room", value_parser = ["always", "when_busy"])]
+    activation: Option<String>,
 }
 
 impl WaitingRoomArgs {
@@ -189,6 +192,11 @@ impl WaitingRoomArgs {
             prequeue_opens_at: self.prequeue_opens_at,
             pow_bits: self.pow_bits.unwrap_or(defaults.pow_bits),
             checkout_url: self.checkout_url,
+            activation: self
+                .activation
+                .as_deref()
+                .and_then(Activation::parse)
+                .unwrap_or_default(),
             admission: AdmissionTerms {
                 mode: self
                     .admission

@@ -86,6 +86,7 @@ mod tiers;
 mod traces;
 mod waiting_room;
 mod waiting_room_adaptive;
+mod waiting_room_busy;
 mod waiting_room_crowd;
 mod waiting_room_edge;
 mod waiting_room_idle;
