@@ -49,6 +49,50 @@ impl TryFrom<String> for AdmissionMode {
     }
 }
 
+/// Longest invitation claim name, and longest value, in bytes.
+pub const INVITATION_CLAIM_BYTES_MAX: usize = 100;
+/// Most values an invitation claim may hold.
+pub const INVITATION_VALUES_MAX: usize = 100;
+
+/// Who may join the line: buyers whose token claim `claim` holds one of `values`, and
+/// (with `codes`) buyers who redeem an access code issued for the deal. Either suffices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Invitation {
+    /// The token claim read (an HS256 token's or the provider's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
+    /// The claim's accepted values; a claim holding a list needs one of them in it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
+    /// Access codes (`POST /admin/deals/{id}/access-codes`) let their redeemers in.
+    #[serde(default)]
+    pub codes: bool,
+}
+
+impl Invitation {
+    fn validate(&self) -> Result<(), String> {
+        let bounded = |text: &str| (1..=INVITATION_CLAIM_BYTES_MAX).contains(&text.len());
+        match &self.claim {
+            None if !self.values.is_empty() => {
+                Err("waiting_room.invitation.values needs a claim".into())
+            }
+            None if !self.codes => {
+                Err("waiting_room.invitation needs a claim with values, or codes: true".into())
+            }
+            Some(claim)
+                if !bounded(claim)
+                    || self.values.is_empty()
+                    || self.values.len() > INVITATION_VALUES_MAX
+                    || !self.values.iter().all(|v| bounded(v)) =>
+            {
+                Err("waiting_room.invitation takes a claim of 1-100 bytes with 1-100 values of 1-100 bytes".into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 /// When the line is in force.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -171,6 +215,9 @@ pub struct WaitingRoomTerms {
     /// `always` queues every buyer; `when_busy` admits at once while the line is calm.
     #[sqlx(rename = "wr_activation", try_from = "String")]
     pub activation: Activation,
+    /// Who may join; everyone when absent.
+    #[sqlx(rename = "wr_invitation", json(nullable))]
+    pub invitation: Option<Invitation>,
 }
 
 impl Default for WaitingRoomTerms {
@@ -186,6 +233,7 @@ impl Default for WaitingRoomTerms {
             checkout_url: None,
             admission: AdmissionTerms::default(),
             activation: Activation::Always,
+            invitation: None,
         }
     }
 }
@@ -226,6 +274,9 @@ impl WaitingRoomTerms {
                 "waiting_room.checkout_url must be an http(s) URL of at most 2000 characters"
                     .into(),
             );
+        }
+        if let Some(invitation) = &self.invitation {
+            invitation.validate()?;
         }
         self.admission.validate()
     }

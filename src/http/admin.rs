@@ -15,13 +15,14 @@ use super::body::{self, Caching};
 use super::guard::{record, require_admin};
 use super::problem::Problem;
 use crate::deals::{
-    self, Activation, AdmissionMode, AdmissionTerms, Deal, NewDeal, PaymentTerms, WaitingRoomTerms,
+    self, Activation, AdmissionMode, AdmissionTerms, Deal, Invitation, NewDeal, PaymentTerms,
+    WaitingRoomTerms,
 };
 use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};
 use crate::inventory;
 use crate::operators::Operator;
 use crate::telemetry;
-use crate::waiting_room::LineStatus;
+use crate::waiting_room::{LineStatus, access_codes};
 use serde_json::json;
 
 type Reply = Result<Response<Full<Bytes>>, Problem>;
@@ -145,6 +146,9 @@ struct AdminWaitingRoom<'a> {
     /// Absent when the line cannot be read.
     #[serde(skip_serializing_if = "Option::is_none")]
     line_active: Option<bool>,
+    /// An invitation-only line's access codes issued and redeemed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    access_codes: Option<access_codes::CodeCounts>,
 }
 
 impl<'a> AdminWaitingRoom<'a> {
@@ -162,6 +166,7 @@ impl<'a> AdminWaitingRoom<'a> {
             mode: admission.mode.as_str(),
             outflow_per_second: super::queue::round_rate(published.unwrap_or(f64::from(start))),
             line_active,
+            access_codes: None,
         }
     }
 }
@@ -210,11 +215,17 @@ pub async fn deal<B>(state: &State, request: &Request<B>, raw_id: &str) -> Reply
 /// A deal as the admin answers show it (200), with its line's outflow now.
 pub(super) async fn deal_reply(state: &State, deal: &Deal) -> Reply {
     let line = published_line(state, deal).await;
-    Ok(body::respond(
-        StatusCode::OK,
-        &AdminDealView::new(deal, line.as_ref(), state.clock.now()),
-        Caching::Private,
-    ))
+    let mut view = AdminDealView::new(deal, line.as_ref(), state.clock.now());
+    if deal
+        .waiting_room
+        .invitation
+        .as_ref()
+        .is_some_and(|i| i.codes)
+    {
+        let counts = access_codes::counts(&state.pools.admin, &deal.id).await?;
+        view.waiting_room.access_codes = Some(counts);
+    }
+    Ok(body::respond(StatusCode::OK, &view, Caching::Private))
 }
 
 #[derive(Deserialize)]
@@ -249,6 +260,36 @@ pub async fn set_admission(state: &State, request: Request<Incoming>, raw_id: &s
         json!({"mode": mode.as_str(), "admit_per_second": deal.waiting_room.admit_per_second});
     record(state, &operator, "deal.admission_set", &deal.id, detail).await;
     deal_reply(state, &deal).await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IssueCodes {
+    #[serde(deserialize_with = "super::integer::exact")]
+    count: i64,
+}
+
+/// `POST /admin/deals/{id}/access-codes`: issues access codes for an invitation-only line,
+/// shown this once (only their digests are kept).
+pub async fn issue_access_codes(state: &State, request: Request<Incoming>, raw_id: &str) -> Reply {
+    let (operator, asked): (_, IssueCodes) = admin_json(state, request).await?;
+    let id = DealId::parse(raw_id).map_err(|_| Problem::not_found("no such deal"))?;
+    let max = state.settings.waiting_room.access_codes_per_request_max;
+    let issued = access_codes::issue_for(&state.pools.admin, id.as_str(), asked.count, max).await?;
+    let detail = json!({"count": issued.codes.len()});
+    record(
+        state,
+        &operator,
+        "deal.access_codes_issued",
+        id.as_str(),
+        detail,
+    )
+    .await;
+    Ok(body::respond(
+        StatusCode::CREATED,
+        &issued,
+        Caching::Private,
+    ))
 }
 
 /// Who sent an authorised admin request, and its JSON body.
@@ -438,6 +479,8 @@ struct WaitingRoomInput {
     admission: Option<AdmissionInput>,
     #[serde(default)]
     activation: Option<Activation>,
+    #[serde(default)]
+    invitation: Option<Invitation>,
 }
 
 /// The `admission` object of a deal's `waiting_room`; without it the line is `fixed`.
@@ -480,6 +523,7 @@ impl WaitingRoomInput {
             pow_bits: self.pow_bits.unwrap_or(defaults.pow_bits),
             checkout_url: self.checkout_url,
             activation: self.activation.unwrap_or_default(),
+            invitation: self.invitation,
             admission: self
                 .admission
                 .map_or(defaults.admission, AdmissionInput::into_terms),

@@ -28,15 +28,20 @@
 //! A `when_busy` deal's line is in force only while arrivals go past its outflow; while it
 //! is calm, a join is admitted at once (`busy`).
 //!
+//! An invitation-only line (`invitation`) lets in buyers whose token claim or access code
+//! (`access_codes`, the one PostgreSQL table of the module) says so.
+//!
 //! An operator can drain a line (`flashgate deals drain-queue`, `WaitingRoom::drain`): it
 //! closes for good, every waiting ticket reads `expired`, and no pass is handed out again.
 
+pub mod access_codes;
 pub mod advancer;
 pub mod busy;
 pub mod challenge;
 pub mod controller;
 pub mod follow;
 pub mod health;
+pub mod invitation;
 mod join;
 mod line_cache;
 pub mod pass;

@@ -87,6 +87,9 @@ pub const ADAPTIVE_CUT_COOLDOWN_MS_MAX: u64 = 30_000;
 /// short enough that a quiet sale goes back to admitting at once within the hour.
 pub const WHEN_BUSY_CALM_SECONDS_RANGE: RangeInclusive<u64> = 1..=3600;
 
+/// Bounds of `waiting_room.access_codes_per_request_max`.
+pub const ACCESS_CODES_PER_REQUEST_MAX_RANGE: RangeInclusive<u32> = 1..=100_000;
+
 /// Longest `waiting_room.page_stylesheet_url`, in bytes.
 pub const PAGE_STYLESHEET_URL_BYTES_MAX: usize = 2000;
 
@@ -181,6 +184,9 @@ pub struct WaitingRoomSettings {
     /// arrivals stayed below its outflow for this long, so a crowd arriving in waves is not
     /// let in at once between two waves.
     pub when_busy_calm_seconds: u64,
+    /// Most access codes one call issues (`POST /admin/deals/{id}/access-codes`), so one
+    /// request neither holds a transaction long nor answers megabytes.
+    pub access_codes_per_request_max: u32,
 }
 
 /// The pass secret never reaches logs.
@@ -237,6 +243,12 @@ impl WaitingRoomSettings {
             WHEN_BUSY_CALM_SECONDS_RANGE.contains(&self.when_busy_calm_seconds),
             &format!(
                 "waiting_room.when_busy_calm_seconds must be {WHEN_BUSY_CALM_SECONDS_RANGE:?}"
+            ),
+        )?;
+        require(
+            ACCESS_CODES_PER_REQUEST_MAX_RANGE.contains(&self.access_codes_per_request_max),
+            &format!(
+                "waiting_room.access_codes_per_request_max must be {ACCESS_CODES_PER_REQUEST_MAX_RANGE:?}"
             ),
         )
     }

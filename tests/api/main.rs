@@ -90,6 +90,7 @@ mod waiting_room_busy;
 mod waiting_room_crowd;
 mod waiting_room_edge;
 mod waiting_room_idle;
+mod waiting_room_invite;
 mod waiting_room_keys;
 mod waiting_room_multi;
 mod waiting_room_page;
