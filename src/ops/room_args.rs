@@ -74,13 +74,13 @@ impl WaitingRoomArgs {
                 .as_deref()
                 .and_then(Activation::parse)
                 .unwrap_or_default(),
-            invitation: (self.invitation_claim.is_some() || self.invitation_codes).then(|| {
+            invitation: (self.invitation_claim.is_some() || self.invitation_codes).then_some(
                 Invitation {
                     claim: self.invitation_claim,
                     values: self.invitation_value,
                     codes: self.invitation_codes,
-                }
-            }),
+                },
+            ),
             admission: AdmissionTerms {
                 mode: self
                     .admission

@@ -152,7 +152,8 @@ pub(super) fn join_args(
     ]
 }
 
-/// Splits a join's reply into the ticket's status and the switches the join made.
+/// Splits a join's reply into the ticket's status and what the join did: the switches
+/// (bits 1 and 2, as `record_switches` takes them) and 4 when it admitted at once.
 pub(super) fn split_switched(reply: Value) -> (Value, i64) {
     match reply {
         Value::Array(mut items) if items.len() == STATUS_FIELDS + 1 => {

@@ -35,11 +35,8 @@ pub fn claim_admits(invitation: &Invitation, claims: &ClaimSet) -> bool {
         return false;
     };
     let accepted = |held: &Value| match held {
-        Value::String(text) => invitation.values.iter().any(|v| v == text),
-        Value::Number(_) | Value::Bool(_) => {
-            let text = held.to_string();
-            invitation.values.iter().any(|v| *v == text)
-        }
+        Value::String(text) => invitation.values.contains(text),
+        Value::Number(_) | Value::Bool(_) => invitation.values.contains(&held.to_string()),
         _ => false,
     };
     match claims.get(name) {

@@ -106,9 +106,9 @@ impl WaitingRoom {
             return Ok(None);
         }
         let (reply, switched) = busy::split_switched(reply);
-        busy::record_switches(&deal.id, switched);
+        busy::record_switches(&deal.id, switched & 3);
         let status = parse_status(reply)?.ok_or(QueueError::Closed)?;
-        if issue == "1" && status.state == TicketState::Admitted {
+        if switched & 4 != 0 {
             metrics::counter!(telemetry::WAITING_ROOM_ADMITTED, "deal" => deal.id.clone())
                 .increment(1);
         }

@@ -108,7 +108,7 @@ end
 /// when allowed (0 when not, or when the user's ticket is not the one shown: the caller
 /// checks a proof of work first); nil when the user has none and the line was closed
 /// (`DRAIN`). A `when_busy` line may admit a new ticket at once (ARGV 7.., see `busy`); the
-/// status then ends with the switches the join made. Every join pushes the expiry of the
+/// status then ends with the switches the join made, plus 4 when it admitted at once. Every join pushes the expiry of the
 /// line's keys out, so a finished line leaves Redis on its own. The caller bumps the lines
 /// version when the ticket is the line's first.
 const JOIN: &str = r#"
@@ -136,7 +136,7 @@ if not t then
   ensure_seed(ARGV[3], ARGV[4])
   local decided = {0, 0}
   if ARGV[7] == '1' then decided = arrive(now) end
-  switched = decided[2]
+  switched = decided[2] + 4 * decided[1]
   if decided[1] == 1 then admit_at_once(t, n, now) else redis.call('ZADD', KEYS[9], n, t) end
 end
 redis.call('HSET', KEYS[6], t, now)
