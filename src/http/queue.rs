@@ -151,36 +151,6 @@ async fn user<B>(state: &State, peer: SocketAddr, request: &Request<B>) -> Resul
     Ok(user)
 }
 
-/// The body a join may carry: an access code for an invitation-only line.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JoinBody {
-    #[serde(default)]
-    access_code: Option<String>,
-}
-
-/// The access code a join carries, read only for a deal whose line takes codes (any
-/// other ignores the body); an empty body carries none.
-async fn access_code(
-    state: &State,
-    deal: &Deal,
-    request: Request<Incoming>,
-) -> Result<Option<String>, Problem> {
-    let takes_codes = deal
-        .waiting_room
-        .invitation
-        .as_ref()
-        .is_some_and(|i| i.codes);
-    if !takes_codes {
-        return Ok(None);
-    }
-    let (_, bytes) = body::split(request, &state.settings.server).await?;
-    if bytes.trim_ascii().is_empty() {
-        return Ok(None);
-    }
-    Ok(body::json::<JoinBody>(&bytes)?.access_code)
-}
-
 /// `POST /v1/deals/{id}/queue`: the user's one ticket, issued on the first call.
 pub async fn join(
     state: &State,
@@ -203,7 +173,7 @@ pub async fn join(
     let room = state.admission.waiting_room();
     let solution = header(&request, POW_HEADER).map(<[u8]>::to_vec);
     let position = position_header(&request)?.map(<[u8]>::to_vec);
-    let code = access_code(state, &deal, request).await?;
+    let code = super::join_body::access_code(state, &deal, request).await?;
     let pool = &state.pools.request;
     invitation::check(pool, &deal, user.as_str(), &claims, code.as_deref()).await?;
     let proof = Proof {
