@@ -21,6 +21,7 @@ use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};
 use crate::inventory;
 use crate::operators::Operator;
 use crate::telemetry;
+use crate::waiting_room::report::ReportError;
 use serde_json::json;
 
 type Reply = Result<Response<Full<Bytes>>, Problem>;
@@ -197,6 +198,31 @@ pub async fn deal<B>(state: &State, request: &Request<B>, raw_id: &str) -> Reply
         .await?
         .ok_or_else(|| Problem::not_found("no such deal"))?;
     deal_reply(state, &deal).await
+}
+
+/// `GET /admin/deals/{id}/report`: what the deal's line did (joins, waits, abandons, passes
+/// expired unused) and what its admitted buyers did (orders, payments).
+pub async fn report<B>(state: &State, request: &Request<B>, raw_id: &str) -> Reply {
+    require_admin(state, request).await?;
+    let id = DealId::parse(raw_id).map_err(|_| Problem::not_found("no such deal"))?;
+    let deal = deals::load(&state.pools.admin, id.as_str())
+        .await?
+        .ok_or_else(|| Problem::not_found("no such deal"))?;
+    if !deal.waiting_room.enabled {
+        return Err(Problem::not_found("the deal has no waiting room"));
+    }
+    let room = state.admission.waiting_room();
+    let report = room.report(&state.pools.admin, &deal.id).await?;
+    Ok(body::respond(StatusCode::OK, &report, Caching::Private))
+}
+
+impl From<ReportError> for Problem {
+    fn from(error: ReportError) -> Self {
+        match error {
+            ReportError::Queue(error) => error.into(),
+            ReportError::Store(error) => error.into(),
+        }
+    }
 }
 
 /// A deal as the admin answers show it (200), with its line's outflow now.

@@ -378,6 +378,7 @@ async fn dispatch(
         Route::Inventory(id) => Box::pin(admin::inventory(state, &request, id)).await,
         Route::PauseDeal(id) => Box::pin(ops::set_paused(state, &request, id, true)).await,
         Route::AdminDeal(id) => Box::pin(admin::deal(state, &request, id)).await,
+        Route::DealReport(id) => Box::pin(admin::report(state, &request, id)).await,
         Route::SetAdmission(id) => Box::pin(admin::set_admission(state, request, id)).await,
         Route::ResumeDeal(id) => Box::pin(ops::set_paused(state, &request, id, false)).await,
         Route::Rebalance(id) => Box::pin(ops::rebalance(state, request, id)).await,

@@ -35,6 +35,7 @@ pub enum Route<'a> {
     Inventory(&'a str),
     PauseDeal(&'a str),
     AdminDeal(&'a str),
+    DealReport(&'a str),
     SetAdmission(&'a str),
     ResumeDeal(&'a str),
     Rebalance(&'a str),
@@ -166,6 +167,11 @@ impl<'a> Route<'a> {
                 Route::Inventory(id),
             ),
             ["admin", "deals", id] => ("/admin/deals/{id}", "GET, HEAD", Route::AdminDeal(id)),
+            ["admin", "deals", id, "report"] => (
+                "/admin/deals/{id}/report",
+                "GET, HEAD",
+                Route::DealReport(id),
+            ),
             ["admin", "deals", id, "admission"] => (
                 "/admin/deals/{id}/admission",
                 "POST",
@@ -230,6 +236,7 @@ impl<'a> Route<'a> {
             | Route::Inventory(id)
             | Route::PauseDeal(id)
             | Route::AdminDeal(id)
+            | Route::DealReport(id)
             | Route::SetAdmission(id)
             | Route::ResumeDeal(id)
             | Route::Rebalance(id)
@@ -259,6 +266,7 @@ impl<'a> Route<'a> {
             Route::Inventory(_) => "/admin/deals/{id}/inventory",
             Route::PauseDeal(_) => "/admin/deals/{id}/pause",
             Route::AdminDeal(_) => "/admin/deals/{id}",
+            Route::DealReport(_) => "/admin/deals/{id}/report",
             Route::SetAdmission(_) => "/admin/deals/{id}/admission",
             Route::ResumeDeal(_) => "/admin/deals/{id}/resume",
             Route::Rebalance(_) => "/admin/deals/{id}/rebalance",

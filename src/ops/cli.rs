@@ -76,6 +76,15 @@ pub enum DealsCommand {
         /// The deal's id.
         id: String,
     },
+    /// What the deal's waiting room did: joins, waits, abandons, passes expired unused, and
+    /// how many admitted buyers ordered and paid. Needs Redis.
+    Report {
+        /// The deal's id.
+        id: String,
+        /// Print the JSON of `GET /admin/deals/{id}/report` instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Set who drives the deal's waiting-room outflow: `fixed` takes manual control at the
     /// line's current outflow (or `--admit-per-second`), `adaptive` hands it back to the
     /// loop. Needs Redis to read the current outflow.
@@ -290,7 +299,9 @@ pub async fn deals(settings: &CliSettings, command: DealsCommand) -> Result<(), 
 fn change_of(command: &DealsCommand) -> Option<(&'static str, String, serde_json::Value)> {
     use serde_json::json;
     let (action, id, detail) = match command {
-        DealsCommand::List | DealsCommand::Show { .. } => return None,
+        DealsCommand::List | DealsCommand::Show { .. } | DealsCommand::Report { .. } => {
+            return None;
+        }
         DealsCommand::Create(args) => (
             "deal.created",
             &args.id,
@@ -362,6 +373,25 @@ async fn drain_queue(settings: &CliSettings, pool: &PgPool, id: &str) -> Result<
     }))
 }
 
+/// `flashgate deals report <id>`: the same report as `GET /admin/deals/{id}/report`.
+async fn report(settings: &CliSettings, pool: &PgPool, id: &str, json: bool) -> Result<(), String> {
+    let deal = deals::load(pool, id)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("deal {id} not found"))?;
+    if !deal.waiting_room.enabled {
+        return Err(format!("deal {id} has no waiting room"));
+    }
+    let redis = connect_redis(settings);
+    redis.connect().await;
+    let room = WaitingRoom::new(&settings.waiting_room, redis, Clock::system());
+    let report = room.report(pool, &deal.id).await.map_err(|e| e.to_string())?;
+    match json {
+        true => print(&report),
+        false => super::output::line(&super::report::table(&report)),
+    }
+}
+
 async fn run_deals(
     settings: &CliSettings,
     pool: &PgPool,
@@ -384,6 +414,7 @@ async fn run_deals(
         DealsCommand::Pause { id } => set_paused(pool, &id, true).await,
         DealsCommand::Resume { id } => set_paused(pool, &id, false).await,
         DealsCommand::DrainQueue { id } => drain_queue(settings, pool, &id).await,
+        DealsCommand::Report { id, json } => report(settings, pool, &id, json).await,
         DealsCommand::Admission {
             id,
             mode,

@@ -92,4 +92,5 @@ mod waiting_room_idle;
 mod waiting_room_keys;
 mod waiting_room_multi;
 mod waiting_room_page;
+mod waiting_room_report;
 mod waiting_room_revoke;

@@ -275,12 +275,13 @@ impl Advancer {
             .room
             .eval(&self.room.scripts.advance, &line.id, &args)
             .await?;
-        let [admitted, skipped, active, waiting] = reply[..] else {
+        let [admitted, skipped, active, waiting] = reply.get(..4).unwrap_or_default()[..] else {
             return Err(QueueError::Unexpected(format!("advance {reply:?}")));
         };
         if admitted < 0 {
             return Ok(None);
         }
+        gauges::record_report(&line.id, reply.get(4..).unwrap_or_default());
         if admitted > 0 && active > i64::from(terms.max_active) {
             tracing::error!(
                 deal = line.id,
