@@ -53,6 +53,11 @@ impl Drop for TempDir {
 
 impl Browser {
     async fn start() -> Browser {
+        Browser::start_speaking(None).await
+    }
+
+    /// A browser whose requests say `Accept-Language: accept` (its own default without).
+    async fn start_speaking(accept: Option<&str>) -> Browser {
         assert!(
             std::path::Path::new(CHROMIUM).exists() && std::path::Path::new(CHROMEDRIVER).exists(),
             "chromium and chromedriver are missing: run scripts/browser.sh"
@@ -88,10 +93,12 @@ impl Browser {
         .map(String::from)
         .into_iter()
         .chain([format!("--user-data-dir={}", profile.0.display())])
+        .chain(accept.map(|a| format!("--accept-lang={a}")))
         .collect::<Vec<_>>();
+        let prefs = accept.map_or(json!({}), |a| json!({"intl.accept_languages": a}));
         let capabilities = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
-            "goog:chromeOptions": {"binary": CHROMIUM, "args": args},
+            "goog:chromeOptions": {"binary": CHROMIUM, "args": args, "prefs": prefs},
         }}});
         let client = reqwest::Client::new();
         let base = format!("http://127.0.0.1:{port}");
@@ -245,9 +252,18 @@ impl Browser {
     }
 }
 
-/// Reads the progress bar until the buyer is admitted; checks it reads as a labelled
-/// percentage that only grows while waiting, grows at least once, and is full at the turn.
-async fn progress_until_admitted(browser: &Browser, timeout: Duration) -> Vec<u64> {
+/// Whether `text` opens with the percentage `now` as the page's language writes it (`45%`,
+/// `45 %` with a no-break space).
+fn opens_with_percent(text: &str, now: u64) -> bool {
+    text.strip_prefix(&now.to_string())
+        .map(|rest| rest.trim_start_matches(['\u{a0}', '\u{202f}', ' ']))
+        .is_some_and(|rest| rest.starts_with('%'))
+}
+
+/// Reads the progress bar until the buyer is admitted; checks it reads as a percentage
+/// labelled with `label` that only grows while waiting, grows at least once, and is full at
+/// the turn.
+async fn progress_until_admitted(browser: &Browser, label: &str, timeout: Duration) -> Vec<u64> {
     let readings: RefCell<Vec<u64>> = RefCell::default();
     wait_until("admitted", timeout, || async {
         let bar = browser.progress().await;
@@ -257,8 +273,8 @@ async fn progress_until_admitted(browser: &Browser, timeout: Duration) -> Vec<u6
             ("0", "100"),
             "{bar:?}"
         );
-        assert!(bar.name.contains("progress"), "{bar:?}");
-        assert!(bar.text.starts_with(&format!("{} %", bar.now)), "{bar:?}");
+        assert!(bar.name.contains(label), "{bar:?}");
+        assert!(opens_with_percent(&bar.text, bar.now), "{bar:?}");
         if bar.state == "admitted" {
             assert_eq!(bar.now, 100, "{bar:?}");
             return Ok(());
@@ -313,7 +329,7 @@ async fn crowd_member(
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_pass() {
+async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_pass_in_german() {
     // Arrange: one admission a second and a check-in window of five seconds (five tickets);
     // twenty-five buyers ahead of ours, more behind. The line moves from the first ticket
     // on, so the page is far from the front for about twenty seconds, whatever its start
@@ -340,9 +356,10 @@ async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_
             .is_some_and(|c| c.starts_with("public"))
     );
     assert!(page.text.contains("aria-live=\"polite\""));
+    assert_eq!(page.header("vary"), Some("Accept-Language"));
     // The browser starts before the buyers ahead join: on a busy machine its start can take
-    // longer than their turns, and the buyer would find nobody ahead.
-    let browser = Browser::start().await;
+    // longer than their turns, and the buyer would find nobody ahead. It asks for German.
+    let browser = Browser::start_speaking(Some("de-DE,de;q=0.9,en;q=0.5")).await;
     let stop = Arc::new(AtomicBool::new(false));
     let mut crowd = Vec::new();
     for i in 0..25 {
@@ -372,7 +389,8 @@ async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_
         .wait_for("waiting", minute, |state, _| state == "waiting")
         .await;
     let (_, waiting_text, _) = browser.read().await;
-    assert!(waiting_text.contains("ahead of you"), "{waiting_text}");
+    assert!(waiting_text.contains("vor Ihnen"), "{waiting_text}");
+    assert_eq!(browser.eval("return document.documentElement.lang").await, "de");
     // Far from the front the page follows the public state and leaves its ticket alone.
     wait_until("two reads of the public state", minute, || async {
         let (public, _) = browser.line_requests().await;
@@ -385,10 +403,10 @@ async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_
     let (_, personal_far) = browser.line_requests().await;
     assert_eq!(personal_far, 0, "no ticket poll while far from the front");
     let waiting_png = browser.screenshot("wait-page-waiting.png").await;
-    let readings = progress_until_admitted(&browser, minute).await;
+    let readings = progress_until_admitted(&browser, "Fortschritt", minute).await;
     let admitted_png = browser.screenshot("wait-page-admitted.png").await;
     let (_, admitted_text, _) = browser.read().await;
-    assert!(admitted_text.contains("your turn"), "{admitted_text}");
+    assert!(admitted_text.contains("an der Reihe"), "{admitted_text}");
     let (_, personal_near) = browser.line_requests().await;
     assert!(personal_near >= 1, "checked in near the front");
     browser
@@ -513,6 +531,66 @@ async fn without_a_checkout_url_the_page_shows_the_order_api_counts_down_and_rej
         admitted_png.display(),
         expired_png.display()
     );
+    browser.quit().await;
+    app.cleanup().await;
+}
+
+/// The page's language, its announced state and the units left as shown.
+async fn spoken(browser: &Browser) -> (String, String, String) {
+    let script = "return [document.documentElement.lang, \
+        document.getElementById('state').textContent, \
+        document.querySelector('[data-live=units_left]').textContent]";
+    let value = browser.eval(script).await;
+    let text = |i: usize| value[i].as_str().unwrap_or_default().to_owned();
+    (text(0), text(1), text(2))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_page_speaks_the_buyers_language_and_writes_numbers_their_way() {
+    // Arrange: a browser asking for German; a paused deal with five-digit stock, so the
+    // buyer waits and the page shows the units left.
+    let app = spawn_app_with(crate::waiting_room_edge::fast_room).await;
+    let room = json!({"admit_per_second": 100, "max_active": 10, "pass_ttl_seconds": 60});
+    let deal = app
+        .given_deal(&room_deal("wrlang", 12_345, room, json!({})))
+        .await;
+    let pause = app.url(&format!("/admin/deals/{deal}/pause"));
+    crate::helpers::send(app.client.post(pause).bearer_auth(&app.admin_token))
+        .await
+        .expect(200);
+    let browser = Browser::start_speaking(Some("de-DE,de;q=0.9")).await;
+    let minute = Duration::from_secs(60);
+    let mut seen = Vec::new();
+
+    // Act: the same buyer's page as the browser asks for it, then with `?lang=en`.
+    for (user, query) in [("lang-de", ""), ("lang-en", "?lang=en")] {
+        let token = app.token(user);
+        browser
+            .open(&app.url(&format!("/wait/{deal}{query}#token={token}")))
+            .await;
+        browser
+            .wait_for("waiting", minute, |state, _| state == "waiting")
+            .await;
+        // The units left are shown once the advancer has read the stock.
+        let shown = wait_until("the units left", minute, || async {
+            let shown = spoken(&browser).await;
+            if shown.2.starts_with("12") { Ok(shown) } else { Err(format!("{shown:?}")) }
+        })
+        .await;
+        seen.push(shown);
+    }
+
+    // Assert: German words and grouping from Accept-Language, English ones when asked.
+    let (de, en) = (&seen[0], &seen[1]);
+    assert_eq!(de.0, "de", "{de:?}");
+    assert!(de.1.contains("Sie stehen in der Warteschlange"), "{de:?}");
+    assert_eq!(de.2, "12.345", "German grouping: {de:?}");
+    assert_eq!(en.0, "en", "{en:?}");
+    assert!(en.1.contains("You are in line"), "{en:?}");
+    assert_eq!(en.2, "12,345", "English grouping: {en:?}");
+    let page = app.get(&format!("/wait/{deal}?lang=de")).await;
+    assert_eq!(page.header("content-language"), Some("de"));
+    assert!(page.text.contains("<html lang=\"de\">"));
     browser.quit().await;
     app.cleanup().await;
 }
