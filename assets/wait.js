@@ -161,7 +161,7 @@
     } else {
       say(t("turn_api", { time: until }), "admitted");
       if ($("api-request")) $("api-request").textContent = "POST /v1/deals/" + encodeURIComponent(deal) + "/orders";
-      if ($("pass")) $("pass").textContent = t_.pass;
+      live("pass", t_.pass);
       hide("api", false);
     }
     countdown(performance.now() + t_.pass_expires_in_ms, until);

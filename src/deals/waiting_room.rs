@@ -130,6 +130,11 @@ pub struct WaitingRoomTerms {
     /// Who sets the outflow: the operator's `admit_per_second`, or the measured health.
     #[sqlx(flatten)]
     pub admission: AdmissionTerms,
+    /// The deal's own waiting page (`page_template`), in place of the standard one; read
+    /// only where the page is served (a query without the column leaves it out).
+    #[sqlx(rename = "wr_page_template", default)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub page_template: Option<String>,
 }
 
 impl Default for WaitingRoomTerms {
@@ -144,6 +149,7 @@ impl Default for WaitingRoomTerms {
             pow_bits: 0,
             checkout_url: None,
             admission: AdmissionTerms::default(),
+            page_template: None,
         }
     }
 }
@@ -180,6 +186,9 @@ impl WaitingRoomTerms {
                 "waiting_room.checkout_url must be an http(s) URL of at most 2000 characters"
                     .into(),
             );
+        }
+        if let Some(template) = &self.page_template {
+            super::page_template::parse(template)?;
         }
         self.admission.validate()
     }

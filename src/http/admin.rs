@@ -454,6 +454,8 @@ struct WaitingRoomInput {
     checkout_url: Option<String>,
     #[serde(default)]
     admission: Option<AdmissionInput>,
+    #[serde(default)]
+    page_template: Option<String>,
 }
 
 /// The `admission` object of a deal's `waiting_room`; without it the line is `fixed`.
@@ -498,6 +500,7 @@ impl WaitingRoomInput {
             admission: self
                 .admission
                 .map_or(defaults.admission, AdmissionInput::into_terms),
+            page_template: self.page_template,
         }
     }
 }

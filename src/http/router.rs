@@ -389,7 +389,7 @@ async fn dispatch(
         Route::PassKeys => queue::keys(state),
         Route::RevokedPasses => Ok(revoked_feed::feed(state)),
         Route::RevokeQueue(id) => Box::pin(queue::revoke(state, request, id)).await,
-        Route::WaitPage(id) => wait_page::page(state, &request, id),
+        Route::WaitPage(id) => Box::pin(wait_page::page(state, &request, id)).await,
         Route::ReviewQueue => Box::pin(review::list(state, &request)).await,
         Route::ReviewFulfil(id) => Box::pin(review::fulfil(state, &request, id)).await,
         Route::ReviewRefund(id) => Box::pin(review::refund(state, &request, id)).await,

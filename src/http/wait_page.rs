@@ -13,6 +13,10 @@
 //! the pass has expired says so and offers to join the line again. Branding: `page_title`
 //! and `page_stylesheet_url`.
 //!
+//! A deal may bring its own page (`waiting_room.page_template`, checked when the deal was
+//! created by `deals::page_template`): its placeholders become the elements the script
+//! fills, and the script is added before `</body>`.
+//!
 //! Every word comes from one catalogue per language (`assets/i18n/*.json`), chosen by
 //! `?lang=` or else by `Accept-Language` (English when neither names one it has); the
 //! script formats numbers and times with `Intl` in that language.
@@ -24,6 +28,8 @@ use http_body_util::Full;
 
 use super::State;
 use super::problem::Problem;
+use crate::admission::Rejection;
+use crate::deals::page_template::{self, Part};
 use crate::domain::DealId;
 
 const TEMPLATE: &str = include_str!("../../assets/wait.html");
@@ -38,15 +44,22 @@ const CATALOGUES: [(&str, &str); 2] = [
 /// Longest `Accept-Language` header read, in bytes; the rest is ignored.
 const ACCEPT_LANGUAGE_BYTES_MAX: usize = 512;
 
-/// The page, or a plain 404 for an id that cannot be a deal's.
-pub fn page<B>(
+/// The page (the deal's own, or the standard one), or a plain 404 for an id that cannot be
+/// a deal's.
+pub async fn page<B>(
     state: &State,
     request: &Request<B>,
     raw_id: &str,
 ) -> Result<Response<Full<Bytes>>, Problem> {
-    if DealId::parse(raw_id).is_err() {
+    let Ok(id) = DealId::parse(raw_id) else {
         return Err(Problem::not_found("no such deal"));
-    }
+    };
+    let deal = match state.admission.deal(&state.pools.request, id.as_str()).await {
+        Ok(deal) => Some(deal),
+        Err(Rejection::UnknownDeal) => None,
+        Err(other) => return Err(other.into()),
+    };
+    let template = deal.as_ref().and_then(|d| d.waiting_room.page_template.as_deref());
     let accept = request
         .headers()
         .get(ACCEPT_LANGUAGE)
@@ -57,11 +70,14 @@ pub fn page<B>(
         "" => String::new(),
         url => format!(r#"<link rel="stylesheet" href="{}">"#, escape(url)),
     };
-    let html = translate(TEMPLATE, catalogue)
-        .replace("{{lang}}", lang)
-        .replace("{{title}}", &escape(&settings.page_title))
-        .replace("{{stylesheet}}", &stylesheet)
-        .replace("{{script}}", &script(catalogue));
+    let html = match template {
+        Some(own) => custom(own, lang, catalogue, &settings.page_title),
+        None => translate(TEMPLATE, catalogue)
+            .replace("{{lang}}", lang)
+            .replace("{{title}}", &escape(&settings.page_title))
+            .replace("{{stylesheet}}", &stylesheet)
+            .replace("{{script}}", &script(catalogue)),
+    };
     let mut response = Response::new(Full::new(Bytes::from(html)));
     *response.status_mut() = StatusCode::OK;
     let headers = response.headers_mut();
@@ -85,6 +101,34 @@ fn script(catalogue: &str) -> String {
     format!(
         "<script type=\"application/json\" id=\"flashgate-i18n\">{data}</script>\n<script>\n{SCRIPT}</script>"
     )
+}
+
+/// A deal's own page: its placeholders as the elements the script fills, the script before
+/// `</body>` (at the end without one). A template that no longer parses (it was checked at
+/// creation) shows its text without live parts.
+fn custom(template: &str, lang: &str, catalogue: &str, title: &str) -> String {
+    let parts = page_template::parse(template).unwrap_or_else(|_| vec![Part::Text(template)]);
+    let mut html = String::with_capacity(template.len() + SCRIPT.len() + catalogue.len() + 256);
+    for part in parts {
+        match part {
+            Part::Text(text) => html.push_str(text),
+            Part::Placeholder("title") => html.push_str(&escape(title)),
+            Part::Placeholder("lang") => html.push_str(lang),
+            Part::Placeholder("status") => html.push_str(
+                r#"<span data-live="status" role="status" aria-live="polite" aria-atomic="true"></span>"#,
+            ),
+            Part::Placeholder("countdown") => {
+                html.push_str(r#"<span data-live="countdown" role="timer"></span>"#);
+            }
+            Part::Placeholder(name) => html.push_str(&format!(r#"<span data-live="{name}"></span>"#)),
+        }
+    }
+    let script = script(catalogue);
+    match html.to_ascii_lowercase().rfind("</body>") {
+        Some(at) => html.insert_str(at, &script),
+        None => html.push_str(&script),
+    }
+    html
 }
 
 /// `?lang=xx` from the query, if any.
@@ -159,6 +203,19 @@ pub(super) fn escape(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deals_own_page_gets_its_live_parts_and_the_script() {
+        let own = "<html lang=\"{{lang}}\"><body><h1>{{title}}</h1><p>{{status}}</p>\
+                   <p>No. {{position}}, {{eta}}</p></body></html>";
+        let html = custom(own, "de", CATALOGUES[1].1, "<Sale>");
+        assert!(html.starts_with("<html lang=\"de\"><body><h1>&lt;Sale&gt;</h1>"), "{html}");
+        assert!(html.contains(r#"<p>No. <span data-live="position"></span>, <span data-live="eta"></span></p>"#));
+        assert!(html.contains(r#"<span data-live="status" role="status""#));
+        let script_at = html.find("id=\"flashgate-i18n\"").unwrap();
+        assert!(script_at < html.find("</body>").unwrap());
+        assert!(custom("<p>{{ahead}}</p>", "en", CATALOGUES[0].1, "").ends_with("</script>"));
+    }
 
     #[test]
     fn branding_is_escaped() {

@@ -94,3 +94,4 @@ mod waiting_room_multi;
 mod waiting_room_page;
 mod waiting_room_report;
 mod waiting_room_revoke;
+mod waiting_room_template;

@@ -23,7 +23,7 @@ const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 
 /// One browser session over WebDriver.
-struct Browser {
+pub(crate) struct Browser {
     _driver: ChildGuard,
     _profile: TempDir,
     client: reqwest::Client,
@@ -57,7 +57,7 @@ impl Browser {
     }
 
     /// A browser whose requests say `Accept-Language: accept` (its own default without).
-    async fn start_speaking(accept: Option<&str>) -> Browser {
+    pub(crate) async fn start_speaking(accept: Option<&str>) -> Browser {
         assert!(
             std::path::Path::new(CHROMIUM).exists() && std::path::Path::new(CHROMEDRIVER).exists(),
             "chromium and chromedriver are missing: run scripts/browser.sh"
@@ -137,13 +137,13 @@ impl Browser {
         reply["value"].clone()
     }
 
-    async fn open(&self, url: &str) {
+    pub(crate) async fn open(&self, url: &str) {
         self.command(reqwest::Method::POST, "/url", json!({"url": url}))
             .await;
     }
 
     /// Runs `script` in the page and returns what it returns.
-    async fn eval(&self, script: &str) -> Value {
+    pub(crate) async fn eval(&self, script: &str) -> Value {
         self.command(
             reqwest::Method::POST,
             "/execute/sync",
@@ -184,7 +184,7 @@ impl Browser {
         (text(0), text(1), text(2))
     }
 
-    async fn wait_for(&self, what: &str, timeout: Duration, done: impl Fn(&str, &str) -> bool) {
+    pub(crate) async fn wait_for(&self, what: &str, timeout: Duration, done: impl Fn(&str, &str) -> bool) {
         wait_until(what, timeout, || async {
             let (state, text, href) = self.read().await;
             if done(&state, &href) {
@@ -247,7 +247,7 @@ impl Browser {
         path
     }
 
-    async fn quit(self) {
+    pub(crate) async fn quit(self) {
         self.command(reqwest::Method::DELETE, "", Value::Null).await;
     }
 }
