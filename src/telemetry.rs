@@ -126,8 +126,7 @@ const LAG_BUCKETS_SECONDS: [f64; 10] = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.
 
 /// Waiting-room wait buckets in seconds: from a line that barely forms to a two-hour queue.
 const WAIT_BUCKETS_SECONDS: [f64; 14] = [
-    1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 2700.0, 3600.0, 5400.0,
-    7200.0,
+    1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 2700.0, 3600.0, 5400.0, 7200.0,
 ];
 
 /// The process-wide metrics: the Prometheus exporter's handle and the series it keeps.
@@ -503,10 +502,7 @@ fn describe_report() {
         WAITING_ROOM_PASSES_EXPIRED_UNUSED,
         "Passes that expired without an order and without their session being ended, by deal."
     );
-    describe_counter!(
-        WAITING_ROOM_ORDERS,
-        "Orders placed with a pass, by deal."
-    );
+    describe_counter!(WAITING_ROOM_ORDERS, "Orders placed with a pass, by deal.");
 }
 
 /// Logs go to stderr, as text or as one JSON object per line (with the fields of the

@@ -13,15 +13,27 @@ pub const PAGE_TEMPLATE_BYTES_MAX: usize = 12_288;
 
 /// The placeholders a template may use, and what the script shows in each.
 pub const PLACEHOLDERS: [(&str, &str); 11] = [
-    ("status", "what is happening, in words (announced to screen readers)"),
+    (
+        "status",
+        "what is happening, in words (announced to screen readers)",
+    ),
     ("position", "the buyer's place in line"),
     ("ahead", "people ahead of the buyer"),
     ("eta", "the estimated wait, in words"),
     ("units_left", "units not yet promised to a pass"),
-    ("odds", "the chance a unit is left at the buyer's turn, in words"),
-    ("progress", "how far the buyer has come since joining, in words"),
+    (
+        "odds",
+        "the chance a unit is left at the buyer's turn, in words",
+    ),
+    (
+        "progress",
+        "how far the buyer has come since joining, in words",
+    ),
     ("countdown", "while admitted: the time left on the pass"),
-    ("pass", "while admitted to a deal without a checkout URL: the pass to order with"),
+    (
+        "pass",
+        "while admitted to a deal without a checkout URL: the pass to order with",
+    ),
     ("title", "`waiting_room.page_title`"),
     ("lang", "the language the page speaks (for `<html lang>`)"),
 ];
@@ -85,17 +97,26 @@ mod tests {
                 Part::Text("</p>"),
             ]
         );
-        assert_eq!(parse("a { b { c }}").unwrap(), vec![Part::Text("a { b { c }}")]);
+        assert_eq!(
+            parse("a { b { c }}").unwrap(),
+            vec![Part::Text("a { b { c }}")]
+        );
     }
 
     #[test]
     fn broken_unknown_and_oversized_templates_are_refused_naming_the_fault() {
         let error = parse("<p>{{positon}}</p>").unwrap_err();
-        assert!(error.contains("unknown placeholder `{{positon}}`"), "{error}");
+        assert!(
+            error.contains("unknown placeholder `{{positon}}`"),
+            "{error}"
+        );
         let error = parse("<p>{{ position }}</p>").unwrap_err();
         assert!(error.contains("`{{ position }}`"), "{error}");
         let error = parse("<p>{{position</p>").unwrap_err();
-        assert!(error.contains("broken placeholder: `{{position</p>`"), "{error}");
+        assert!(
+            error.contains("broken placeholder: `{{position</p>`"),
+            "{error}"
+        );
         let error = parse("{{eta {{position}}").unwrap_err();
         assert!(error.contains("broken placeholder"), "{error}");
         let big = "x".repeat(PAGE_TEMPLATE_BYTES_MAX + 1);

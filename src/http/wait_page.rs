@@ -22,7 +22,9 @@
 //! script formats numbers and times with `Intl` in that language.
 
 use bytes::Bytes;
-use http::header::{ACCEPT_LANGUAGE, CACHE_CONTROL, CONTENT_LANGUAGE, CONTENT_TYPE, HeaderValue, VARY};
+use http::header::{
+    ACCEPT_LANGUAGE, CACHE_CONTROL, CONTENT_LANGUAGE, CONTENT_TYPE, HeaderValue, VARY,
+};
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 
@@ -54,12 +56,18 @@ pub async fn page<B>(
     let Ok(id) = DealId::parse(raw_id) else {
         return Err(Problem::not_found("no such deal"));
     };
-    let deal = match state.admission.deal(&state.pools.request, id.as_str()).await {
+    let deal = match state
+        .admission
+        .deal(&state.pools.request, id.as_str())
+        .await
+    {
         Ok(deal) => Some(deal),
         Err(Rejection::UnknownDeal) => None,
         Err(other) => return Err(other.into()),
     };
-    let template = deal.as_ref().and_then(|d| d.waiting_room.page_template.as_deref());
+    let template = deal
+        .as_ref()
+        .and_then(|d| d.waiting_room.page_template.as_deref());
     let accept = request
         .headers()
         .get(ACCEPT_LANGUAGE)
@@ -183,7 +191,10 @@ fn translate(template: &str, catalogue: &str) -> String {
         let Some(end) = after.find("}}") else {
             break;
         };
-        let text = words.get(&after[..end]).and_then(|v| v.as_str()).unwrap_or("");
+        let text = words
+            .get(&after[..end])
+            .and_then(|v| v.as_str())
+            .unwrap_or("");
         out.push_str(&escape(text));
         rest = &after[end + 2..];
     }
@@ -209,8 +220,13 @@ mod tests {
         let own = "<html lang=\"{{lang}}\"><body><h1>{{title}}</h1><p>{{status}}</p>\
                    <p>No. {{position}}, {{eta}}</p></body></html>";
         let html = custom(own, "de", CATALOGUES[1].1, "<Sale>");
-        assert!(html.starts_with("<html lang=\"de\"><body><h1>&lt;Sale&gt;</h1>"), "{html}");
-        assert!(html.contains(r#"<p>No. <span data-live="position"></span>, <span data-live="eta"></span></p>"#));
+        assert!(
+            html.starts_with("<html lang=\"de\"><body><h1>&lt;Sale&gt;</h1>"),
+            "{html}"
+        );
+        assert!(html.contains(
+            r#"<p>No. <span data-live="position"></span>, <span data-live="eta"></span></p>"#
+        ));
         assert!(html.contains(r#"<span data-live="status" role="status""#));
         let script_at = html.find("id=\"flashgate-i18n\"").unwrap();
         assert!(script_at < html.find("</body>").unwrap());
@@ -227,9 +243,8 @@ mod tests {
 
     #[test]
     fn the_language_is_asked_then_accepted_then_english() {
-        let lang = |asked: Option<&str>, accept: Option<&str>| {
-            choose(asked.map(String::from), accept).0
-        };
+        let lang =
+            |asked: Option<&str>, accept: Option<&str>| choose(asked.map(String::from), accept).0;
         assert_eq!(lang(Some("de"), Some("en-US")), "de");
         assert_eq!(lang(Some("xx"), Some("de-CH, en;q=0.5")), "de");
         assert_eq!(lang(None, Some("fr;q=1, en;q=0.2, de;q=0.8")), "de");

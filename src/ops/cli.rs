@@ -386,7 +386,10 @@ async fn report(settings: &CliSettings, pool: &PgPool, id: &str, json: bool) -> 
     let redis = connect_redis(settings);
     redis.connect().await;
     let room = WaitingRoom::new(&settings.waiting_room, redis, Clock::system());
-    let report = room.report(pool, &deal.id).await.map_err(|e| e.to_string())?;
+    let report = room
+        .report(pool, &deal.id)
+        .await
+        .map_err(|e| e.to_string())?;
     match json {
         true => print(&report),
         false => super::output::line(&super::report::table(&report)),

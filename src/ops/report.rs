@@ -30,7 +30,10 @@ pub fn table(report: &Report) -> String {
             share(report.admitted_who_ordered, report.admitted),
         ),
         ("orders with a pass", report.orders_with_pass.to_string()),
-        ("orders paid", share(report.orders_paid, report.orders_with_pass)),
+        (
+            "orders paid",
+            share(report.orders_paid, report.orders_with_pass),
+        ),
     ];
     let width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
     let lines: Vec<String> = rows

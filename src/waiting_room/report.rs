@@ -346,18 +346,49 @@ mod tests {
     #[test]
     fn the_answer_of_the_script_is_read_field_by_field() {
         let reply: Vec<String> = [
-            "3", "2", "joined", "7", "seq", "8", "admitted_total", "4", "abandoned_total", "1",
-            "expired_unused", "2", "w0", "1", "w12", "3", "wait_count", "4", "wait_max_ms",
-            "3", "outflow", "5.000",
+            "3",
+            "2",
+            "joined",
+            "7",
+            "seq",
+            "8",
+            "admitted_total",
+            "4",
+            "abandoned_total",
+            "1",
+            "expired_unused",
+            "2",
+            "w0",
+            "1",
+            "w12",
+            "3",
+            "wait_count",
+            "4",
+            "wait_max_ms",
+            "3",
+            "outflow",
+            "5.000",
         ]
         .map(String::from)
         .to_vec();
         let counts = LineCounts::parse(&reply).unwrap();
         assert_eq!(
-            (counts.waiting, counts.passes_active, counts.joined, counts.tickets_issued),
+            (
+                counts.waiting,
+                counts.passes_active,
+                counts.joined,
+                counts.tickets_issued
+            ),
             (3, 2, 7, 8)
         );
-        assert_eq!((counts.admitted, counts.abandoned, counts.passes_expired_unused), (4, 1, 2));
+        assert_eq!(
+            (
+                counts.admitted,
+                counts.abandoned,
+                counts.passes_expired_unused
+            ),
+            (4, 1, 2)
+        );
         assert_eq!(counts.waits.buckets, vec![(0, 1), (12, 3)]);
         assert!(LineCounts::parse(&["1".to_owned()]).is_err());
     }

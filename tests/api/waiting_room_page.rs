@@ -184,7 +184,12 @@ impl Browser {
         (text(0), text(1), text(2))
     }
 
-    pub(crate) async fn wait_for(&self, what: &str, timeout: Duration, done: impl Fn(&str, &str) -> bool) {
+    pub(crate) async fn wait_for(
+        &self,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&str, &str) -> bool,
+    ) {
         wait_until(what, timeout, || async {
             let (state, text, href) = self.read().await;
             if done(&state, &href) {
@@ -390,7 +395,10 @@ async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_
         .await;
     let (_, waiting_text, _) = browser.read().await;
     assert!(waiting_text.contains("vor Ihnen"), "{waiting_text}");
-    assert_eq!(browser.eval("return document.documentElement.lang").await, "de");
+    assert_eq!(
+        browser.eval("return document.documentElement.lang").await,
+        "de"
+    );
     // Far from the front the page follows the public state and leaves its ticket alone.
     wait_until("two reads of the public state", minute, || async {
         let (public, _) = browser.line_requests().await;
@@ -574,7 +582,11 @@ async fn the_page_speaks_the_buyers_language_and_writes_numbers_their_way() {
         // The units left are shown once the advancer has read the stock.
         let shown = wait_until("the units left", minute, || async {
             let shown = spoken(&browser).await;
-            if shown.2.starts_with("12") { Ok(shown) } else { Err(format!("{shown:?}")) }
+            if shown.2.starts_with("12") {
+                Ok(shown)
+            } else {
+                Err(format!("{shown:?}"))
+            }
         })
         .await;
         seen.push(shown);

@@ -39,7 +39,11 @@ async fn poll_all_until_admitted(api: &Api, deal: &str, users: &[(String, String
                 passes.push(pass.to_owned());
             }
         }
-        if passes.len() == users.len() { Ok(passes) } else { Err(passes.len()) }
+        if passes.len() == users.len() {
+            Ok(passes)
+        } else {
+            Err(passes.len())
+        }
     })
     .await
 }
@@ -54,7 +58,9 @@ async fn a_finished_sale_reports_its_crowd_count_for_count() {
     })
     .await;
     let room = json!({"admit_per_second": 100, "max_active": 100, "pass_ttl_seconds": 2});
-    let deal = app.given_deal(&room_deal("wrreport", 20, room, json!({}))).await;
+    let deal = app
+        .given_deal(&room_deal("wrreport", 20, room, json!({})))
+        .await;
     set_paused(&app, &deal, true).await;
     let mut keen = Vec::new();
     for n in 0..8 {
@@ -77,7 +83,9 @@ async fn a_finished_sale_reports_its_crowd_count_for_count() {
     set_paused(&app, &deal, false).await;
     let passes = poll_all_until_admitted(&app, &deal, &keen).await;
     for (n, ((user, _), pass)) in keen.iter().zip(&passes).take(4).enumerate() {
-        let order = order_with_pass(&app, user, &deal, Some(pass)).await.expect(201);
+        let order = order_with_pass(&app, user, &deal, Some(pass))
+            .await
+            .expect(201);
         if n < 2 {
             let intent = crate::helpers::intent_id(&order);
             assert_eq!(app.sim.pay(&intent).await.0, 200);
@@ -88,7 +96,11 @@ async fn a_finished_sale_reports_its_crowd_count_for_count() {
     }
     let settled = wait_until("the two unused passes expired", EVENTUALLY, || async {
         let body = report(&app, &deal).await;
-        if body["passes_expired_unused"] == 2 { Ok(body) } else { Err(body) }
+        if body["passes_expired_unused"] == 2 {
+            Ok(body)
+        } else {
+            Err(body)
+        }
     })
     .await;
 
@@ -110,10 +122,20 @@ async fn a_finished_sale_reports_its_crowd_count_for_count() {
     }
     let wait = &settled["wait_seconds"];
     assert_eq!(wait["count"], 6, "{settled}");
-    let figure = |name: &str| wait[name].as_f64().unwrap_or_else(|| panic!("{name}: {wait}"));
+    let figure = |name: &str| {
+        wait[name]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{name}: {wait}"))
+    };
     assert!(figure("max") >= 2.0 && figure("max") < 60.0, "{wait}");
-    assert!(figure("p50") <= figure("p90") && figure("p90") <= figure("p99"), "{wait}");
-    assert!(figure("p99") <= figure("max") && figure("p50") >= 2.0, "{wait}");
+    assert!(
+        figure("p50") <= figure("p90") && figure("p90") <= figure("p99"),
+        "{wait}"
+    );
+    assert!(
+        figure("p99") <= figure("max") && figure("p50") >= 2.0,
+        "{wait}"
+    );
     let metrics = app.metrics().await;
     let label = format!("deal=\"{deal}\"");
     for (name, value) in [
@@ -155,14 +177,20 @@ async fn a_finished_sale_reports_its_crowd_count_for_count() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_report_needs_a_known_deal_with_a_waiting_room() {
     let app = crate::helpers::spawn_app().await;
-    let plain = app.given_deal(&crate::helpers::new_deal("plain", 5, 1)).await;
+    let plain = app
+        .given_deal(&crate::helpers::new_deal("plain", 5, 1))
+        .await;
     let url = |deal: &str| app.url(&format!("/admin/deals/{deal}/report"));
     send(app.client.get(url(&plain)).bearer_auth(&app.admin_token))
         .await
         .expect_problem(404, "not-found");
-    send(app.client.get(url("nosuchdeal")).bearer_auth(&app.admin_token))
-        .await
-        .expect_problem(404, "not-found");
+    send(
+        app.client
+            .get(url("nosuchdeal"))
+            .bearer_auth(&app.admin_token),
+    )
+    .await
+    .expect_problem(404, "not-found");
     let anonymous = send(app.client.get(url(&plain))).await;
     assert_eq!(anonymous.status, 401);
     app.cleanup().await;

@@ -32,7 +32,11 @@ async fn a_template_with_a_broken_unknown_or_oversized_placeholder_is_refused_na
     for (id, template, named) in [
         ("tplunknown", "<p>{{positon}}</p>", "`{{positon}}`"),
         ("tplspaces", "<p>{{ eta }}</p>", "`{{ eta }}`"),
-        ("tplbroken", "<p>{{position</p>", "`{{position</p>` is not closed"),
+        (
+            "tplbroken",
+            "<p>{{position</p>",
+            "`{{position</p>` is not closed",
+        ),
         ("tplbig", oversized.as_str(), "at most 12288 bytes"),
     ] {
         let problem = app
@@ -61,11 +65,18 @@ async fn a_deal_with_its_own_template_shows_its_placeholders_filled_live() {
     }
     let served = app.get(&format!("/wait/{deal}?lang=de")).await;
     assert_eq!(served.status, 200);
-    assert!(served.text.contains("<h1 id=\"brand\">Acme drop</h1>"), "{}", served.text);
+    assert!(
+        served.text.contains("<h1 id=\"brand\">Acme drop</h1>"),
+        "{}",
+        served.text
+    );
     assert!(served.text.contains("<html lang=\"de\">"));
     assert!(!served.text.contains("{{"), "every placeholder replaced");
     let standard = app.get("/wait/otherdeal").await;
-    assert!(!standard.text.contains("Acme drop"), "only this deal has the page");
+    assert!(
+        !standard.text.contains("Acme drop"),
+        "only this deal has the page"
+    );
 
     // Act: the buyer opens the deal's page in a browser asking for German.
     let browser = Browser::start_speaking(Some("de-DE,de")).await;
@@ -74,14 +85,20 @@ async fn a_deal_with_its_own_template_shows_its_placeholders_filled_live() {
         .open(&app.url(&format!("/wait/{deal}#token={token}")))
         .await;
     browser
-        .wait_for("waiting", Duration::from_secs(60), |state, _| state == "waiting")
+        .wait_for("waiting", Duration::from_secs(60), |state, _| {
+            state == "waiting"
+        })
         .await;
     let read = "const text = (id) => document.getElementById(id).textContent; \
         return {place: text('place'), again: text('again'), status: text('status'), \
           units: text('units'), progress: text('progress'), brand: text('brand')}";
     let shown = wait_until("the units left", Duration::from_secs(60), || async {
         let shown = browser.eval(read).await;
-        match shown["units"].as_str().unwrap_or_default().starts_with("1.5") {
+        match shown["units"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("1.5")
+        {
             true => Ok(shown),
             false => Err(shown),
         }
@@ -97,7 +114,10 @@ async fn a_deal_with_its_own_template_shows_its_placeholders_filled_live() {
     assert_eq!(shown["brand"], "Acme drop");
     let status = shown["status"].as_str().unwrap_or_default();
     assert!(status.contains("3 Personen vor Ihnen"), "{shown}");
-    assert!(shown["units"].as_str().unwrap().starts_with("1.500 left"), "{shown}");
+    assert!(
+        shown["units"].as_str().unwrap().starts_with("1.500 left"),
+        "{shown}"
+    );
     assert!(shown["progress"].as_str().unwrap().contains('%'), "{shown}");
     browser.quit().await;
     app.cleanup().await;
