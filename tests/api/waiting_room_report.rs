@@ -160,6 +160,7 @@ async fn a_finished_sale_reports_its_crowd_count_for_count() {
     assert_eq!(printed, settled);
     let table = flashgate_cli(&app.settings, &["deals", "report", &deal]).await;
     assert!(table.success, "{}", table.stderr);
+    eprintln!("flashgate deals report {deal}:\n{}", table.stdout);
     for line in [
         "joined                 8",
         "admitted               6",
