@@ -155,7 +155,10 @@ impl Sale {
             // Independent: the slot frees in Redis while PostgreSQL records the order.
             let room = self.admission.waiting_room();
             let release = Box::pin(room.release(&placed.order.deal_id, &pass.pass_id));
-            tokio::join!(release, self.record_pass_order(&placed.order, &pass.pass_id));
+            tokio::join!(
+                release,
+                self.record_pass_order(&placed.order, &pass.pass_id)
+            );
         }
         let attempt = Box::pin(self.payment_of_placed(&placed.order)).await;
         Ok(self.outcome(placed.order, attempt, placed.replayed))
