@@ -22,9 +22,11 @@ use crate::telemetry;
 /// Lua helpers for the line scripts (`scripts`), after the shared prelude: they keep the
 /// report's counts in `meta` (KEYS[1]) as the line moves.
 pub(super) const PRELUDE: &str = r#"
--- A new place in line: notes when (for its wait) and counts a buyer's first place.
-local function record_join(t, now, known)
+-- A new place in line: notes when (for its wait; the hash expires with the line's keys,
+-- `ttl` ms, from its first entry on) and counts a buyer's first place.
+local function record_join(t, now, known, ttl)
   redis.call('HSET', KEYS[13], t, now)
+  if redis.call('PTTL', KEYS[13]) < 0 then redis.call('PEXPIRE', KEYS[13], ttl) end
   if not known then redis.call('HINCRBY', KEYS[1], 'joined', 1) end
 end
 -- The wait histogram's bucket of `ms`: bucket i holds the waits above 1.1^(i-1) ms and up

@@ -135,7 +135,7 @@ if not t then
   redis.call('HSET', KEYS[5], t, n)
   redis.call('ZADD', KEYS[9], n, t)
   redis.call('RPUSH', KEYS[11], t)
-  record_join(t, now, known)
+  record_join(t, now, known, ARGV[5])
   ensure_seed(ARGV[3], ARGV[4])
 end
 redis.call('HSET', KEYS[6], t, now)
