@@ -374,28 +374,6 @@ async fn drain_queue(settings: &CliSettings, pool: &PgPool, id: &str) -> Result<
     }))
 }
 
-/// `flashgate deals report <id>`: the same report as `GET /admin/deals/{id}/report`.
-async fn report(settings: &CliSettings, pool: &PgPool, id: &str, json: bool) -> Result<(), String> {
-    let deal = deals::load(pool, id)
-        .await
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("deal {id} not found"))?;
-    if !deal.waiting_room.enabled {
-        return Err(format!("deal {id} has no waiting room"));
-    }
-    let redis = connect_redis(settings);
-    redis.connect().await;
-    let room = WaitingRoom::new(&settings.waiting_room, redis, Clock::system());
-    let report = room
-        .report(pool, &deal.id)
-        .await
-        .map_err(|e| e.to_string())?;
-    match json {
-        true => print(&report),
-        false => super::output::line(&super::report::table(&report)),
-    }
-}
-
 async fn run_deals(
     settings: &CliSettings,
     pool: &PgPool,
@@ -418,7 +396,7 @@ async fn run_deals(
         DealsCommand::Pause { id } => set_paused(pool, &id, true).await,
         DealsCommand::Resume { id } => set_paused(pool, &id, false).await,
         DealsCommand::DrainQueue { id } => drain_queue(settings, pool, &id).await,
-        DealsCommand::Report { id, json } => report(settings, pool, &id, json).await,
+        DealsCommand::Report { id, json } => super::report::run(settings, pool, &id, json).await,
         DealsCommand::Admission {
             id,
             mode,

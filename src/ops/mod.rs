@@ -7,7 +7,7 @@
 //!   periodic audit task.
 //! - [`cli`]: the `flashgate deals …` and `flashgate check` subcommands; [`events_cli`]:
 //!   `flashgate events …` and `flashgate event-endpoints …`.
-//! - [`report`]: `flashgate deals report` as a table.
+//! - [`report`]: `flashgate deals report`, the line's report as a table or as JSON.
 //! - [`output`]: how every command writes to stdout, safe in a pipe closed early.
 //!
 //! Everything here talks to PostgreSQL (and Redis for the sold-out flag) directly, so the

@@ -1,7 +1,43 @@
 //! `flashgate deals report <id>`: the deal's report (`GET /admin/deals/{id}/report`) as a
 //! table for a person reading it after a sale, or as the same JSON with `--json`.
 
+use sqlx::PgPool;
+
+use super::cli::CliSettings;
+use super::output;
+use crate::clock::Clock;
+use crate::deals;
+use crate::redis_link::RedisHandle;
+use crate::waiting_room::WaitingRoom;
 use crate::waiting_room::report::Report;
+
+/// `flashgate deals report <id>`: the same report as `GET /admin/deals/{id}/report`, read
+/// from PostgreSQL and Redis directly (no gateway needed).
+pub async fn run(
+    settings: &CliSettings,
+    pool: &PgPool,
+    id: &str,
+    json: bool,
+) -> Result<(), String> {
+    let deal = deals::load(pool, id)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("deal {id} not found"))?;
+    if !deal.waiting_room.enabled {
+        return Err(format!("deal {id} has no waiting room"));
+    }
+    let redis = RedisHandle::from_settings(&settings.redis);
+    redis.connect().await;
+    let room = WaitingRoom::new(&settings.waiting_room, redis, Clock::system());
+    let report = room
+        .report(pool, &deal.id)
+        .await
+        .map_err(|e| e.to_string())?;
+    match json {
+        true => output::json(&report),
+        false => output::line(&table(&report)),
+    }
+}
 
 /// The report as two aligned columns: the three questions a finished sale asks (how long
 /// people waited, how many gave up, how many who got a turn bought) in that order.
