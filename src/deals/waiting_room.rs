@@ -218,6 +218,11 @@ pub struct WaitingRoomTerms {
     /// Who may join; everyone when absent.
     #[sqlx(rename = "wr_invitation", json(nullable))]
     pub invitation: Option<Invitation>,
+    /// The deal's own waiting page (`page_template`), in place of the standard one; read
+    /// only where the page is served (a query without the column leaves it out).
+    #[sqlx(rename = "wr_page_template", default)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub page_template: Option<String>,
 }
 
 impl Default for WaitingRoomTerms {
@@ -234,6 +239,7 @@ impl Default for WaitingRoomTerms {
             admission: AdmissionTerms::default(),
             activation: Activation::Always,
             invitation: None,
+            page_template: None,
         }
     }
 }
@@ -277,6 +283,9 @@ impl WaitingRoomTerms {
         }
         if let Some(invitation) = &self.invitation {
             invitation.validate()?;
+        }
+        if let Some(template) = &self.page_template {
+            super::page_template::parse(template)?;
         }
         self.admission.validate()
     }

@@ -22,6 +22,7 @@ use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};
 use crate::inventory;
 use crate::operators::Operator;
 use crate::telemetry;
+use crate::waiting_room::report::ReportError;
 use crate::waiting_room::{LineStatus, access_codes};
 use serde_json::json;
 
@@ -210,6 +211,31 @@ pub async fn deal<B>(state: &State, request: &Request<B>, raw_id: &str) -> Reply
         .await?
         .ok_or_else(|| Problem::not_found("no such deal"))?;
     deal_reply(state, &deal).await
+}
+
+/// `GET /admin/deals/{id}/report`: what the deal's line did (joins, waits, abandons, passes
+/// expired unused) and what its admitted buyers did (orders, payments).
+pub async fn report<B>(state: &State, request: &Request<B>, raw_id: &str) -> Reply {
+    require_admin(state, request).await?;
+    let id = DealId::parse(raw_id).map_err(|_| Problem::not_found("no such deal"))?;
+    let deal = deals::load(&state.pools.admin, id.as_str())
+        .await?
+        .ok_or_else(|| Problem::not_found("no such deal"))?;
+    if !deal.waiting_room.enabled {
+        return Err(Problem::not_found("the deal has no waiting room"));
+    }
+    let room = state.admission.waiting_room();
+    let report = room.report(&state.pools.admin, &deal.id).await?;
+    Ok(body::respond(StatusCode::OK, &report, Caching::Private))
+}
+
+impl From<ReportError> for Problem {
+    fn from(error: ReportError) -> Self {
+        match error {
+            ReportError::Queue(error) => error.into(),
+            ReportError::Store(error) => error.into(),
+        }
+    }
 }
 
 /// A deal as the admin answers show it (200), with its line's outflow now.
@@ -481,6 +507,8 @@ struct WaitingRoomInput {
     activation: Option<Activation>,
     #[serde(default)]
     invitation: Option<Invitation>,
+    #[serde(default)]
+    page_template: Option<String>,
 }
 
 /// The `admission` object of a deal's `waiting_room`; without it the line is `fixed`.
@@ -527,6 +555,7 @@ impl WaitingRoomInput {
             admission: self
                 .admission
                 .map_or(defaults.admission, AdmissionInput::into_terms),
+            page_template: self.page_template,
         }
     }
 }

@@ -35,6 +35,7 @@ pub enum Route<'a> {
     Inventory(&'a str),
     PauseDeal(&'a str),
     AdminDeal(&'a str),
+    DealReport(&'a str),
     SetAdmission(&'a str),
     IssueAccessCodes(&'a str),
     ResumeDeal(&'a str),
@@ -167,6 +168,11 @@ impl<'a> Route<'a> {
                 Route::Inventory(id),
             ),
             ["admin", "deals", id] => ("/admin/deals/{id}", "GET, HEAD", Route::AdminDeal(id)),
+            ["admin", "deals", id, "report"] => (
+                "/admin/deals/{id}/report",
+                "GET, HEAD",
+                Route::DealReport(id),
+            ),
             ["admin", "deals", id, "admission"] => (
                 "/admin/deals/{id}/admission",
                 "POST",
@@ -236,6 +242,7 @@ impl<'a> Route<'a> {
             | Route::Inventory(id)
             | Route::PauseDeal(id)
             | Route::AdminDeal(id)
+            | Route::DealReport(id)
             | Route::SetAdmission(id)
             | Route::IssueAccessCodes(id)
             | Route::ResumeDeal(id)
@@ -266,6 +273,7 @@ impl<'a> Route<'a> {
             Route::Inventory(_) => "/admin/deals/{id}/inventory",
             Route::PauseDeal(_) => "/admin/deals/{id}/pause",
             Route::AdminDeal(_) => "/admin/deals/{id}",
+            Route::DealReport(_) => "/admin/deals/{id}/report",
             Route::SetAdmission(_) => "/admin/deals/{id}/admission",
             Route::IssueAccessCodes(_) => "/admin/deals/{id}/access-codes",
             Route::ResumeDeal(_) => "/admin/deals/{id}/resume",

@@ -75,6 +75,15 @@ pub enum DealsCommand {
         /// The deal's id.
         id: String,
     },
+    /// What the deal's waiting room did: joins, waits, abandons, passes expired unused, and
+    /// how many admitted buyers ordered and paid. Needs Redis.
+    Report {
+        /// The deal's id.
+        id: String,
+        /// Print the JSON of `GET /admin/deals/{id}/report` instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Set who drives the deal's waiting-room outflow: `fixed` takes manual control at the
     /// line's current outflow (or `--admit-per-second`), `adaptive` hands it back to the
     /// loop. Needs Redis to read the current outflow.
@@ -225,7 +234,9 @@ pub async fn deals(settings: &CliSettings, command: DealsCommand) -> Result<(), 
 fn change_of(command: &DealsCommand) -> Option<(&'static str, String, serde_json::Value)> {
     use serde_json::json;
     let (action, id, detail) = match command {
-        DealsCommand::List | DealsCommand::Show { .. } => return None,
+        DealsCommand::List | DealsCommand::Show { .. } | DealsCommand::Report { .. } => {
+            return None;
+        }
         DealsCommand::Create(args) => (
             "deal.created",
             &args.id,
@@ -329,6 +340,7 @@ async fn run_deals(
                 .map_err(|e| e.to_string())?;
             print(&issued)
         }
+        DealsCommand::Report { id, json } => super::report::run(settings, pool, &id, json).await,
         DealsCommand::Admission {
             id,
             mode,

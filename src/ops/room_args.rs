@@ -97,6 +97,7 @@ impl WaitingRoomArgs {
                     .target_p99_ms
                     .unwrap_or(defaults.admission.target_p99_ms),
             },
+            page_template: None,
         }
     }
 }

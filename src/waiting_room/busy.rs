@@ -26,7 +26,7 @@ use crate::telemetry;
 use super::WaitingRoomSettings;
 
 /// The Lua helpers of the switch, prepended to `JOIN` and `ADVANCE` after the shared
-/// prelude. `JOIN`'s ARGV 7.. are: when busy (0/1), the rate when none was published, use
+/// prelude and the report's (`expire_passes`, `record_wait`). `JOIN`'s ARGV 7.. are: when busy (0/1), the rate when none was published, use
 /// the published outflow (0/1: adaptive), max_active, pass ttl ms, may admit now (0/1: the
 /// sale open, not paused, not flagged sold out), calm ms, burst ms.
 pub(super) const LUA: &str = r#"
@@ -63,7 +63,7 @@ local function room_now(now)
   if m[1] == 'sold_out' or (m[2] and tonumber(m[2]) <= 0) or (m[3] and m[4] ~= '1') then
     return false
   end
-  redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', now)
+  expire_passes(now)
   return redis.call('ZCARD', KEYS[10]) < tonumber(ARGV[10])
 end
 -- Counts a new arrival and decides: {1 when admitted at once, switches (1: turned active,
@@ -92,6 +92,7 @@ local function admit_at_once(t, n, now)
   redis.call('HSET', KEYS[1], 'admitted_through', n)
   redis.call('HINCRBY', KEYS[1], 'admitted_total', 1)
   redis.call('HINCRBY', KEYS[1], 'admitted_at_once_total', 1)
+  record_wait(t, now)
   if redis.call('HEXISTS', KEYS[1], 'units_left') == 1 then
     redis.call('HINCRBY', KEYS[1], 'units_left', -1)
   end
@@ -107,17 +108,17 @@ end
 "#;
 
 /// Appended to `ADVANCE` (whose body runs as `step()`); its ARGV 15 and 16 are: when busy
-/// (0/1), calm ms. Adds to the step's reply whether the line is active (1) or admits at
-/// once (0), and the switch the step made (2: turned calm).
+/// (0/1), calm ms. Inserts into the step's reply, after its first four fields, whether the
+/// line is active (1) or admits at once (0), and the switch the step made (2: turned calm).
 const SETTLE: &str = r#"
 local r = step()
-if r[1] < 0 or ARGV[15] ~= '1' then
-  r[5], r[6] = 1, 0
-  return r
+local line_active, switched = 1, 0
+if r[1] >= 0 and ARGV[15] == '1' then
+  if settle_calm(now_ms(), tonumber(ARGV[16])) then switched = 2 end
+  line_active = line_busy() and 1 or 0
 end
-r[6] = 0
-if settle_calm(now_ms(), tonumber(ARGV[16])) then r[6] = 2 end
-r[5] = line_busy() and 1 or 0
+table.insert(r, 5, switched)
+table.insert(r, 5, line_active)
 return r
 "#;
 

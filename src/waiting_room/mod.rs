@@ -46,6 +46,7 @@ mod join;
 mod line_cache;
 pub mod pass;
 pub mod position;
+pub mod report;
 pub mod revocation;
 mod scripts;
 mod settings;
@@ -185,7 +186,7 @@ fn line_key(redis: &RedisHandle, deal_id: &str, name: &str) -> String {
 }
 
 /// The Redis keys of one deal's line, in the order the scripts expect.
-struct Keys([String; 12]);
+struct Keys([String; 13]);
 
 impl Keys {
     fn of(redis: &RedisHandle, deal_id: &str) -> Self {
@@ -203,6 +204,7 @@ impl Keys {
             deal("active"),
             deal("issued"),
             deal("used"),
+            deal("t_join"),
         ])
     }
 }

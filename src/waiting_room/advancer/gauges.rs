@@ -99,3 +99,25 @@ impl Gauges {
         }
     }
 }
+
+/// Counts what one step of a line reported for its report: the buyers joined and passes
+/// expired unused since the last step that reported them, then each admitted ticket's wait
+/// (ms; -1 when unknown). The script hands each out once, so the sum over instances is the
+/// line's figure.
+pub(super) fn record_report(deal: &str, reported: &[i64]) {
+    let [joined, expired, waits @ ..] = reported else {
+        return;
+    };
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    metrics::counter!(telemetry::WAITING_ROOM_JOINED, "deal" => deal.to_owned())
+        .increment(count(*joined));
+    metrics::counter!(telemetry::WAITING_ROOM_PASSES_EXPIRED_UNUSED, "deal" => deal.to_owned())
+        .increment(count(*expired));
+    if waits.is_empty() {
+        return;
+    }
+    let histogram = metrics::histogram!(telemetry::WAITING_ROOM_WAIT, "deal" => deal.to_owned());
+    for &ms in waits.iter().filter(|ms| **ms >= 0) {
+        histogram.record(ms as f64 / 1000.0);
+    }
+}

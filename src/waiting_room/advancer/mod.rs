@@ -279,13 +279,16 @@ impl Advancer {
             .room
             .eval(&self.room.scripts.advance, &line.id, &args)
             .await?;
-        let [admitted, skipped, active, waiting, line_active, switched] = reply[..] else {
+        let [admitted, skipped, active, waiting, line_active, switched] =
+            reply.get(..6).unwrap_or_default()[..]
+        else {
             return Err(QueueError::Unexpected(format!("advance {reply:?}")));
         };
         if admitted < 0 {
             return Ok(None);
         }
         super::busy::record_switches(&line.id, switched);
+        gauges::record_report(&line.id, reply.get(6..).unwrap_or_default());
         if admitted > 0 && active > i64::from(terms.max_active) {
             tracing::error!(
                 deal = line.id,
