@@ -1,0 +1,238 @@
+//! A provider token read once: split into its three parts, its header and its claims each
+//! decoded from base64url and JSON a single time (the header to pick the key, the claims
+//! after the signature holds), and the signature checked with the key parsed when the JWKS
+//! was read. A purchase with a token never seen before pays for one signature check and
+//! nothing decoded twice.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::str::FromStr;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use jsonwebtoken::Algorithm;
+use serde::Deserialize;
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde_json::Value;
+
+/// Decoded parts up to this size are read without an allocation (a usual header, claims
+/// and any signature of a key up to 8192 bits fit); larger ones still are.
+const ON_STACK_BYTES: usize = 1024;
+
+/// A compact JWS, borrowed from the `Authorization` header.
+pub struct Compact<'t> {
+    /// `header.payload`: what the signature signs.
+    signed: &'t [u8],
+    payload: &'t [u8],
+    signature: &'t [u8],
+    pub algorithm: Algorithm,
+    /// The header's `kid`, when it names one.
+    pub kid: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Header<'a> {
+    #[serde(borrow)]
+    alg: Cow<'a, str>,
+    #[serde(borrow, default)]
+    kid: Option<Cow<'a, str>>,
+}
+
+impl<'t> Compact<'t> {
+    /// The token's parts and header; `None` when it is not three base64url parts whose
+    /// first is a JSON header naming a known algorithm.
+    pub fn parse(token: &'t [u8]) -> Option<Self> {
+        let mut parts = token.split(|&byte| byte == b'.');
+        let (header, payload, signature) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() {
+            return None;
+        }
+        let (algorithm, kid) = decoded(header, |json| {
+            let header: Header<'_> = serde_json::from_slice(json).ok()?;
+            let algorithm = Algorithm::from_str(&header.alg).ok()?;
+            Some((algorithm, header.kid.map(Cow::into_owned)))
+        })??;
+        Some(Self {
+            signed: &token[..header.len() + 1 + payload.len()],
+            payload,
+            signature,
+            algorithm,
+            kid,
+        })
+    }
+
+    /// True when `key` signed it; the key's own algorithm decides how it is checked.
+    pub fn signed_by(&self, key: &aws_lc_rs::signature::ParsedPublicKey) -> bool {
+        decoded(self.signature, |signature| {
+            key.verify_sig(self.signed, signature).is_ok()
+        })
+        .unwrap_or(false)
+    }
+
+    /// The claims flashgate reads, decoded from the payload; `None` when it is not a JSON
+    /// object.
+    pub fn claims(&self, names: &ClaimNames<'_>) -> Option<Claims> {
+        decoded(self.payload, |json| {
+            let mut deserializer = serde_json::Deserializer::from_slice(json);
+            let claims = names.deserialize(&mut deserializer).ok()?;
+            deserializer.end().ok()?;
+            Some(claims)
+        })?
+    }
+}
+
+/// `read` on the base64url decoding of `part` (on the stack when it fits); `None` when
+/// `part` is not base64url.
+fn decoded<R>(part: &[u8], read: impl FnOnce(&[u8]) -> R) -> Option<R> {
+    let mut on_stack = [0; ON_STACK_BYTES];
+    match URL_SAFE_NO_PAD.decode_slice(part, &mut on_stack) {
+        Ok(length) => Some(read(&on_stack[..length])),
+        Err(base64::DecodeSliceError::OutputSliceTooSmall) => {
+            URL_SAFE_NO_PAD.decode(part).ok().map(|bytes| read(&bytes))
+        }
+        Err(base64::DecodeSliceError::DecodeError(_)) => None,
+    }
+}
+
+/// The claims a provider token is checked by, each as the token has it (absent: `None`).
+#[derive(Debug, Default, PartialEq)]
+pub struct Claims {
+    pub iss: Option<Value>,
+    pub aud: Option<Value>,
+    pub exp: Option<Value>,
+    pub nbf: Option<Value>,
+    /// `auth.oidc.user_claim`.
+    pub user: Option<Value>,
+    /// `auth.oidc.admin_claim`, when one is set.
+    pub admin: Option<Value>,
+}
+
+/// The names of the claims read: the registered ones and the two the settings name.
+pub struct ClaimNames<'s> {
+    pub user: &'s str,
+    pub admin: &'s str,
+}
+
+impl ClaimNames<'_> {
+    /// Where a claim of this name goes; a name may serve several (`user_claim = "iss"`).
+    fn slots<'c>(&self, name: &str, claims: &'c mut Claims) -> [Option<&'c mut Option<Value>>; 3] {
+        let Claims {
+            iss,
+            aud,
+            exp,
+            nbf,
+            user,
+            admin,
+        } = claims;
+        let registered = match name {
+            "iss" => Some(iss),
+            "aud" => Some(aud),
+            "exp" => Some(exp),
+            "nbf" => Some(nbf),
+            _ => None,
+        };
+        let user = (name == self.user).then_some(user);
+        let admin = (!self.admin.is_empty() && name == self.admin).then_some(admin);
+        [registered, user, admin]
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for &ClaimNames<'_> {
+    type Value = Claims;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Claims, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for &ClaimNames<'_> {
+    type Value = Claims;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object of claims")
+    }
+
+    /// Every other claim is skipped unread: nothing is allocated for it.
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Claims, A::Error> {
+        let mut claims = Claims::default();
+        while let Some(name) = map.next_key::<Cow<'de, str>>()? {
+            let mut slots = self.slots(&name, &mut claims).into_iter().flatten();
+            let Some(first) = slots.next() else {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            };
+            let value: Value = map.next_value()?;
+            for slot in slots {
+                *slot = Some(value.clone());
+            }
+            *first = Some(value);
+        }
+        Ok(claims)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn token(header: &Value, claims: &Value) -> String {
+        format!(
+            "{}.{}.{}",
+            URL_SAFE_NO_PAD.encode(header.to_string()),
+            URL_SAFE_NO_PAD.encode(claims.to_string()),
+            URL_SAFE_NO_PAD.encode(b"signature")
+        )
+    }
+
+    #[test]
+    fn the_header_and_the_named_claims_are_read_once_and_nothing_else() {
+        let header = json!({"alg": "RS256", "kid": "k1", "typ": "at+jwt"});
+        let claims = json!({
+            "iss": "https://id", "aud": ["a", "b"], "exp": 20, "sub": "alice",
+            "roles": ["ops"], "big": {"nested": [1, 2, 3]},
+        });
+        let text = token(&header, &claims);
+        let compact = Compact::parse(text.as_bytes()).unwrap();
+        assert_eq!(compact.algorithm, Algorithm::RS256);
+        assert_eq!(compact.kid.as_deref(), Some("k1"));
+        let names = ClaimNames {
+            user: "sub",
+            admin: "roles",
+        };
+        let read = compact.claims(&names).unwrap();
+        assert_eq!(read.iss, Some(json!("https://id")));
+        assert_eq!(read.aud, Some(json!(["a", "b"])));
+        assert_eq!(read.exp, Some(json!(20)));
+        assert_eq!(read.nbf, None);
+        assert_eq!(read.user, Some(json!("alice")));
+        assert_eq!(read.admin, Some(json!(["ops"])));
+        // One claim may serve as two.
+        let names = ClaimNames {
+            user: "iss",
+            admin: "",
+        };
+        let read = compact.claims(&names).unwrap();
+        assert_eq!((read.user, read.admin), (Some(json!("https://id")), None));
+    }
+
+    #[test]
+    fn anything_but_a_compact_jws_with_a_known_algorithm_is_not_read() {
+        let claims = json!({"sub": "alice"});
+        for header in [json!({"alg": "none"}), json!({"alg": "XS999"}), json!({})] {
+            assert!(Compact::parse(token(&header, &claims).as_bytes()).is_none());
+        }
+        let good = token(&json!({"alg": "ES256"}), &claims);
+        assert!(Compact::parse(good.as_bytes()).is_some());
+        for bad in [format!("{good}.x"), "a.b".into(), "%%.b.c".into()] {
+            assert!(Compact::parse(bad.as_bytes()).is_none(), "{bad}");
+        }
+        let names = ClaimNames {
+            user: "sub",
+            admin: "",
+        };
+        let not_an_object = token(&json!({"alg": "ES256"}), &json!([1]));
+        let compact = Compact::parse(not_an_object.as_bytes()).unwrap();
+        assert!(compact.claims(&names).is_none());
+    }
+}
