@@ -216,6 +216,66 @@ mod tests {
         assert_eq!((read.user, read.admin), (Some(json!("https://id")), None));
     }
 
+    /// Signs with the bench keys and verifies with the key read from the public JWK, as
+    /// a provider's JWKS gives it: RS256, PS256, ES256 and EdDSA.
+    #[test]
+    fn a_signature_holds_with_its_own_key_only_and_not_once_tampered_with() {
+        use jsonwebtoken::EncodingKey;
+        use jsonwebtoken::jwk::Jwk;
+        let rsa = include_bytes!("../../../benches/keys/rs256.pem");
+        let keys = [
+            (Algorithm::RS256, EncodingKey::from_rsa_pem(rsa).unwrap()),
+            (Algorithm::PS256, EncodingKey::from_rsa_pem(rsa).unwrap()),
+            (
+                Algorithm::ES256,
+                EncodingKey::from_ec_pem(include_bytes!("../../../benches/keys/es256.pem"))
+                    .unwrap(),
+            ),
+            (
+                Algorithm::EdDSA,
+                EncodingKey::from_ed_pem(include_bytes!("../../../benches/keys/eddsa.pem"))
+                    .unwrap(),
+            ),
+        ];
+        let held = |algorithm, key: &EncodingKey| {
+            let mut jwk =
+                serde_json::to_value(Jwk::from_encoding_key(key, algorithm).unwrap()).unwrap();
+            jwk["kid"] = json!(format!("{algorithm:?}"));
+            let document = json!({"keys": [jwk]}).to_string();
+            let set = super::super::keys::KeySet::parse(document.as_bytes()).unwrap();
+            set.get(&format!("{algorithm:?}"))
+                .unwrap()
+                .verifying
+                .clone()
+        };
+        let claims = json!({"sub": "alice", "aud": "flashgate", "exp": 20});
+        // Each algorithm's token against a key of another type.
+        let wrong = [2, 2, 3, 0];
+        for (index, (algorithm, key)) in keys.iter().enumerate() {
+            let mut header = jsonwebtoken::Header::new(*algorithm);
+            header.kid = Some("k".into());
+            let token = jsonwebtoken::encode(&header, &claims, key).unwrap();
+            let jws = Compact::parse(token.as_bytes()).unwrap();
+            assert_eq!(jws.algorithm, *algorithm);
+            assert!(jws.signed_by(&held(*algorithm, key)), "{algorithm:?}");
+            let (other_algorithm, other) = &keys[wrong[index]];
+            assert!(
+                !jws.signed_by(&held(*other_algorithm, other)),
+                "{algorithm:?}"
+            );
+            let (signed, _) = token.rsplit_once('.').unwrap();
+            let forged = format!("{signed}.{}", URL_SAFE_NO_PAD.encode([7u8; 64]));
+            assert!(
+                !Compact::parse(forged.as_bytes())
+                    .unwrap()
+                    .signed_by(&held(*algorithm, key))
+            );
+            let edited = token.replacen("eyJ", "eyK", 2);
+            let edited = Compact::parse(edited.as_bytes());
+            assert!(edited.is_none_or(|jws| !jws.signed_by(&held(*algorithm, key))));
+        }
+    }
+
     #[test]
     fn anything_but_a_compact_jws_with_a_known_algorithm_is_not_read() {
         let claims = json!({"sub": "alice"});
