@@ -275,8 +275,10 @@ FLOOD_SETTLE=${FLOOD_SETTLE:-30}
 # HS256; FLOOD_DEALS: the deals flooded, each on a gateway of its own.
 FLOOD_TOKENS=${FLOOD_TOKENS:-hs256}
 FLOOD_DEALS=${FLOOD_DEALS:-sold-out open}
+# Hard stop of each flood, whatever is left.
+FLOOD_SECONDS_MAX=${FLOOD_SECONDS_MAX:-600}
 FLOOD_SHIPPED=
-[ "$FLOOD_USERS" = 1000000 ] && [ "$FLOOD_TOKENS" = hs256 ] && [ "$FLOOD_DEALS" = "sold-out open" ] && FLOOD_SHIPPED=1
+[ "$FLOOD_USERS" = 1000000 ] && [ "$FLOOD_TOKENS" = hs256 ] && [ "$FLOOD_DEALS" = "sold-out open" ] && [ "$FLOOD_SECONDS_MAX" = 600 ] && FLOOD_SHIPPED=1
 flood() {
     local db kind stock pid port ops provider=()
     : >"$WORK/flood"
@@ -297,7 +299,7 @@ flood() {
         checkpoint
         log "flood, $kind deal: $FLOOD_USERS distinct users, one order each, then ${FLOOD_SETTLE}s to settle"
         "$BIN/flashgate-loadtest" flood --base-url "http://127.0.0.1:$port" --ops-url "http://127.0.0.1:$ops" \
-            --users "$FLOOD_USERS" --stock "$stock" --concurrency 128 --duration-max-seconds 600 \
+            --users "$FLOOD_USERS" --stock "$stock" --concurrency 128 --duration-max-seconds "$FLOOD_SECONDS_MAX" \
             --token-kind "$FLOOD_TOKENS" \
             --distinct-addresses --gateway-pid "$pid" --settle-seconds "$FLOOD_SETTLE" \
             --out "$WORK/flood-$kind.json" >/dev/null 2>"$WORK/flood-$kind.log"
