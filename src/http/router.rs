@@ -136,7 +136,8 @@ pub fn begin(
 /// Refuses a head over `server.header_bytes_max`, which hyper reads up to
 /// `head_read_bytes_max`: 401 as any refused token when its `Authorization` header is what
 /// puts it over (no token that large is accepted, and it is never decoded), 431 otherwise.
-/// Counted as the request line and every header as `name: value` CRLF.
+/// Counted as the request line and every header as `name:value` CRLF, never more than
+/// the bytes the client sent.
 fn check_head<B>(request: &Request<B>, header_bytes_max: usize) -> Result<(), Problem> {
     let uri = request.uri();
     let target = uri.path_and_query().map_or(1, |p| p.as_str().len())
@@ -147,7 +148,7 @@ fn check_head<B>(request: &Request<B>, header_bytes_max: usize) -> Result<(), Pr
     let line = request.method().as_str().len() + " ".len() + target + " HTTP/1.1\r\n".len();
     let (mut head, mut authorization) = (line + "\r\n".len(), 0);
     for (name, value) in request.headers() {
-        head += name.as_str().len() + ": ".len() + value.len() + "\r\n".len();
+        head += name.as_str().len() + ":".len() + value.len() + "\r\n".len();
         if name == AUTHORIZATION {
             authorization += value.len();
         }
