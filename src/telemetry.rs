@@ -82,6 +82,8 @@ pub const WAITING_ROOM_PASS_REJECTIONS: &str = "flashgate_waiting_room_pass_reje
 pub const WAITING_ROOM_REVOKED: &str = "flashgate_waiting_room_passes_revoked_total";
 pub const WAITING_ROOM_CHALLENGES: &str = "flashgate_waiting_room_challenges_total";
 pub const WAITING_ROOM_LINE_READS: &str = "flashgate_waiting_room_line_reads_total";
+pub const WAITING_ROOM_LINE_ACTIVE: &str = "flashgate_waiting_room_line_active";
+pub const WAITING_ROOM_LINE_SWITCHES: &str = "flashgate_waiting_room_line_switches_total";
 pub const BUILD_INFO: &str = "flashgate_build_info";
 pub const CAPACITY: &str = "flashgate_capacity";
 pub const RESERVATION_TRANSACTION: &str = "flashgate_reservation_transaction_seconds";
@@ -462,6 +464,14 @@ fn describe_waiting_room() {
     describe_counter!(
         WAITING_ROOM_CHALLENGES,
         "Proof-of-work solutions checked when joining a line, by outcome."
+    );
+    describe_gauge!(
+        WAITING_ROOM_LINE_ACTIVE,
+        "1 while a deal's line queues newcomers, 0 while a when_busy line admits joins at once, as the instance advancing it reports."
+    );
+    describe_counter!(
+        WAITING_ROOM_LINE_SWITCHES,
+        "when_busy lines turned active (arrivals past the outflow) or calm again, by the state switched to."
     );
     describe_counter!(
         WAITING_ROOM_LINE_READS,

@@ -396,7 +396,7 @@ async fn dispatch(
             let deal_id = public::check_order(state, peer, request.headers(), id)?;
             Box::pin(public::place_admissible(state, request, deal_id)).await
         }
-        Route::JoinQueue(id) => Box::pin(queue::join(state, peer, &request, id)).await,
+        Route::JoinQueue(id) => Box::pin(queue::join(state, peer, request, id)).await,
         Route::QueueStatus(id) => Box::pin(queue::line(state, peer, &request, id)).await,
         Route::PollTicket(id, ticket) => {
             Box::pin(queue::poll(state, peer, &request, id, ticket)).await
@@ -413,6 +413,9 @@ async fn dispatch(
         Route::PauseDeal(id) => Box::pin(ops::set_paused(state, &request, id, true)).await,
         Route::AdminDeal(id) => Box::pin(admin::deal(state, &request, id)).await,
         Route::SetAdmission(id) => Box::pin(admin::set_admission(state, request, id)).await,
+        Route::IssueAccessCodes(id) => {
+            Box::pin(admin::issue_access_codes(state, request, id)).await
+        }
         Route::ResumeDeal(id) => Box::pin(ops::set_paused(state, &request, id, false)).await,
         Route::Rebalance(id) => Box::pin(ops::rebalance(state, request, id)).await,
         Route::Audit => Box::pin(ops::audit(state, &request)).await,

@@ -36,6 +36,7 @@ pub enum Route<'a> {
     PauseDeal(&'a str),
     AdminDeal(&'a str),
     SetAdmission(&'a str),
+    IssueAccessCodes(&'a str),
     ResumeDeal(&'a str),
     Rebalance(&'a str),
     Audit,
@@ -171,6 +172,11 @@ impl<'a> Route<'a> {
                 "POST",
                 Route::SetAdmission(id),
             ),
+            ["admin", "deals", id, "access-codes"] => (
+                "/admin/deals/{id}/access-codes",
+                "POST",
+                Route::IssueAccessCodes(id),
+            ),
             ["admin", "deals", id, "pause"] => {
                 ("/admin/deals/{id}/pause", "POST", Route::PauseDeal(id))
             }
@@ -231,6 +237,7 @@ impl<'a> Route<'a> {
             | Route::PauseDeal(id)
             | Route::AdminDeal(id)
             | Route::SetAdmission(id)
+            | Route::IssueAccessCodes(id)
             | Route::ResumeDeal(id)
             | Route::Rebalance(id)
             | Route::QueueChallenge(id)
@@ -260,6 +267,7 @@ impl<'a> Route<'a> {
             Route::PauseDeal(_) => "/admin/deals/{id}/pause",
             Route::AdminDeal(_) => "/admin/deals/{id}",
             Route::SetAdmission(_) => "/admin/deals/{id}/admission",
+            Route::IssueAccessCodes(_) => "/admin/deals/{id}/access-codes",
             Route::ResumeDeal(_) => "/admin/deals/{id}/resume",
             Route::Rebalance(_) => "/admin/deals/{id}/rebalance",
             Route::Audit => "/admin/audit",

@@ -19,6 +19,7 @@ pub mod events_cli;
 pub mod output;
 pub mod pause;
 pub mod rebalance;
+mod room_args;
 mod settings;
 pub mod stock;
 

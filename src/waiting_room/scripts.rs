@@ -107,13 +107,15 @@ end
 /// the back of the line, once its pass ran out unused (`lapsed`) while the line is open,
 /// when allowed (0 when not, or when the user's ticket is not the one shown: the caller
 /// checks a proof of work first); nil when the user has none and the line was closed
-/// (`DRAIN`). Every join pushes the expiry of the
+/// (`DRAIN`). A `when_busy` line may admit a new ticket at once (ARGV 7.., see `busy`); the
+/// status then ends with the switches the join made, plus 4 when it admitted at once. Every join pushes the expiry of the
 /// line's keys out, so a finished line leaves Redis on its own. The caller bumps the lines
 /// version when the ticket is the line's first.
 const JOIN: &str = r#"
 local t = redis.call('HGET', KEYS[2], ARGV[1])
 local closed = redis.call('HEXISTS', KEYS[1], 'closed_at') == 1
 local now = now_ms()
+local switched = 0
 if t and not closed and lapsed(t, now) then t = nil end
 if t and ARGV[6] ~= '1' and ARGV[2] ~= '' and t ~= ARGV[2] then t = nil end
 if not t and ARGV[6] ~= '1' then
@@ -130,12 +132,17 @@ if not t then
   redis.call('HSET', KEYS[3], t, ARGV[1])
   redis.call('HSET', KEYS[4], t, n)
   redis.call('HSET', KEYS[5], t, n)
-  redis.call('ZADD', KEYS[9], n, t)
   redis.call('RPUSH', KEYS[11], t)
   ensure_seed(ARGV[3], ARGV[4])
+  local decided = {0, 0}
+  if ARGV[7] == '1' then decided = arrive(now) end
+  switched = decided[2] + 4 * decided[1]
+  if decided[1] == 1 then admit_at_once(t, n, now) else redis.call('ZADD', KEYS[9], n, t) end
 end
 redis.call('HSET', KEYS[6], t, now)
-return status(t, now)
+local s = status(t, now)
+s[#s + 1] = switched
+return s
 "#;
 
 /// ARGV: ticket, user. Nil when the ticket is unknown or someone else's; otherwise records
@@ -148,15 +155,16 @@ return status(ARGV[1], now)
 "#;
 
 /// No ARGV. The line as the public sees it (and `units_left`, empty until the advancer read
-/// the deal's stock, and `1` when the line was drained).
+/// the deal's stock, `1` when the line was drained, and `1` while a `when_busy` line is
+/// active).
 const PUBLIC: &str = r#"
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', now)
 local m = redis.call('HMGET', KEYS[1], 'admitted_through', 'state', 'seed_sha256', 'seed',
-  'shuffled', 'prequeue_size', 'admitted_total', 'outflow', 'units_left', 'closed_at')
+  'shuffled', 'prequeue_size', 'admitted_total', 'outflow', 'units_left', 'closed_at', 'busy')
 return {m[1] or '0', tostring(redis.call('ZCARD', KEYS[9])), m[2] or '', m[3] or '',
   (m[5] == '1' and m[4]) or '', m[6] or '', tostring(redis.call('ZCARD', KEYS[10])),
-  m[7] or '0', m[8] or '', m[9] or '', (m[10] and '1') or ''}
+  m[7] or '0', m[8] or '', m[9] or '', (m[10] and '1') or '', (m[11] and '1') or ''}
 "#;
 
 /// ARGV: pass id (its ticket), keys ttl ms. Frees the pass's active slot (it placed an
@@ -235,7 +243,8 @@ return {t, tostring(math.max(until_ms, now)), first}
 /// after the snapshot stay within `stock multiple ×` the snapshot's available units. Orders
 /// placed before the snapshot are in it; those placed after are still counted in `used`.
 /// A snapshot older than its age max admits nobody (its `used` entries may be trimmed).
-/// Returns {admitted, skipped, passes active, waiting}, or {-1} without the lease.
+/// Returns {admitted, skipped, passes active, waiting}, or {-1} without the lease; `busy`
+/// runs it as a function and adds the `when_busy` switch (ARGV 15, 16).
 const ADVANCE: &str = r#"
 if not holds_lease(ARGV[1]) then return {-1, 0, 0, 0} end
 local now = now_ms()
@@ -471,11 +480,11 @@ impl Scripts {
     pub fn new() -> Self {
         let with = |body: &str| Script::new(format!("{PRELUDE}{body}"));
         Self {
-            join: with(JOIN),
+            join: with(&format!("{}{JOIN}", super::busy::LUA)),
             poll: with(POLL),
             public: with(PUBLIC),
             release: with(RELEASE),
-            advance: with(ADVANCE),
+            advance: with(&super::busy::advance_script(ADVANCE)),
             freeze: with(FREEZE),
             issued: with(ISSUED),
             place: with(PLACE),

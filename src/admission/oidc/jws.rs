@@ -5,15 +5,13 @@
 //! nothing decoded twice.
 
 use std::borrow::Cow;
-use std::fmt;
 use std::str::FromStr;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use jsonwebtoken::Algorithm;
 use serde::Deserialize;
-use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// Decoded parts up to this size are read without an allocation (a usual header, claims
 /// and any signature of a key up to 8192 bits fit); larger ones still are.
@@ -69,15 +67,9 @@ impl<'t> Compact<'t> {
         .unwrap_or(false)
     }
 
-    /// The claims flashgate reads, decoded from the payload; `None` when it is not a JSON
-    /// object.
-    pub fn claims(&self, names: &ClaimNames<'_>) -> Option<Claims> {
-        decoded(self.payload, |json| {
-            let mut deserializer = serde_json::Deserializer::from_slice(json);
-            let claims = names.deserialize(&mut deserializer).ok()?;
-            deserializer.end().ok()?;
-            Some(claims)
-        })?
+    /// The claims, decoded from the payload once; `None` when it is not a JSON object.
+    pub fn claims(&self) -> Option<Map<String, Value>> {
+        decoded(self.payload, |json| serde_json::from_slice(json).ok())?
     }
 }
 
@@ -91,83 +83,6 @@ fn decoded<R>(part: &[u8], read: impl FnOnce(&[u8]) -> R) -> Option<R> {
             URL_SAFE_NO_PAD.decode(part).ok().map(|bytes| read(&bytes))
         }
         Err(base64::DecodeSliceError::DecodeError(_)) => None,
-    }
-}
-
-/// The claims a provider token is checked by, each as the token has it (absent: `None`).
-#[derive(Debug, Default, PartialEq)]
-pub struct Claims {
-    pub iss: Option<Value>,
-    pub aud: Option<Value>,
-    pub exp: Option<Value>,
-    pub nbf: Option<Value>,
-    /// `auth.oidc.user_claim`.
-    pub user: Option<Value>,
-    /// `auth.oidc.admin_claim`, when one is set.
-    pub admin: Option<Value>,
-}
-
-/// The names of the claims read: the registered ones and the two the settings name.
-pub struct ClaimNames<'s> {
-    pub user: &'s str,
-    pub admin: &'s str,
-}
-
-impl ClaimNames<'_> {
-    /// Where a claim of this name goes; a name may serve several (`user_claim = "iss"`).
-    fn slots<'c>(&self, name: &str, claims: &'c mut Claims) -> [Option<&'c mut Option<Value>>; 3] {
-        let Claims {
-            iss,
-            aud,
-            exp,
-            nbf,
-            user,
-            admin,
-        } = claims;
-        let registered = match name {
-            "iss" => Some(iss),
-            "aud" => Some(aud),
-            "exp" => Some(exp),
-            "nbf" => Some(nbf),
-            _ => None,
-        };
-        let user = (name == self.user).then_some(user);
-        let admin = (!self.admin.is_empty() && name == self.admin).then_some(admin);
-        [registered, user, admin]
-    }
-}
-
-impl<'de> DeserializeSeed<'de> for &ClaimNames<'_> {
-    type Value = Claims;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Claims, D::Error> {
-        deserializer.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for &ClaimNames<'_> {
-    type Value = Claims;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object of claims")
-    }
-
-    /// Every other claim is skipped unread: nothing is allocated for it.
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Claims, A::Error> {
-        let mut claims = Claims::default();
-        while let Some(name) = map.next_key::<Cow<'de, str>>()? {
-            let mut slots = self.slots(&name, &mut claims).into_iter().flatten();
-            let Some(first) = slots.next() else {
-                map.next_value::<IgnoredAny>()?;
-                continue;
-            };
-            let value: Value = map.next_value()?;
-            for slot in slots {
-                *slot = Some(value.clone());
-            }
-            *first = Some(value);
-        }
-        Ok(claims)
     }
 }
 
@@ -186,34 +101,14 @@ mod tests {
     }
 
     #[test]
-    fn the_header_and_the_named_claims_are_read_once_and_nothing_else() {
+    fn the_header_and_the_claims_are_read() {
         let header = json!({"alg": "RS256", "kid": "k1", "typ": "at+jwt"});
-        let claims = json!({
-            "iss": "https://id", "aud": ["a", "b"], "exp": 20, "sub": "alice",
-            "roles": ["ops"], "big": {"nested": [1, 2, 3]},
-        });
+        let claims = json!({"iss": "https://id", "aud": ["a"], "exp": 20, "sub": "alice"});
         let text = token(&header, &claims);
         let compact = Compact::parse(text.as_bytes()).unwrap();
         assert_eq!(compact.algorithm, Algorithm::RS256);
         assert_eq!(compact.kid.as_deref(), Some("k1"));
-        let names = ClaimNames {
-            user: "sub",
-            admin: "roles",
-        };
-        let read = compact.claims(&names).unwrap();
-        assert_eq!(read.iss, Some(json!("https://id")));
-        assert_eq!(read.aud, Some(json!(["a", "b"])));
-        assert_eq!(read.exp, Some(json!(20)));
-        assert_eq!(read.nbf, None);
-        assert_eq!(read.user, Some(json!("alice")));
-        assert_eq!(read.admin, Some(json!(["ops"])));
-        // One claim may serve as two.
-        let names = ClaimNames {
-            user: "iss",
-            admin: "",
-        };
-        let read = compact.claims(&names).unwrap();
-        assert_eq!((read.user, read.admin), (Some(json!("https://id")), None));
+        assert_eq!(Value::Object(compact.claims().unwrap()), claims);
     }
 
     /// Signs with the bench keys and verifies with the key read from the public JWK, as
@@ -287,12 +182,8 @@ mod tests {
         for bad in [format!("{good}.x"), "a.b".into(), "%%.b.c".into()] {
             assert!(Compact::parse(bad.as_bytes()).is_none(), "{bad}");
         }
-        let names = ClaimNames {
-            user: "sub",
-            admin: "",
-        };
         let not_an_object = token(&json!({"alg": "ES256"}), &json!([1]));
         let compact = Compact::parse(not_an_object.as_bytes()).unwrap();
-        assert!(compact.claims(&names).is_none());
+        assert!(compact.claims().is_none());
     }
 }

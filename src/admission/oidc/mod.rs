@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -28,13 +28,12 @@ use crate::clock::{Clock, elapsed_since, monotonic};
 use crate::domain::UserId;
 use crate::telemetry;
 
-pub use cache::Identity;
+pub use cache::{ClaimSet, Identity};
 pub use jws::Compact;
 pub use settings::OidcSettings;
 
 use cache::TokenCache;
 use fetch::{Fetched, Fetcher};
-use jws::{ClaimNames, Claims};
 use keys::KeySet;
 
 /// A failed fetch is logged at most once per this interval; the metric counts every one.
@@ -178,47 +177,48 @@ impl OidcVerifier {
         if jws.algorithm != key.algorithm || !jws.signed_by(&key.verifying) {
             return Err(TokenError::Invalid);
         }
-        let names = ClaimNames {
-            user: &self.settings.user_claim,
-            admin: &self.settings.admin_claim,
-        };
-        let claims = jws.claims(&names).ok_or(TokenError::Invalid)?;
+        let claims = jws.claims().ok_or(TokenError::Invalid)?;
         let audience = &self.settings.audience;
         let issuer = &self.settings.issuer;
         let for_us = claims
-            .aud
-            .as_ref()
+            .get("aud")
             .is_some_and(|aud| holds_exactly(aud, audience));
         let from_issuer =
-            issuer.is_empty() || claims.iss.as_ref().and_then(Value::as_str) == Some(issuer);
+            issuer.is_empty() || claims.get("iss").and_then(Value::as_str) == Some(issuer);
         if !(for_us && from_issuer) {
             return Err(TokenError::Invalid);
         }
         let expires_at = self.check_times(&claims, now)?;
         let user = claims
-            .user
-            .as_ref()
+            .get(&self.settings.user_claim)
             .and_then(Value::as_str)
             .and_then(|raw| UserId::parse(raw, self.user_id_bytes_max).ok())
             .ok_or(TokenError::Invalid)?;
-        let admin = claims
-            .admin
-            .as_ref()
-            .is_some_and(|held| holds(held, &self.settings.admin_value));
-        Ok((Identity { user, admin }, expires_at))
+        let admin = !self.settings.admin_claim.is_empty()
+            && claims
+                .get(&self.settings.admin_claim)
+                .is_some_and(|held| holds(held, &self.settings.admin_value));
+        let claims = ClaimSet::new(claims);
+        Ok((
+            Identity {
+                user,
+                admin,
+                claims,
+            },
+            expires_at,
+        ))
     }
 
     /// `exp` (required) and `nbf` (when present) with the leeway; the token's `exp`.
-    fn check_times(&self, claims: &Claims, now: i64) -> Result<i64, TokenError> {
+    fn check_times(&self, claims: &Map<String, Value>, now: i64) -> Result<i64, TokenError> {
         let expires_at = claims
-            .exp
-            .as_ref()
+            .get("exp")
             .and_then(Value::as_i64)
             .ok_or(TokenError::Invalid)?;
         if expires_at < now.saturating_sub(self.leeway_seconds) {
             return Err(TokenError::Expired);
         }
-        let not_before = match &claims.nbf {
+        let not_before = match claims.get("nbf") {
             None => None,
             Some(nbf) => Some(nbf.as_i64().ok_or(TokenError::Invalid)?),
         };
