@@ -3,11 +3,17 @@
 //! token costs a purchase compared with an HS256 one. Signature and claims, as
 //! `admission::oidc` decodes them.
 //!
+//! Then the signature alone by backend (`backends`), which picked the one
+//! `admission::oidc` verifies with.
+//!
 //! Run with `cargo bench --bench token_verification`.
 
 use std::collections::HashMap;
 use std::hint::black_box;
 
+use aws_lc_rs::signature as aws;
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use criterion::{Criterion, criterion_group, criterion_main};
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde_json::{Value, json};
@@ -83,9 +89,101 @@ fn verification(c: &mut Criterion) {
     }
 }
 
+/// The signature alone, by backend: jsonwebtoken's (aws-lc, the key built from its numbers
+/// for every check), aws-lc with the key parsed once (what `admission::oidc` holds), ring,
+/// and for Ed25519 ed25519-dalek. The message is a token's signing input.
+fn backends(c: &mut Criterion) {
+    for algorithm in [Algorithm::RS256, Algorithm::ES256, Algorithm::EdDSA] {
+        let (signing, verifying) = keys(algorithm);
+        let mut header = Header::new(algorithm);
+        header.kid = Some("bench".into());
+        let token = jsonwebtoken::encode(&header, &claims(), &signing).unwrap();
+        let (message, signature) = token.rsplit_once('.').unwrap();
+        let (message, signature) = (
+            message.as_bytes(),
+            URL_SAFE_NO_PAD.decode(signature).unwrap(),
+        );
+        let public = public_key(algorithm);
+        let mut group = c.benchmark_group(format!("signature/{algorithm:?}"));
+        group.bench_function("jsonwebtoken", |b| {
+            b.iter(|| {
+                let encoded = URL_SAFE_NO_PAD.encode(&signature);
+                jsonwebtoken::crypto::verify(&encoded, message, &verifying, algorithm).unwrap()
+            })
+        });
+        let (aws, ring_algorithm): (
+            &'static dyn aws::VerificationAlgorithm,
+            &'static dyn ring::signature::VerificationAlgorithm,
+        ) = match algorithm {
+            Algorithm::RS256 => (
+                &aws::RSA_PKCS1_2048_8192_SHA256,
+                &ring::signature::RSA_PKCS1_2048_8192_SHA256,
+            ),
+            Algorithm::ES256 => (
+                &aws::ECDSA_P256_SHA256_FIXED,
+                &ring::signature::ECDSA_P256_SHA256_FIXED,
+            ),
+            _ => (&aws::ED25519, &ring::signature::ED25519),
+        };
+        let parsed = aws::ParsedPublicKey::new(aws, &public).unwrap();
+        group.bench_function("aws-lc parsed key", |b| {
+            b.iter(|| parsed.verify_sig(black_box(message), &signature).unwrap())
+        });
+        let unparsed = ring::signature::UnparsedPublicKey::new(ring_algorithm, &public);
+        group.bench_function("ring", |b| {
+            b.iter(|| unparsed.verify(black_box(message), &signature).unwrap())
+        });
+        if algorithm == Algorithm::EdDSA {
+            let key =
+                ed25519_dalek::VerifyingKey::from_bytes(&public[..].try_into().unwrap()).unwrap();
+            let dalek = ed25519_dalek::Signature::from_slice(&signature).unwrap();
+            group.bench_function("ed25519-dalek", |b| {
+                b.iter(|| key.verify_strict(black_box(message), &dalek).unwrap())
+            });
+        }
+        group.finish();
+    }
+}
+
+/// The public key as ring and aws-lc read it: RSAPublicKey DER, an uncompressed P-256
+/// point, or Ed25519's 32 bytes.
+fn public_key(algorithm: Algorithm) -> Vec<u8> {
+    use aws_lc_rs::signature::KeyPair;
+    let file = |name: &str| {
+        let pem = std::fs::read_to_string(format!(
+            "{}/benches/keys/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap();
+        let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+        base64::engine::general_purpose::STANDARD
+            .decode(body)
+            .unwrap()
+    };
+    match algorithm {
+        Algorithm::RS256 => aws::RsaKeyPair::from_pkcs8(&file("rs256.pem"))
+            .unwrap()
+            .public_key()
+            .as_ref()
+            .to_vec(),
+        Algorithm::ES256 => {
+            aws::EcdsaKeyPair::from_pkcs8(&aws::ECDSA_P256_SHA256_FIXED_SIGNING, &file("es256.pem"))
+                .unwrap()
+                .public_key()
+                .as_ref()
+                .to_vec()
+        }
+        _ => aws::Ed25519KeyPair::from_pkcs8(&file("eddsa.pem"))
+            .unwrap()
+            .public_key()
+            .as_ref()
+            .to_vec(),
+    }
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(30);
-    targets = verification
+    targets = verification, backends
 }
 criterion_main!(benches);

@@ -23,8 +23,9 @@
 #
 # Usage: loadtest/compare.sh [--bin DIR] [--refusals | --purchases | --flood | --tokens] [seconds per measurement, default 10]
 #   --refusals: only the refusal comparison (and only its block of the document).
-#   --flood: only the flood (and only its block); FLOOD_USERS=N floods fewer users, and
-#   then writes nothing.
+#   --flood: only the flood (and only its block); FLOOD_USERS=N floods fewer users,
+#   FLOOD_TOKENS=rs256 with provider tokens, FLOOD_DEALS="open" one deal only, and then
+#   writes nothing.
 #   --purchases: only (c) and the open loop, printed and not written anywhere: the quick
 #   check of a change to the purchase path. The gateway runs with the shipped
 #   config/default.toml; a setting can be tried in the environment
@@ -270,19 +271,36 @@ PY
 # sweep of the limiters) and the deal cache's and sold-out holders' refresh.
 FLOOD_USERS=${FLOOD_USERS:-1000000}
 FLOOD_SETTLE=${FLOOD_SETTLE:-30}
+# FLOOD_TOKENS=rs256: provider tokens (`flashgate-loadtest provider`'s JWKS) instead of
+# HS256; FLOOD_DEALS: the deals flooded, each on a gateway of its own.
+FLOOD_TOKENS=${FLOOD_TOKENS:-hs256}
+FLOOD_DEALS=${FLOOD_DEALS:-sold-out open}
+# Hard stop of each flood, whatever is left.
+FLOOD_SECONDS_MAX=${FLOOD_SECONDS_MAX:-600}
+FLOOD_SHIPPED=
+[ "$FLOOD_USERS" = 1000000 ] && [ "$FLOOD_TOKENS" = hs256 ] && [ "$FLOOD_DEALS" = "sold-out open" ] && [ "$FLOOD_SECONDS_MAX" = 600 ] && FLOOD_SHIPPED=1
 flood() {
-    local db kind stock pid port ops
+    local db kind stock pid port ops provider=()
     : >"$WORK/flood"
-    for kind in sold-out open; do
+    if [ "$FLOOD_TOKENS" = rs256 ]; then
+        local jwks_port
+        jwks_port=$(free_port)
+        "$BIN/flashgate-loadtest" provider --listen "127.0.0.1:$jwks_port" 2>>"$WORK/provider.log" &
+        PIDS+=("$!")
+        for _ in $(seq 50); do curl -sf "http://127.0.0.1:$jwks_port/jwks.json" >/dev/null && break; sleep 0.1; done
+        provider=(FLASHGATE__AUTH__OIDC__JWKS_URL="http://127.0.0.1:$jwks_port/jwks.json")
+    fi
+    for kind in $FLOOD_DEALS; do
         db=$(fresh_db "flood_${kind//-/_}")
-        read -r pid port ops < <(start_gateway "$db" FLASHGATE__SERVER__TRUSTED_PROXIES='["127.0.0.1/32"]')
+        read -r pid port ops < <(start_gateway "$db" FLASHGATE__SERVER__TRUSTED_PROXIES='["127.0.0.1/32"]' "${provider[@]}")
         PIDS+=("$pid")
         stock=0
         [ "$kind" = open ] && stock=$FLOOD_USERS
         checkpoint
         log "flood, $kind deal: $FLOOD_USERS distinct users, one order each, then ${FLOOD_SETTLE}s to settle"
         "$BIN/flashgate-loadtest" flood --base-url "http://127.0.0.1:$port" --ops-url "http://127.0.0.1:$ops" \
-            --users "$FLOOD_USERS" --stock "$stock" --concurrency 128 --duration-max-seconds 600 \
+            --users "$FLOOD_USERS" --stock "$stock" --concurrency 128 --duration-max-seconds "$FLOOD_SECONDS_MAX" \
+            --token-kind "$FLOOD_TOKENS" \
             --distinct-addresses --gateway-pid "$pid" --settle-seconds "$FLOOD_SETTLE" \
             --out "$WORK/flood-$kind.json" >/dev/null 2>"$WORK/flood-$kind.log"
         kill "$pid" 2>/dev/null || true
@@ -426,7 +444,7 @@ fi
 if [ "$MODE" = flood ]; then
     flood
     echo "$FLOOD_TABLE"
-    if [ "$FLOOD_USERS" = 1000000 ]; then
+    if [ -n "$FLOOD_SHIPPED" ]; then
         write_block FLOOD "$FLOOD_TABLE"
         log "docs/PERFORMANCE.md updated (flood)"
     fi
@@ -680,6 +698,6 @@ echo "$REFUSALS_TABLE"
 echo "$FLOOD_TABLE"
 write_block COMPARISON "$TABLE"
 write_block REFUSALS "$REFUSALS_TABLE"
-if [ "$FLOOD_USERS" = 1000000 ]; then write_block FLOOD "$FLOOD_TABLE"; fi
+if [ -n "$FLOOD_SHIPPED" ]; then write_block FLOOD "$FLOOD_TABLE"; fi
 log "docs/PERFORMANCE.md updated"
 [ "$FAILED_VERDICTS" = 0 ] || { log "$FAILED_VERDICTS sale verdict(s) failed; see the table"; exit 2; }

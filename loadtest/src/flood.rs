@@ -53,7 +53,7 @@ pub struct FloodConfig {
 }
 
 /// Up to this many users, every token is minted before the flood starts, so signing
-/// (about a millisecond per RS256 token) is not measured.
+/// (a few hundred microseconds per RS256 token) is not measured.
 const PREMINT_MAX: usize = 200_000;
 
 /// How often resident memory is sampled.

@@ -79,7 +79,7 @@ impl Operator {
     }
 
     /// Tokens for users `{prefix}0` to `{prefix}{count - 1}`, valid for an hour, minted on
-    /// every core (an RS256 signature costs about a millisecond), in user order.
+    /// every core (an RS256 signature costs a few hundred microseconds), in user order.
     pub fn tokens(&self, prefix: &str, count: usize) -> Result<Vec<String>, String> {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let chunk = count.div_ceil(threads).max(1);

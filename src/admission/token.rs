@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
-use super::oidc::{ClaimSet, Identity, OidcVerifier};
+use super::oidc::{ClaimSet, Compact, Identity, OidcVerifier};
 pub use super::token_error::TokenError;
 use crate::clock::Clock;
 use crate::domain::UserId;
@@ -151,8 +151,8 @@ impl Tokens {
     /// only when the token names a key not held yet.
     pub async fn verify(&self, authorization: Option<&[u8]>) -> Result<Identity, TokenError> {
         let token = bearer_token(authorization)?;
-        match self.provider_header(token)? {
-            Some((provider, header)) => provider.verify(token, &header).await,
+        match self.provider_token(token)? {
+            Some((provider, jws)) => provider.verify(token, &jws).await,
             None => self.shared_identity(token),
         }
     }
@@ -160,23 +160,26 @@ impl Tokens {
     /// Verifies with what is in memory only (for checks made before the body is read).
     pub fn verify_held(&self, authorization: Option<&[u8]>) -> Result<Identity, TokenError> {
         let token = bearer_token(authorization)?;
-        match self.provider_header(token)? {
-            Some((provider, header)) => provider.verify_held(token, &header),
+        match self.provider_token(token)? {
+            Some((provider, jws)) => provider.verify_held(token, &jws),
             None => self.shared_identity(token),
         }
     }
 
-    /// The provider and the token's header, when the provider is the one to check it; a
-    /// token over `auth.oidc.token_bytes_max` is refused before its header is decoded.
-    fn provider_header(&self, token: &[u8]) -> Result<Option<(&OidcVerifier, Header)>, TokenError> {
+    /// The provider and the token read as a JWS, when the provider is the one to check
+    /// it; a token over `auth.oidc.token_bytes_max` is refused before it is decoded.
+    fn provider_token<'t>(
+        &self,
+        token: &'t [u8],
+    ) -> Result<Option<(&OidcVerifier, Compact<'t>)>, TokenError> {
         let Some(provider) = self.provider.as_deref() else {
             return Ok(None);
         };
         if token.len() > provider.token_bytes_max() {
             return Err(TokenError::Invalid);
         }
-        Ok(match jsonwebtoken::decode_header(token) {
-            Ok(header) if header.alg != Algorithm::HS256 => Some((provider, header)),
+        Ok(match Compact::parse(token) {
+            Some(jws) if jws.algorithm != Algorithm::HS256 => Some((provider, jws)),
             _ => None,
         })
     }

@@ -14,8 +14,10 @@
 //! the front does not. Handed over: any other route or method, an order the checks let
 //! through (hyper places it without checking again), a head or body not whole in the
 //! buffer, anything but plain HTTP/1.1 framed by `Content-Length` (chunked, `Expect`,
-//! `Connection`, `Upgrade`), a body over `server.body_bytes_max`, a head hyper would
-//! refuse, and every request once the gateway drains.
+//! `Connection`, `Upgrade`), a body over `server.body_bytes_max`, a head over
+//! `server.header_bytes_max` (read up to `head_read_bytes_max`, so that one carried over by
+//! its `Authorization` header is answered 401, not 431), a head hyper would refuse, and
+//! every request once the gateway drains.
 
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -146,8 +148,9 @@ fn answer_one(state: &State, peer: SocketAddr, bytes: &[u8], out: &mut Vec<u8>) 
     let mut slots = [httparse::EMPTY_HEADER; HEADERS_MAX];
     let mut request = httparse::Request::new(&mut slots);
     let head_length = match request.parse(bytes) {
-        Ok(httparse::Status::Complete(length)) => length,
-        Ok(httparse::Status::Partial) if bytes.len() <= server.header_bytes_max => {
+        // A head over `header_bytes_max` is hyper's to refuse (`router::check_head`).
+        Ok(httparse::Status::Complete(length)) if length <= server.header_bytes_max => length,
+        Ok(httparse::Status::Partial) if bytes.len() <= server.head_read_bytes_max() => {
             return One::Stop(Next::More);
         }
         _ => return One::Stop(Next::Hyper(None)),

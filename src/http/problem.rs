@@ -171,6 +171,16 @@ impl Problem {
         .with_header(http::header::CONNECTION, HeaderValue::from_static("close"))
     }
 
+    /// A head over `server.header_bytes_max` that the parser read (it reads further for a
+    /// long `Authorization` header, see `router::check_head`).
+    pub fn head_too_large(bytes_max: usize) -> Self {
+        Self::new(
+            Kind::InvalidRequest,
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            format!("request head exceeds {bytes_max} bytes"),
+        )
+    }
+
     /// The client did not send its body in time: its fault, not an overload.
     pub fn request_timeout(detail: impl Into<String>) -> Self {
         Self::new(Kind::InvalidRequest, StatusCode::REQUEST_TIMEOUT, detail)

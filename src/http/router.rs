@@ -8,7 +8,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{CONNECTION, HeaderValue};
+use http::header::{AUTHORIZATION, CONNECTION, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::{Body, Incoming};
@@ -23,6 +23,7 @@ use super::{
     wait_page,
 };
 use crate::admission::SoldOutChecked;
+use crate::admission::token::TokenError;
 use crate::clock::{elapsed_since, monotonic};
 use crate::domain::DealId;
 use crate::telemetry;
@@ -93,6 +94,26 @@ pub fn begin(
     let route = route_of(&request, face);
     let template = route.template();
     let span = request_span(&id, &route);
+    let refused = |problem: Problem, request: Request<Incoming>| {
+        let answered = Answered::new(Err(problem), started, &id, template);
+        let (response, at) = answered.complete(state, &span);
+        let elapsed = at.saturating_duration_since(started);
+        let status = response.status();
+        traced::refusal(
+            state,
+            request.headers(),
+            &id,
+            template,
+            status,
+            started,
+            elapsed,
+        );
+        let body = request.into_body();
+        Begun::Answered { response, at, body }
+    };
+    if let Err(problem) = check_head(&request, state.settings.server.header_bytes_max) {
+        return refused(problem, request);
+    }
     let work = match route {
         Route::PlaceOrder(raw_id) => {
             let checked = match admitted {
@@ -103,16 +124,7 @@ pub fn begin(
             };
             match checked {
                 Ok(deal_id) => Work::Order(deal_id),
-                Err(problem) => {
-                    let answered = Answered::new(Err(problem), started, &id, template);
-                    let (response, at) = answered.complete(state, &span);
-                    let elapsed = at.saturating_duration_since(started);
-                    let status = response.status();
-                    let headers = request.headers();
-                    traced::refusal(state, headers, &id, template, status, started, elapsed);
-                    let body = request.into_body();
-                    return Begun::Answered { response, at, body };
-                }
+                Err(problem) => return refused(problem, request),
             }
         }
         _ => Work::Route(face),
@@ -127,6 +139,35 @@ pub fn begin(
         work,
         trace,
     }))
+}
+
+/// Refuses a head over `server.header_bytes_max`, which hyper reads up to
+/// `head_read_bytes_max`: 401 as any refused token when its `Authorization` header is what
+/// puts it over (no token that large is accepted, and it is never decoded), 431 otherwise.
+/// Counted as the request line and every header as `name:value` CRLF, never more than
+/// the bytes the client sent.
+fn check_head<B>(request: &Request<B>, header_bytes_max: usize) -> Result<(), Problem> {
+    let uri = request.uri();
+    let target = uri.path_and_query().map_or(1, |p| p.as_str().len())
+        + uri.authority().map_or(0, |a| a.as_str().len())
+        + uri
+            .scheme_str()
+            .map_or(0, |scheme| scheme.len() + "://".len());
+    let line = request.method().as_str().len() + " ".len() + target + " HTTP/1.1\r\n".len();
+    let (mut head, mut authorization) = (line + "\r\n".len(), 0);
+    for (name, value) in request.headers() {
+        head += name.as_str().len() + ":".len() + value.len() + "\r\n".len();
+        if name == AUTHORIZATION {
+            authorization += value.len();
+        }
+    }
+    if head <= header_bytes_max {
+        Ok(())
+    } else if head - authorization <= header_bytes_max {
+        Err(TokenError::Invalid.into())
+    } else {
+        Err(Problem::head_too_large(header_bytes_max))
+    }
 }
 
 /// What the first stage decided about an order request whose head the connection's front

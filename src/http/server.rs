@@ -122,12 +122,13 @@ struct Accepter {
 
 /// hyper's HTTP/1.1 settings, the same for every connection. Without a timer hyper keeps
 /// no header read timeout of its own (it would arm a timer for every request): the
-/// connection's `HeadClock` keeps it.
+/// connection's `HeadClock` keeps it. hyper reads a head up to `head_read_bytes_max`; the
+/// router refuses one over `header_bytes_max` (`router::check_head`).
 fn http1_builder(server: &ServerSettings) -> http1::Builder {
     let mut builder = http1::Builder::new();
     builder
         .header_read_timeout(None)
-        .max_buf_size(server.header_bytes_max)
+        .max_buf_size(server.head_read_bytes_max())
         .keep_alive(true);
     builder
 }

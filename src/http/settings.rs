@@ -42,6 +42,10 @@ pub struct ServerSettings {
     /// Largest request head (request line and headers) in bytes; a larger head is refused by
     /// the parser.
     pub header_bytes_max: usize,
+    /// How far an `Authorization` header may carry a head past `header_bytes_max`: such a
+    /// head is read whole (and no further) and refused 401, as no token that large is
+    /// accepted, rather than 431; a head over by anything else is still 431. 0: none.
+    pub authorization_bytes_max: usize,
     /// Largest request body in bytes; a larger one is answered 413 without being read further.
     pub body_bytes_max: usize,
     /// A client that has not sent its whole request head within this is disconnected.
@@ -78,6 +82,13 @@ pub struct ServerSettings {
 }
 
 impl ServerSettings {
+    /// The most bytes of one request head read before it is refused unparsed: what hyper
+    /// and the connection's front buffer at most per connection.
+    pub fn head_read_bytes_max(&self) -> usize {
+        self.header_bytes_max
+            .saturating_add(self.authorization_bytes_max)
+    }
+
     /// Checks every limit of the section; the message names the key.
     pub fn validate(&self) -> Result<(), String> {
         require(

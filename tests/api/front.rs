@@ -251,6 +251,52 @@ async fn requests_the_front_leaves_to_hyper_are_answered_in_order() {
 }
 
 #[tokio::test]
+async fn an_oversize_token_is_refused_401_and_any_other_oversize_head_431_in_a_pipeline() {
+    let app = spawn_app_with(|_| {}).await;
+    let token = app.token("front-user");
+    let deal = sold_out_deal(&app).await;
+    let head_max = app.settings.server.header_bytes_max;
+    let big_token = "t".repeat(100 * 1024);
+    let cookie = format!("Cookie: c={}\r\n", "c".repeat(head_max));
+    // (request, the status it gets): the first two on their own connection, each first on
+    // it, so the front reads them; then all of them pipelined on one.
+    let requests = [
+        (order(&deal, &big_token, "big-token", ""), 401),
+        (order(&deal, &token, "big-cookie", &cookie), 431),
+        (order(&deal, &token, "r0", ""), 409),
+        (order(&deal, &big_token, "big-token", ""), 401),
+        (order(&deal, &token, "r1", ""), 409),
+        (order(&deal, &token, "big-cookie", &cookie), 431),
+        (order(&deal, &token, "r2", ""), 409),
+    ];
+    for (request, status) in &requests[..2] {
+        let answer = answer_to(&app, request).await;
+        assert_eq!(answer.status(), *status, "{answer:?}");
+    }
+    let mut reader = Reader::connect(&app).await;
+    let pipeline: String = requests[2..].iter().map(|(r, _)| r.as_str()).collect();
+    // In pieces, so heads arrive over several reads.
+    for piece in pipeline.as_bytes().chunks(3000) {
+        reader.write(piece).await;
+        tokio::task::yield_now().await;
+    }
+    for (request, status) in &requests[2..] {
+        let answer = reader.next(false).await.expect("answered");
+        assert_eq!(answer.status(), *status, "{answer:?}");
+        let id = request.split("X-Request-Id: ").nth(1).unwrap();
+        assert_eq!(answer.header("x-request-id"), id.split("\r\n").next());
+        let body: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
+        let slug = match status {
+            401 => "unauthorized",
+            431 => "invalid-request",
+            _ => "sold-out",
+        };
+        assert!(body["type"].as_str().unwrap().ends_with(slug), "{body}");
+    }
+    app.cleanup().await;
+}
+
+#[tokio::test]
 async fn an_order_the_front_lets_through_is_checked_once() {
     // Two orders a second from one address: were the front's checks made again by hyper,
     // the second would be refused.

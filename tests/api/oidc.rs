@@ -181,13 +181,13 @@ fn forgeries(provider: &OidcProvider) -> Vec<(&'static str, String)> {
 async fn forged_tokens_are_refused_and_reserve_nothing() {
     let provider = OidcProvider::start("real").await;
     provider.generate_key("attacker");
+    // The shipped head limits: the 100 KB token is over `server.header_bytes_max`.
     let app = spawn_app_with(|s| {
         trust(s, &provider);
-        // A head large enough to carry the 100 KB token to the token check.
-        s.server.header_bytes_max = 256 * 1024;
         s.auth.oidc.refetch_min_interval_ms = 60_000;
     })
     .await;
+    assert_eq!(app.settings.server.header_bytes_max, 16 * 1024);
     let deal = app.given_deal(&new_deal("forged", 20, 2)).await;
     let genuine = provider.token("buyer-0").await;
 
@@ -195,7 +195,26 @@ async fn forged_tokens_are_refused_and_reserve_nothing() {
         let reply = buy(&app, &token, &deal).await;
         assert_eq!(reply.status, 401, "{what}: {}", reply.text);
         reply.expect_problem(401, "unauthorized");
+        // On a new connection (a client of its own), whose head the connection's front
+        // reads before hyper.
+        let alone = app.api.seen_from("127.0.0.1");
+        let reply = alone.place_order(&token, &deal, &unique_suffix(), 1).await;
+        assert_eq!(
+            reply.status, 401,
+            "{what}, first on its connection: {}",
+            reply.text
+        );
     }
+    // A head over the limit by anything but its token is still too large.
+    let cookie = format!("c={}", "x".repeat(20 * 1024));
+    let request = app
+        .client
+        .post(app.url(&format!("/v1/deals/{deal}/orders")));
+    let request = request.bearer_auth(&genuine).header("cookie", cookie);
+    let request = request.header("Idempotency-Key", unique_suffix());
+    send(request.json(&json!({"quantity": 1})))
+        .await
+        .expect_problem(431, "invalid-request");
 
     // A flood of tokens naming unknown keys costs the provider at most one more fetch.
     let fetches_before = provider.jwks_fetches().await;

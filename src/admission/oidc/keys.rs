@@ -1,17 +1,24 @@
 //! The provider's keys as flashgate holds them: each key with the one algorithm it may
 //! verify, taken from the key (its `alg`, or its type and curve), never from a token.
 //! A key flashgate cannot use is skipped with a warning rather than failing the set.
+//!
+//! Each key is parsed once, when the JWKS is read, into the crypto library's own key
+//! object: a signature check then starts from a ready key (for RSA, its Montgomery
+//! constants computed once), not from the JWK's numbers.
 
 use std::collections::HashMap;
 
+use aws_lc_rs::signature::{self as crypto, ParsedPublicKey, RsaPublicKeyComponents};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use jsonwebtoken::Algorithm;
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, KeyAlgorithm};
-use jsonwebtoken::{Algorithm, DecodingKey};
 use serde::Deserialize;
 
 /// One usable key.
 pub struct Key {
     pub algorithm: Algorithm,
-    pub decoding: DecodingKey,
+    pub verifying: ParsedPublicKey,
 }
 
 /// The keys held, by `kid`.
@@ -77,14 +84,47 @@ fn usable(raw: serde_json::Value) -> Result<(String, Key), String> {
     }
     let algorithm =
         algorithm_of(&jwk).ok_or_else(|| format!("key {kid}: unsupported algorithm"))?;
-    let decoding = DecodingKey::from_jwk(&jwk).map_err(|error| format!("key {kid}: {error}"))?;
+    let verifying =
+        verifying_key(&jwk.algorithm, algorithm).map_err(|why| format!("key {kid}: {why}"))?;
     Ok((
         kid,
         Key {
             algorithm,
-            decoding,
+            verifying,
         },
     ))
+}
+
+/// The key parsed for `algorithm`: RSA from its modulus and exponent (at least 2048 bits,
+/// as a check asks), P-256 from its point, Ed25519 from its 32 bytes.
+fn verifying_key(
+    parameters: &AlgorithmParameters,
+    algorithm: Algorithm,
+) -> Result<ParsedPublicKey, String> {
+    let bytes = |text: &str| URL_SAFE_NO_PAD.decode(text).map_err(|e| e.to_string());
+    let rejected = |error: aws_lc_rs::error::KeyRejected| error.to_string();
+    match (parameters, algorithm) {
+        (AlgorithmParameters::RSA(rsa), Algorithm::RS256 | Algorithm::PS256) => {
+            let (n, e) = (bytes(&rsa.n)?, bytes(&rsa.e)?);
+            let parameters = match algorithm {
+                Algorithm::PS256 => &crypto::RSA_PSS_2048_8192_SHA256,
+                _ => &crypto::RSA_PKCS1_2048_8192_SHA256,
+            };
+            RsaPublicKeyComponents { n: &n, e: &e }
+                .to_parsed_public_key(parameters)
+                .map_err(rejected)
+        }
+        (AlgorithmParameters::EllipticCurve(ec), Algorithm::ES256) => {
+            let mut point = vec![0x04];
+            point.extend(bytes(&ec.x)?);
+            point.extend(bytes(&ec.y)?);
+            ParsedPublicKey::new(&crypto::ECDSA_P256_SHA256_FIXED, point).map_err(rejected)
+        }
+        (AlgorithmParameters::OctetKeyPair(okp), Algorithm::EdDSA) => {
+            ParsedPublicKey::new(&crypto::ED25519, bytes(&okp.x)?).map_err(rejected)
+        }
+        _ => Err("the key's type does not suit its algorithm".into()),
+    }
 }
 
 /// RS256, PS256, ES256 and EdDSA, as the key states it or as its type implies. A key

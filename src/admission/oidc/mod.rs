@@ -5,21 +5,21 @@
 //!
 //! A key is chosen by the token's `kid` and verifies with its own algorithm only, so
 //! `alg: none`, an HMAC made with a public key and a `kid` lent to another algorithm are
-//! refused. Verified tokens are remembered until their `exp` (`cache`).
+//! refused. A token is read once (`jws`), and verified tokens are remembered until their
+//! `exp` (`cache`).
 
 mod cache;
 mod fetch;
+mod jws;
 mod keys;
 mod settings;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use jsonwebtoken::{Algorithm, Header, Validation};
-use serde_json::Value;
+use serde_json::{Map, Value};
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -29,6 +29,7 @@ use crate::domain::UserId;
 use crate::telemetry;
 
 pub use cache::{ClaimSet, Identity};
+pub use jws::Compact;
 pub use settings::OidcSettings;
 
 use cache::TokenCache;
@@ -37,14 +38,6 @@ use keys::KeySet;
 
 /// A failed fetch is logged at most once per this interval; the metric counts every one.
 const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(60);
-
-/// The algorithms a provider key may carry.
-const ALGORITHMS: [Algorithm; 4] = [
-    Algorithm::RS256,
-    Algorithm::PS256,
-    Algorithm::ES256,
-    Algorithm::EdDSA,
-];
 
 pub struct OidcVerifier {
     settings: OidcSettings,
@@ -56,7 +49,6 @@ pub struct OidcVerifier {
     refetched_at: tokio::sync::Mutex<Option<Instant>>,
     /// When a failed fetch was last logged.
     failure_logged_at: std::sync::Mutex<Option<Instant>>,
-    validations: HashMap<Algorithm, Validation>,
     cache: TokenCache,
     user_id_bytes_max: usize,
     /// `exp` and `nbf` are checked on the application's clock, with this much leeway.
@@ -81,7 +73,6 @@ impl OidcVerifier {
             loaded: AtomicBool::new(false),
             refetched_at: tokio::sync::Mutex::new(None),
             failure_logged_at: std::sync::Mutex::new(None),
-            validations: validations(settings),
             cache: TokenCache::new(settings.cache_entries_max),
             user_id_bytes_max,
             leeway_seconds: i64::try_from(leeway_seconds).unwrap_or(i64::MAX),
@@ -130,13 +121,13 @@ impl OidcVerifier {
 
     /// Verifies a provider token with the keys held, fetching the JWKS again (at most once
     /// per `refetch_min_interval_ms`) when its `kid` is unknown.
-    pub async fn verify(&self, token: &[u8], header: &Header) -> Result<Identity, TokenError> {
+    pub async fn verify(&self, token: &[u8], jws: &Compact<'_>) -> Result<Identity, TokenError> {
         let digest = cache::digest(token);
         let now = self.clock.now().timestamp();
         if let Some(identity) = self.cache.get(&digest, now) {
             return Ok(identity);
         }
-        let kid = header.kid.as_deref().ok_or(TokenError::Invalid)?;
+        let kid = jws.kid.as_deref().ok_or(TokenError::Invalid)?;
         let mut keys = self.keys.load_full();
         if keys.get(kid).is_none() {
             keys = self.refetch_for(kid).await;
@@ -144,24 +135,23 @@ impl OidcVerifier {
         let Some(key) = keys.get(kid) else {
             return Err(self.no_key());
         };
-        let (identity, expires_at) = self.check(token, header, key, now)?;
+        let (identity, expires_at) = self.check(jws, key, now)?;
         self.cache.insert(digest, identity.clone(), expires_at, now);
         Ok(identity)
     }
 
     /// Verifies with the keys held only, never waiting on the provider: for checks made
     /// before a request's body is read.
-    pub fn verify_held(&self, token: &[u8], header: &Header) -> Result<Identity, TokenError> {
+    pub fn verify_held(&self, token: &[u8], jws: &Compact<'_>) -> Result<Identity, TokenError> {
         let digest = cache::digest(token);
         let now = self.clock.now().timestamp();
         if let Some(identity) = self.cache.get(&digest, now) {
             return Ok(identity);
         }
-        let kid = header.kid.as_deref().ok_or(TokenError::Invalid)?;
+        let kid = jws.kid.as_deref().ok_or(TokenError::Invalid)?;
         let keys = self.keys.load();
         let key = keys.get(kid).ok_or_else(|| self.no_key())?;
-        self.check(token, header, key, now)
-            .map(|(identity, _)| identity)
+        self.check(jws, key, now).map(|(identity, _)| identity)
     }
 
     /// Unknown key: refused, or 503 while no keys have ever been read.
@@ -175,23 +165,29 @@ impl OidcVerifier {
         }
     }
 
-    /// The signature with the key's own algorithm, then the claims; `exp` and `nbf`
-    /// against `now` (Unix seconds on the application's clock).
+    /// The signature with the key's own algorithm, then the claims: `aud`, `iss` (when
+    /// an issuer is set), `exp` and `nbf` against `now` (Unix seconds on the application's
+    /// clock), and the user.
     fn check(
         &self,
-        token: &[u8],
-        header: &Header,
+        jws: &Compact<'_>,
         key: &keys::Key,
         now: i64,
     ) -> Result<(Identity, i64), TokenError> {
-        if header.alg != key.algorithm {
+        if jws.algorithm != key.algorithm || !jws.signed_by(&key.verifying) {
             return Err(TokenError::Invalid);
         }
-        let validation = &self.validations[&key.algorithm];
-        let claims =
-            jsonwebtoken::decode::<HashMap<String, Value>>(token, &key.decoding, validation)
-                .map_err(|_| TokenError::Invalid)?
-                .claims;
+        let claims = jws.claims().ok_or(TokenError::Invalid)?;
+        let audience = &self.settings.audience;
+        let issuer = &self.settings.issuer;
+        let for_us = claims
+            .get("aud")
+            .is_some_and(|aud| holds_exactly(aud, audience));
+        let from_issuer =
+            issuer.is_empty() || claims.get("iss").and_then(Value::as_str) == Some(issuer);
+        if !(for_us && from_issuer) {
+            return Err(TokenError::Invalid);
+        }
         let expires_at = self.check_times(&claims, now)?;
         let user = claims
             .get(&self.settings.user_claim)
@@ -202,7 +198,7 @@ impl OidcVerifier {
             && claims
                 .get(&self.settings.admin_claim)
                 .is_some_and(|held| holds(held, &self.settings.admin_value));
-        let claims = ClaimSet::new(claims.into_iter().collect());
+        let claims = ClaimSet::new(claims);
         Ok((
             Identity {
                 user,
@@ -214,7 +210,7 @@ impl OidcVerifier {
     }
 
     /// `exp` (required) and `nbf` (when present) with the leeway; the token's `exp`.
-    fn check_times(&self, claims: &HashMap<String, Value>, now: i64) -> Result<i64, TokenError> {
+    fn check_times(&self, claims: &Map<String, Value>, now: i64) -> Result<i64, TokenError> {
         let expires_at = claims
             .get("exp")
             .and_then(Value::as_i64)
@@ -318,25 +314,13 @@ impl OidcVerifier {
     }
 }
 
-/// One validation per algorithm: the issuer (when set) and the audience. `exp` and `nbf`
-/// are checked on the application's clock afterwards, not the library's.
-fn validations(settings: &OidcSettings) -> HashMap<Algorithm, Validation> {
-    ALGORITHMS
-        .into_iter()
-        .map(|algorithm| {
-            let mut validation = Validation::new(algorithm);
-            validation.validate_exp = false;
-            validation.validate_nbf = false;
-            validation.set_audience(&[&settings.audience]);
-            if settings.issuer.is_empty() {
-                validation.set_required_spec_claims(&["exp", "aud"]);
-            } else {
-                validation.set_issuer(&[&settings.issuer]);
-                validation.set_required_spec_claims(&["exp", "aud", "iss"]);
-            }
-            (algorithm, validation)
-        })
-        .collect()
+/// `aud` names `wanted`: equal to it, or an array holding it.
+fn holds_exactly(aud: &Value, wanted: &str) -> bool {
+    match aud {
+        Value::String(text) => text == wanted,
+        Value::Array(items) => items.iter().any(|item| item.as_str() == Some(wanted)),
+        _ => false,
+    }
 }
 
 /// A claim holds the operators' value: equal to it, an array containing it, or a
@@ -351,8 +335,17 @@ fn holds(claim: &Value, wanted: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::holds;
+    use super::{holds, holds_exactly};
     use serde_json::json;
+
+    #[test]
+    fn the_audience_is_the_claim_or_one_of_its_elements_never_a_word_of_it() {
+        assert!(holds_exactly(&json!("flashgate"), "flashgate"));
+        assert!(holds_exactly(&json!(["shop", "flashgate"]), "flashgate"));
+        assert!(!holds_exactly(&json!("shop flashgate"), "flashgate"));
+        assert!(!holds_exactly(&json!(["shop"]), "flashgate"));
+        assert!(!holds_exactly(&json!({"flashgate": 1}), "flashgate"));
+    }
 
     #[test]
     fn the_admin_claim_may_be_a_string_an_array_or_a_scope() {
