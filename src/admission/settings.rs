@@ -136,6 +136,9 @@ pub struct GlobalLimitSettings {
     pub user_batch_max: u32,
     /// Most per-user checks waiting for Redis; past it the local share decides.
     pub user_queue_max: u32,
+    /// Each instance spends its share (1/N) of every user's budget from memory and asks
+    /// Redis only past it; off, every per-user check asks Redis.
+    pub user_local_share: bool,
 }
 
 /// A token bucket: `rate_per_second` sustained, `burst` at once.
