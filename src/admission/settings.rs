@@ -127,7 +127,8 @@ pub struct GlobalLimitSettings {
     pub slice_ttl_ms: u64,
     /// How often each instance announces itself in Redis.
     pub heartbeat_interval_ms: u64,
-    /// An instance not heard from for this long no longer counts.
+    /// An instance not heard from for this long no longer counts, and an instance spends
+    /// its share of the users' budgets for at most this long after its last heartbeat.
     pub instance_ttl_ms: u64,
     /// Instances assumed until Redis has told how many run; while Redis is down each
     /// instance allows this share (1/N) of the per-user and per-deal budgets.

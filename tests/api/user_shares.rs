@@ -52,7 +52,10 @@ async fn commands_served(port: u16) -> u64 {
 async fn new_buyers(local_share: bool, buyers: usize) -> (usize, u64) {
     let (_redis, port) = start_redis().await;
     let redis = redis_on(&format!("redis://127.0.0.1:{port}"), "shares:").await;
-    let settings = limits(flashgate::config::Settings::defaults().limits.per_user, local_share);
+    let settings = limits(
+        flashgate::config::Settings::defaults().limits.per_user,
+        local_share,
+    );
     let global = GlobalLimits::new(&settings, redis, Clock::system());
     global.settle().await;
     let before = commands_served(port).await;
@@ -75,11 +78,18 @@ async fn a_new_buyer_costs_redis_no_command_for_the_per_user_limit() {
     // And the same checks asking Redis every time cost at least a call per batch.
     let (passed, spent) = new_buyers(false, 500).await;
     assert_eq!(passed, 500);
-    assert!(spent >= 500, "only {spent} commands when every check asks Redis");
+    assert!(
+        spent >= 500,
+        "only {spent} commands when every check asks Redis"
+    );
 }
 
 /// `n` limiters on one Redis key prefix, all on `clock`.
-async fn instances(n: usize, per_user: RateSettings, clock: &ManualClock) -> (Vec<GlobalLimits>, String) {
+async fn instances(
+    n: usize,
+    per_user: RateSettings,
+    clock: &ManualClock,
+) -> (Vec<GlobalLimits>, String) {
     let prefix = format!("fgtest:{}:", unique_suffix());
     let redis = redis_on(&redis_url(), &prefix).await;
     let settings = limits(per_user, true);
@@ -115,7 +125,10 @@ async fn ten_tries_through_three_instances_with_one_per_window_let_exactly_one_t
     }
 
     // Assert
-    assert_eq!(passed, 1, "{passed} of 10 tries passed a budget of 1 per window");
+    assert_eq!(
+        passed, 1,
+        "{passed} of 10 tries passed a budget of 1 per window"
+    );
     delete_redis_keys(&redis_url(), &prefix).await;
 }
 
@@ -201,8 +214,15 @@ async fn a_user_at_the_edge_of_the_budget_never_exceeds_it_while_instances_come_
     for seed in 1..=12 {
         let (grants, sent) = come_and_go(seed, budget).await;
         let over = excess(&grants, 4.0, 6.0);
-        eprintln!("seed {seed}: {} of {sent} passed, most over the budget {over:.3}", grants.len());
+        eprintln!(
+            "seed {seed}: {} of {sent} passed, most over the budget {over:.3}",
+            grants.len()
+        );
         assert!(over <= 1e-9, "seed {seed}: {over} requests over the budget");
-        assert!(grants.len() >= 6, "seed {seed}: only {} passed", grants.len());
+        assert!(
+            grants.len() >= 6,
+            "seed {seed}: only {} passed",
+            grants.len()
+        );
     }
 }
