@@ -10,6 +10,7 @@
 # Usage:
 #   scripts/scale.sh install
 #   scripts/scale.sh free-port
+#   scripts/scale.sh postgres start DIR PORT
 #   scripts/scale.sh pgbouncer start DIR PORT [UPSTREAM_HOST UPSTREAM_PORT]
 #   scripts/scale.sh redis-cluster start DIR PORT1 PORT2 PORT3
 #   scripts/scale.sh pg-failover start DIR MONITOR_PORT NODE1_PORT NODE2_PORT
@@ -96,6 +97,22 @@ free_port() {
 own_dir() {
     mkdir -p "$1"
     [[ $(id -u) -ne 0 ]] || chown postgres "$1"
+}
+
+# A private PostgreSQL cluster with a database `test`, for a test pass that runs beside
+# the others without sharing the machine's PostgreSQL and its connection limit. Nothing
+# in it outlives the pass, so it skips fsync.
+postgres_start() {
+    local dir=$1 port=$2
+    own_dir "$dir"
+    as_owner "$PG_BIN/initdb" -D "$dir/data" -U postgres -A trust >"$dir/initdb.log" 2>&1 ||
+        die "initdb failed (see $dir/initdb.log)"
+    as_owner "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -o \
+        "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300" \
+        start >/dev/null || die "postgres did not start (see $dir/postgres.log)"
+    printf 'postgres %s\n' "$dir/data" >>"$dir/started"
+    as_owner "$PG_BIN/createdb" -h 127.0.0.1 -p "$port" -U postgres test
+    log "postgres on 127.0.0.1:$port ($dir/data)"
 }
 
 pgbouncer_start() {
@@ -258,6 +275,9 @@ stop() {
     [[ -f $dir/started ]] || return 0
     while read -r kind pidfile; do
         case $kind in
+        postgres)
+            as_owner "$PG_BIN/pg_ctl" -D "$pidfile" -m immediate -w stop >/dev/null 2>&1 || true
+            ;;
         pg_autoctl)
             # Keepers restart PostgreSQL, so the keeper's whole process group goes at once.
             [[ -f $pidfile.pid ]] && kill -KILL -- "-$(cat "$pidfile.pid")" 2>/dev/null || true
@@ -276,6 +296,7 @@ stop() {
 case ${1:-} in
 install) install ;;
 free-port) free_port ;;
+postgres) [[ ${2:-} == start ]] || die "usage: $0 postgres start DIR PORT"; shift 2; postgres_start "$@" ;;
 pgbouncer) [[ ${2:-} == start ]] || die "usage: $0 pgbouncer start DIR PORT"; shift 2; pgbouncer_start "$@" ;;
 redis-cluster) [[ ${2:-} == start ]] || die "usage: $0 redis-cluster start DIR PORTS..."; shift 2; redis_cluster_start "$@" ;;
 pg-failover)
@@ -291,5 +312,5 @@ pg-failover)
     esac
     ;;
 stop) stop "$2" ;;
-*) die "usage: $0 install | pgbouncer start DIR PORT | redis-cluster start DIR PORTS... | pg-failover start DIR MONITOR NODE1 NODE2 | stop DIR" ;;
+*) die "usage: $0 install | postgres start DIR PORT | pgbouncer start DIR PORT | redis-cluster start DIR PORTS... | pg-failover start DIR MONITOR NODE1 NODE2 | stop DIR" ;;
 esac

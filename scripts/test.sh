@@ -24,13 +24,15 @@
 # at the end.
 #
 # A full run overlaps what waits: the steps mostly wait on timers, PostgreSQL and child
-# processes, not on the cores. After the build, clippy and the chaos seeds with
-# schemathesis (private PostgreSQL and Redis, one gateway on the shared ones) run alongside
-# the tests (each with its log in target/steps/); both tiers run in one nextest run; then
-# the PgBouncer and the Redis Cluster passes run side by side. A failure does not stop the
-# steps after it: every verdict is awaited, the logs of failed steps are printed, and the
-# run fails at the end. The tests on the shared PostgreSQL stay at four at a time: each
-# holds a dozen connections, and more would reach its max_connections (100).
+# processes, not on the cores. After the build, clippy, the chaos seeds with schemathesis
+# (private PostgreSQL and Redis, one gateway on the shared ones), the PgBouncer pass and
+# the Redis Cluster pass run alongside the tests, each with its log in target/steps/;
+# both tiers run in one nextest run. Each pass has a private PostgreSQL (initdb, fsync
+# off, 300 connections): a test holds a dozen connections or more, and the machine's
+# PostgreSQL (100) would hold four tests at a time, not the main pass's six
+# (MAIN_PASS_THREADS) beside the others' two each. A failure does not stop the steps after
+# it: every verdict is awaited, the logs of failed steps are printed, and the run fails at
+# the end.
 #
 # Tests read DATABASE_URL and REDIS_URL; each test creates its own database from that
 # base URL and uses its own Redis key prefix, so runs do not disturb one another.
@@ -56,6 +58,8 @@ full_run=0
 [[ $# -gt 0 ]] || full_run=1
 
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
+# Tests at once in a full run's main pass, on its private PostgreSQL (max_connections 300).
+MAIN_PASS_THREADS=${MAIN_PASS_THREADS:-6}
 export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 # Private engines (scripts/scale.sh) read this and refuse to install packages.
@@ -91,6 +95,7 @@ print_timings() {
     local status=$?
     stop_clippy
     stop_alongside
+    [[ -z ${main_dir:-} ]] || bash scripts/scale.sh stop "$main_dir" 2>/dev/null
     finish_step
     ((${#step_names[@]})) || return "$status"
     printf '\ntest: step times (%s)\n' "$([[ $status -eq 0 ]] && echo "all passed" || echo "stopped by a failure")" >&2
@@ -148,9 +153,9 @@ machine_changes() {
 # What stays the same however the machine looks: private processes, removed afterwards.
 private_engines() {
     ((full_run)) || return 0
-    ((skip_pgbouncer)) || printf 'a private PgBouncer on a free loopback port, stopped afterwards\n'
+    ((skip_pgbouncer)) || printf 'a private PgBouncer and PostgreSQL on free loopback ports, stopped afterwards\n'
     printf '%s\n' \
-        "a private three-node Redis Cluster on free loopback ports, in /tmp, stopped afterwards" \
+        "a private three-node Redis Cluster and a PostgreSQL on free loopback ports, in /tmp, stopped afterwards" \
         "private PostgreSQL (initdb) and redis-server instances in /tmp for outage, failover and chaos tests" \
         "databases fg_* and Redis keys fgtest:* on the shared services, dropped by the tests that made them"
 }
@@ -226,9 +231,9 @@ planned_steps() {
     elif ((full_run)); then
         local side="chaos seeds ${CHAOS_SEEDS:-1 2 3}" passes="Redis Cluster pass"
         ((skip_schemathesis)) || side+=" then schemathesis"
-        ((skip_pgbouncer)) || passes="PgBouncer pass and $passes side by side"
+        ((skip_pgbouncer)) || passes="PgBouncer pass and $passes"
         steps+=("build once" "alongside the tests: clippy" "alongside the tests: $side"
-            "both tiers at once" "$passes")
+            "alongside the tests: $passes" "both tiers at once")
     else
         steps+=("build once" "clippy alongside the tests" "tests matching: $*")
     fi
@@ -396,38 +401,52 @@ failed=0
 # same features and has nothing to compile again.
 nextest() { cargo nextest run --workspace --no-fail-fast "$@"; }
 
+# Starts a private PostgreSQL in DIR for a pass beside the main one and prints its port:
+# the shared one's connection limit is the main pass's.
+private_postgres() {
+    local dir=$1 port
+    port=$(bash scripts/scale.sh free-port)
+    bash scripts/scale.sh postgres start "$dir" "$port" >&2
+    printf '%s\n' "$port"
+}
+
 # The oversell and payment tests again, with the gateway reaching PostgreSQL through a
-# private PgBouncer 1.18 in transaction pooling mode (installed by scripts/scale.sh). Not
-# the payments soak: it sends the statements of the other payment tests, only longer (35 s
-# and two slots), and concurrency through the pooler is what `concurrency::` tests. Runs
-# in a subshell of its own (`alongside`), which stops the PgBouncer on its way out.
+# private PgBouncer 1.18 in transaction pooling mode (installed by scripts/scale.sh) in
+# front of a private PostgreSQL. Not the payments soak: it sends the statements of the
+# other payment tests, only longer (35 s and two slots), and concurrency through the
+# pooler is what `concurrency::` tests. Runs in a subshell of its own (`alongside`), which
+# stops both on its way out.
 pgbouncer_pass() {
     pgbouncer_dir=$(mktemp -d /tmp/flashgate-pgbouncer.XXXXXX)
-    local port
-    port=$(bash scripts/scale.sh free-port)
     trap 'bash scripts/scale.sh stop "$pgbouncer_dir"' EXIT
     trap 'exit 143' TERM
-    bash scripts/scale.sh pgbouncer start "$pgbouncer_dir" "$port"
-    DATABASE_POOLER_URL="postgres://postgres@127.0.0.1:${port}/test" nextest --test-threads 2 -E \
+    local postgres_port port
+    postgres_port=$(private_postgres "$pgbouncer_dir")
+    port=$(bash scripts/scale.sh free-port)
+    bash scripts/scale.sh pgbouncer start "$pgbouncer_dir" "$port" 127.0.0.1 "$postgres_port"
+    DATABASE_URL="postgres://postgres@127.0.0.1:${postgres_port}/test" \
+        DATABASE_POOLER_URL="postgres://postgres@127.0.0.1:${port}/test" nextest --test-threads 2 -E \
         "$kept & binary_id(flashgate::api) & (test(/^concurrency::/) | test(/^orders::/) | test(/^payments_/) | test(/^pooled_writes::/)) & not test(/^payments_soak::/)"
 }
 
 # The tests of everything kept in Redis (waiting room, sold-out flags, limits) again, on a
-# private three-primary Redis Cluster (REDIS_URL listing its nodes selects cluster mode).
-# Not these three, whose scripts and keys the others here run on the cluster already: the
-# idle test (it starts a Redis of its own, so it never reads REDIS_URL), and the two crowds
-# (20,000 users in one line, ten times the stock in another: scale, not key placement; a
-# minute and a half together on 2 cores). Runs in a subshell of its own (`alongside`),
-# which stops the cluster on its way out.
+# private three-primary Redis Cluster (REDIS_URL listing its nodes selects cluster mode)
+# and a private PostgreSQL. Not these three, whose scripts and keys the others here run on
+# the cluster already: the idle test (it starts a Redis of its own, so it never reads
+# REDIS_URL), and the two crowds (5,000 users in one flash sale, ten times the stock in
+# another: scale, not key placement). Runs in a subshell of its own (`alongside`), which
+# stops the cluster and PostgreSQL on its way out.
 redis_cluster_pass() {
     cluster_dir=$(mktemp -d /tmp/flashgate-redis-cluster.XXXXXX)
-    local ports=() urls=() port
-    for _ in 1 2 3; do ports+=("$(bash scripts/scale.sh free-port)"); done
-    for port in "${ports[@]}"; do urls+=("redis://127.0.0.1:$port"); done
     trap 'bash scripts/scale.sh stop "$cluster_dir"' EXIT
     trap 'exit 143' TERM
+    local ports=() urls=() port postgres_port
+    postgres_port=$(private_postgres "$cluster_dir")
+    for _ in 1 2 3; do ports+=("$(bash scripts/scale.sh free-port)"); done
+    for port in "${ports[@]}"; do urls+=("redis://127.0.0.1:$port"); done
     bash scripts/scale.sh redis-cluster start "$cluster_dir" "${ports[@]}"
-    REDIS_URL=$(IFS=,; printf '%s' "${urls[*]}") nextest --test-threads 2 -E \
+    DATABASE_URL="postgres://postgres@127.0.0.1:${postgres_port}/test" \
+        REDIS_URL=$(IFS=,; printf '%s' "${urls[*]}") nextest --test-threads 2 -E \
         "$kept & binary_id(flashgate::api) & (test(/^waiting_room/) | test(/^global_limits::/) | test(/^rate_limits::/) | test(/sold_out/)) \
          & not (test(/^waiting_room_idle::/) | test(/^waiting_room_multi::flash_sale/) | test(/^waiting_room_edge::a_crowd/))"
 }
@@ -478,29 +497,24 @@ else
     if ((full_run)); then
         alongside "chaos: seeded fault schedules over whole sales (seeds ${CHAOS_SEEDS:-1 2 3}), then schemathesis" \
             chaos_and_schemathesis
-        # Both tiers in one run, the slowest tests first (.config/nextest.toml, profile all).
-        begin "both tiers at once: unit, in-process and process-starting tests (profile all)"
-        nextest --profile all -E "$kept" || failed=1
-        # Side by side, two tests at a time each: four on the shared PostgreSQL, as above.
-        begin "through PgBouncer and on a Redis Cluster, side by side"
-        mkdir -p target/steps
-        passes=()
+        # The PgBouncer and Redis Cluster passes, two tests at a time each on a PostgreSQL
+        # of their own, fill the slots the main pass leaves while its tests wait.
         if ((skip_pgbouncer)); then
             note "skipped: the PgBouncer pass (needs pgbouncer: scripts/scale.sh install)"
         else
-            note "through PgBouncer (transaction pooling): oversell and payment tests (log: target/steps/pgbouncer.log)"
-            (pgbouncer_pass) >target/steps/pgbouncer.log 2>&1 &
-            passes+=("$!:target/steps/pgbouncer.log")
+            alongside "through PgBouncer (transaction pooling): oversell and payment tests" pgbouncer_pass
         fi
-        note "on a Redis Cluster: waiting-room, sold-out and limit tests (log: target/steps/redis-cluster.log)"
-        (redis_cluster_pass) >target/steps/redis-cluster.log 2>&1 &
-        passes+=("$!:target/steps/redis-cluster.log")
-        for pass in "${passes[@]}"; do
-            wait "${pass%%:*}" && continue
-            tail -n 300 "${pass#*:}" >&2
-            note "failed: ${pass#*:}"
-            failed=1
-        done
+        alongside "on a Redis Cluster: waiting-room, sold-out and limit tests" redis_cluster_pass
+        # Both tiers in one run, the slowest tests first (.config/nextest.toml, profile all),
+        # on a private PostgreSQL with room for six tests at a time (the machine's allows
+        # four): the pass is mostly tests waiting on timers and child processes.
+        begin "both tiers at once: unit, in-process and process-starting tests (profile all)"
+        main_dir=$(mktemp -d /tmp/flashgate-main-pass.XXXXXX)
+        main_port=$(private_postgres "$main_dir")
+        DATABASE_URL="postgres://postgres@127.0.0.1:${main_port}/test" \
+            nextest --profile all --test-threads "$MAIN_PASS_THREADS" -E "$kept" || failed=1
+        bash scripts/scale.sh stop "$main_dir"
+        main_dir=""
     else
         begin "cargo nextest run --workspace $*"
         nextest -E "$kept" "$@"

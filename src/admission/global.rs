@@ -44,12 +44,17 @@ use crate::telemetry;
 /// (0: Redis's `TIME`). Gives back first (never past a full bucket), then grants each key up
 /// to the wanted number that fit now and answers `{granted, wait_us}` per key, flattened:
 /// the wait until one more would fit when nothing was granted. A key listed twice is
-/// charged twice, in order.
+/// charged twice, in order. A key's expiry only collects it once its bucket is full again
+/// (a missing key reads as a full bucket). Redis expires keys on its own clock, so on a
+/// time given by the caller the key is kept a minute longer: the given time may run
+/// slower than Redis's, and a key expired early would hand out a full bucket again.
 const GCRA: &str = r#"
 local now = tonumber(ARGV[5])
+local keep_ms = 60000
 if now == 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  keep_ms = 1
 end
 local interval = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
@@ -62,14 +67,14 @@ for i, key in ipairs(KEYS) do
   local free = math.floor((now + burst * interval - tat) / interval)
   if free < 1 then
     if give > 0 then
-      redis.call('SET', key, string.format('%.0f', tat), 'PX', math.floor((tat - now) / 1000) + 1)
+      redis.call('SET', key, string.format('%.0f', tat), 'PX', math.floor((tat - now) / 1000) + keep_ms)
     end
     out[2 * i - 1] = 0
     out[2 * i] = tat - burst * interval + interval - now
   else
     local granted = math.min(free, want)
     tat = tat + granted * interval
-    redis.call('SET', key, string.format('%.0f', tat), 'PX', math.floor((tat - now) / 1000) + 1)
+    redis.call('SET', key, string.format('%.0f', tat), 'PX', math.floor((tat - now) / 1000) + keep_ms)
     out[2 * i - 1] = granted
     out[2 * i] = 0
   end
@@ -575,8 +580,10 @@ mod tests {
 
     #[test]
     fn share_rounds_up_and_never_reaches_zero() {
+        // A share refills one request a second (ceil(3 / 3)): the checks below are far
+        // closer together than that, even on a loaded runner.
         let rate = RateSettings {
-            rate_per_second: 10,
+            rate_per_second: 3,
             burst: 4,
         };
         let limiter = share(Scope::User, rate, 3);

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use sqlx::PgConnection;
-use sqlx::postgres::PgListener;
+use sqlx::postgres::{PgListener, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
 use crate::store::StoreError;
@@ -19,7 +19,9 @@ use crate::store::StoreError;
 /// The PostgreSQL channel deal ids are announced on.
 pub const CHANNEL: &str = "flashgate_deal_changed";
 
-/// How long the listener waits before trying again after PostgreSQL refused it.
+/// How long the listener waits before trying again after PostgreSQL refused it, and how
+/// long one connection attempt may take: the listener is back within about this much of
+/// PostgreSQL coming back.
 const RETRY_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Announces, when `tx` commits, that `deal_id` changed.
@@ -71,7 +73,16 @@ async fn listen(
     shutdown: &CancellationToken,
     on_change: &impl Fn(Change<'_>),
 ) -> Result<(), sqlx::Error> {
-    let mut listener = PgListener::connect(database_url).await?;
+    // The listener reconnects through a pool of one. Its connection attempts are bounded by
+    // the retry interval: left at the pool's default, they back off for up to 6 s between
+    // tries, and a listener would stay deaf that long after PostgreSQL came back.
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .max_lifetime(None)
+        .idle_timeout(None)
+        .acquire_timeout(RETRY_INTERVAL)
+        .connect_lazy(database_url)?;
+    let mut listener = PgListener::connect_with(&pool).await?;
     listener.listen(CHANNEL).await?;
     on_change(Change::Unknown);
     while !shutdown.is_cancelled() {

@@ -108,7 +108,8 @@ pub fn begin(
                     let (response, at) = answered.complete(state, &span);
                     let elapsed = at.saturating_duration_since(started);
                     let status = response.status();
-                    traced::refusal(state, request.headers(), &id, template, status, elapsed);
+                    let headers = request.headers();
+                    traced::refusal(state, headers, &id, template, status, started, elapsed);
                     let body = request.into_body();
                     return Begun::Answered { response, at, body };
                 }
@@ -116,7 +117,7 @@ pub fn begin(
         }
         _ => Work::Route(face),
     };
-    let trace = traced::begin(state, request.headers(), &span);
+    let trace = traced::begin(state, request.headers(), &span, started);
     Begun::Waits(Box::new(Waiting {
         started,
         id,
@@ -166,7 +167,8 @@ pub fn begin_front(
     let (status, slug) = (problem.status(), problem.slug());
     problem.write_http1(&id, date, out);
     let elapsed = elapsed_since(started);
-    traced::refusal(state, headers, &id, route.template(), status, elapsed);
+    let template = route.template();
+    traced::refusal(state, headers, &id, template, status, started, elapsed);
     span.record("outcome", slug);
     span.record("latency_ms", elapsed.as_secs_f64() * 1000.0);
     tracing::debug!(parent: &span, status = status.as_u16(), "answered");
@@ -362,7 +364,7 @@ async fn dispatch(
             let deal_id = public::check_order(state, peer, request.headers(), id)?;
             Box::pin(public::place_admissible(state, request, deal_id)).await
         }
-        Route::JoinQueue(id) => Box::pin(queue::join(state, peer, &request, id)).await,
+        Route::JoinQueue(id) => Box::pin(queue::join(state, peer, request, id)).await,
         Route::QueueStatus(id) => Box::pin(queue::line(state, peer, &request, id)).await,
         Route::PollTicket(id, ticket) => {
             Box::pin(queue::poll(state, peer, &request, id, ticket)).await
@@ -378,7 +380,11 @@ async fn dispatch(
         Route::Inventory(id) => Box::pin(admin::inventory(state, &request, id)).await,
         Route::PauseDeal(id) => Box::pin(ops::set_paused(state, &request, id, true)).await,
         Route::AdminDeal(id) => Box::pin(admin::deal(state, &request, id)).await,
+        Route::DealReport(id) => Box::pin(admin::report(state, &request, id)).await,
         Route::SetAdmission(id) => Box::pin(admin::set_admission(state, request, id)).await,
+        Route::IssueAccessCodes(id) => {
+            Box::pin(admin::issue_access_codes(state, request, id)).await
+        }
         Route::ResumeDeal(id) => Box::pin(ops::set_paused(state, &request, id, false)).await,
         Route::Rebalance(id) => Box::pin(ops::rebalance(state, request, id)).await,
         Route::Audit => Box::pin(ops::audit(state, &request)).await,
@@ -388,7 +394,7 @@ async fn dispatch(
         Route::PassKeys => queue::keys(state),
         Route::RevokedPasses => Ok(revoked_feed::feed(state)),
         Route::RevokeQueue(id) => Box::pin(queue::revoke(state, request, id)).await,
-        Route::WaitPage(id) => wait_page::page(state, id),
+        Route::WaitPage(id) => Box::pin(wait_page::page(state, &request, id)).await,
         Route::ReviewQueue => Box::pin(review::list(state, &request)).await,
         Route::ReviewFulfil(id) => Box::pin(review::fulfil(state, &request, id)).await,
         Route::ReviewRefund(id) => Box::pin(review::refund(state, &request, id)).await,

@@ -219,10 +219,10 @@ fn record_spans(
         start: began,
         end: placed,
         attributes: vec![
-            ("db.system.name", trace::Value::from("postgresql")),
+            ("db.system.name", trace::Value::Name("postgresql")),
             (
                 "db.operation.name",
-                trace::Value::from("orders_place_batch"),
+                trace::Value::Name("orders_place_batch"),
             ),
         ],
         error: failed,

@@ -69,19 +69,27 @@ impl Tracer {
         })))
     }
 
-    /// Whether a request whose caller sent `traceparent` is sampled at its head: the
-    /// caller's decision when it sent one, else a draw at `trace_ratio`.
-    pub fn head_sampled(&self, parent: Option<&Parent>) -> bool {
+    /// Whether a request is sampled at its head: the caller's decision when it sent a
+    /// `traceparent`, else a draw at `trace_ratio`.
+    fn head_sampled(&self, parent: Option<&Parent>) -> bool {
         match parent {
             Some(parent) => parent.sampled,
             None => self.0.ratio > 0.0 && unit_draw() < self.0.ratio,
         }
     }
 
-    /// A new trace for a request, under the caller's `traceparent` when it sent a valid one.
-    pub fn begin(&self, traceparent: Option<&[u8]>, tracestate: Option<&[u8]>) -> Trace {
+    /// A request's head decision, made once: its caller's place (a valid `traceparent`) and
+    /// whether it is sampled.
+    pub fn head(&self, traceparent: Option<&[u8]>) -> Head {
         let parent = traceparent.and_then(Parent::parse);
-        let head_sampled = self.head_sampled(parent.as_ref());
+        let sampled = self.head_sampled(parent.as_ref());
+        Head { parent, sampled }
+    }
+
+    /// A new trace for a request begun at `started` (monotonic), as `head` decided. It
+    /// reads no clock: the wall time is read once the trace is kept.
+    pub fn begin(&self, head: Head, tracestate: Option<&[u8]>, started: Instant) -> Trace {
+        let Head { parent, sampled } = head;
         let trace_state = tracestate
             .filter(|_| parent.is_some())
             .and_then(|state| std::str::from_utf8(state).ok())
@@ -91,28 +99,36 @@ impl Tracer {
             root: next_id().to_be_bytes(),
             caller: parent.map(|p| p.span_id),
             trace_state,
-            head_sampled,
-            wall_unix_nanos: unix_nanos(&self.0.clock),
-            started: monotonic(),
+            head_sampled: sampled,
+            started,
             spans: Mutex::new(Vec::new()),
         }))
     }
 
-    /// Ends `trace` with its request span; exports it when it was sampled, failed (5xx) or
-    /// was slow.
-    pub fn end(&self, trace: &Trace, request: RequestSpan, elapsed: Duration) {
-        let failed = request.status >= 500;
+    /// Ends `trace`, answered `status` after `elapsed`; exports it when it was sampled,
+    /// failed (5xx) or was slow, with the request span `request` makes (only then).
+    pub fn end(
+        &self,
+        trace: &Trace,
+        status: u16,
+        elapsed: Duration,
+        request: impl FnOnce() -> RequestSpan,
+    ) {
+        let failed = status >= 500;
         if !(trace.0.head_sampled || failed || elapsed >= self.0.slow) {
             return;
         }
+        let ended = unix_nanos(&self.0.clock);
+        let began = ended.saturating_sub(nanos(elapsed));
         let recorded =
             std::mem::take(&mut *trace.0.spans.lock().unwrap_or_else(|p| p.into_inner()));
-        let mut spans: Vec<otlp::Span> = recorded.into_iter().map(|r| trace.exported(r)).collect();
+        let mut spans: Vec<otlp::Span> = recorded
+            .into_iter()
+            .map(|r| trace.exported(r, began))
+            .collect();
+        let request = request();
         let mut attributes = request.attributes;
-        attributes.push((
-            "http.response.status_code",
-            Value::Int(i64::from(request.status)),
-        ));
+        attributes.push(("http.response.status_code", Value::Int(i64::from(status))));
         spans.push(otlp::Span {
             trace_id: trace.0.trace_id,
             span_id: trace.0.root,
@@ -120,8 +136,8 @@ impl Tracer {
             trace_state: trace.0.trace_state.clone(),
             name: request.name,
             kind: Kind::Server,
-            start_unix_nanos: trace.0.wall_unix_nanos,
-            end_unix_nanos: trace.0.wall_unix_nanos + nanos(elapsed),
+            start_unix_nanos: began,
+            end_unix_nanos: ended,
             attributes,
             error: failed,
         });
@@ -129,7 +145,6 @@ impl Tracer {
             tracing::debug!("trace dropped: the OTLP export queue is full");
             return;
         }
-        let ended = trace.0.wall_unix_nanos + nanos(elapsed);
         let seconds = elapsed.as_secs_f64();
         super::openmetrics::record_exemplar(request.route, seconds, trace.id(), ended as f64 / 1e9);
     }
@@ -176,13 +191,19 @@ impl Tracer {
     }
 }
 
+/// What a request's head decided: the caller's span, if it named one, and whether the
+/// trace is sampled (kept whatever its end).
+pub struct Head {
+    parent: Option<Parent>,
+    pub sampled: bool,
+}
+
 /// The request's own span, as the router ends it.
 pub struct RequestSpan {
     /// `METHOD /route/template`.
     pub name: String,
     /// The route template, whose latency bucket takes the trace as its exemplar.
     pub route: &'static str,
-    pub status: u16,
     pub attributes: Vec<(&'static str, Value)>,
 }
 
@@ -198,9 +219,8 @@ struct TraceInner {
     caller: Option<[u8; 8]>,
     trace_state: Option<String>,
     head_sampled: bool,
-    /// When the request began, wall clock, and the same moment on the monotonic clock: the
-    /// spans' times are offsets from it.
-    wall_unix_nanos: u64,
+    /// When the request began on the monotonic clock: the spans' times are offsets from it,
+    /// made wall-clock times only when the trace is exported.
     started: Instant,
     /// Kept as recorded, cheap to make: only a trace that is exported is converted.
     spans: Mutex<Vec<Finished>>,
@@ -229,11 +249,10 @@ impl Trace {
         span_id
     }
 
-    /// A recorded span as exported: wall-clock times, the trace's id.
-    fn exported(&self, finished: Finished) -> otlp::Span {
-        let at = |moment: Instant| {
-            self.0.wall_unix_nanos + nanos(moment.saturating_duration_since(self.0.started))
-        };
+    /// A recorded span as exported: wall-clock times (the request began at `began`, Unix
+    /// nanoseconds), the trace's id.
+    fn exported(&self, finished: Finished, began: u64) -> otlp::Span {
+        let at = |moment: Instant| began + nanos(moment.saturating_duration_since(self.0.started));
         otlp::Span {
             trace_id: self.0.trace_id,
             span_id: finished.id,

@@ -88,7 +88,10 @@ async fn postgres_restarted_in_the_middle_of_the_sale_loses_nothing() {
     traffic(&api, &deal, 0..20).await;
 
     postgres.down();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    wait_until("the gateway to see PostgreSQL gone", DELIVERED, || async {
+        api.get("/readyz").await.status == 503
+    })
+    .await;
     postgres.up();
     wait_until(
         "orders taken again after the restart",

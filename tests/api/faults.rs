@@ -223,10 +223,13 @@ async fn postgres_down_for_over_a_minute_then_back() {
         "the payment made during the outage was lost"
     );
 
-    // Act 2: once both listeners are back, a pause on one instance...
-    wait_until("both deal change listeners back", EVENTUALLY, || async {
-        change_listeners(&postgres.url()).await >= 2
-    })
+    // Act 2: once both listeners are back (each retries every second; ten seconds leave
+    // room for a loaded runner), a pause on one instance...
+    wait_until(
+        "both deal change listeners back",
+        Duration::from_secs(10),
+        || async { change_listeners(&postgres.url()).await >= 2 },
+    )
     .await;
     let request = a.client.post(a.url(&format!("/admin/deals/{deal}/pause")));
     send(request.bearer_auth(&a.admin_token).json(&json!({})))

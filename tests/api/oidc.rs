@@ -9,13 +9,13 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use flashgate::app::Application;
 use flashgate::config::Settings;
-use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use jsonwebtoken::{Algorithm, EncodingKey};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
 use crate::helpers::{
     OidcProvider, Reply, TestApp, TestDb, available_by_bucket, free_port, new_deal, send,
-    spawn_app_with, test_settings, unique_suffix, wait_until,
+    signed_token, spawn_app_with, test_settings, unique_suffix, wait_until,
 };
 
 /// The provider's role for operators, as `helpers::OidcProvider` grants it.
@@ -119,13 +119,6 @@ fn claims(issuer: &str, patch: Value) -> Value {
     claims
 }
 
-fn sign(algorithm: Algorithm, kid: &str, key: &EncodingKey, claims: &Value) -> String {
-    let mut header = Header::new(algorithm);
-    header.kid = Some(kid.to_owned());
-    header.typ = Some("at+jwt".into());
-    jsonwebtoken::encode(&header, claims, key).unwrap()
-}
-
 /// Every forgery a gateway in front of an API must refuse, each signed (or not) as an
 /// attacker who knows the provider's public key, its kid and its claims can.
 fn forgeries(provider: &OidcProvider) -> Vec<(&'static str, String)> {
@@ -148,24 +141,24 @@ fn forgeries(provider: &OidcProvider) -> Vec<(&'static str, String)> {
             URL_SAFE_NO_PAD.encode(valid.to_string())
         )
     };
-    let rs = |patch: Value| sign(Algorithm::RS256, &kid, &real, &claims(&issuer, patch));
+    let rs = |patch: Value| signed_token(Algorithm::RS256, &kid, &real, &claims(&issuer, patch));
     vec![
         ("alg none", unsigned(&none_header)),
         (
             "HS256 with the public key",
-            sign(Algorithm::HS256, &kid, &public_as_secret, &valid),
+            signed_token(Algorithm::HS256, &kid, &public_as_secret, &valid),
         ),
         (
             "another RSA key, same kid",
-            sign(Algorithm::RS256, &kid, &attacker, &valid),
+            signed_token(Algorithm::RS256, &kid, &attacker, &valid),
         ),
         (
             "an ES256 key, same kid",
-            sign(Algorithm::ES256, &kid, &ec, &valid),
+            signed_token(Algorithm::ES256, &kid, &ec, &valid),
         ),
         (
             "unknown kid",
-            sign(Algorithm::RS256, "no-such-kid", &real, &valid),
+            signed_token(Algorithm::RS256, "no-such-kid", &real, &valid),
         ),
         ("expired", rs(json!({"exp": now - 3600, "iat": now - 4200}))),
         ("not yet valid", rs(json!({"nbf": now + 3600}))),

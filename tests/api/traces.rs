@@ -88,7 +88,7 @@ async fn traced_app(receiver: &Receiver, ratio: f64, slow_ms: u64) -> TestApp {
         s.telemetry.otlp_endpoint = url;
         s.telemetry.trace_ratio = ratio;
         s.telemetry.trace_slow_ms = slow_ms;
-        s.server.request_timeout_ms = 1500;
+        s.server.request_timeout_ms = 3000;
     })
     .await
 }
@@ -266,9 +266,10 @@ async fn openmetrics_exemplars(app: &TestApp) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn at_ratio_zero_a_failed_or_slow_purchase_is_traced_and_an_ordinary_one_is_not() {
-    // Arrange: ratio 0, slow from 300 ms, requests answered 503 after 1.5 s.
+    // Arrange: ratio 0, slow from 1 s (an ordinary purchase stays below it on a busy
+    // runner), requests answered 503 after 3 s.
     let receiver = Receiver::start().await;
-    let app = traced_app(&receiver, 0.0, 300).await;
+    let app = traced_app(&receiver, 0.0, 1000).await;
     let deal = app.given_deal(&open_deal("tail")).await;
     let passes = [
         pass_of(&app, "quick", &deal).await,
@@ -277,21 +278,16 @@ async fn at_ratio_zero_a_failed_or_slow_purchase_is_traced_and_an_ordinary_one_i
     ];
     let unsampled = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-00");
 
-    // Act: an ordinary purchase (an unsampled caller); one held 600 ms and one held past
-    // the request timeout by a transaction locking the deal's buckets.
+    // Act: an ordinary purchase (an unsampled caller); one held until PostgreSQL shows it
+    // blocked 1.2 s and one held until it is answered (past the request timeout) by a
+    // transaction locking the deal's buckets.
     assert_eq!(
         purchase(&app, "quick", &deal, &passes[0], Some(&unsampled)).await,
         201
     );
-    let slow = held_purchase(&app, "slow", &deal, &passes[1], Duration::from_millis(600)).await;
-    let stuck = held_purchase(
-        &app,
-        "stuck",
-        &deal,
-        &passes[2],
-        Duration::from_millis(2500),
-    )
-    .await;
+    let blocked = Hold::Blocked(Duration::from_millis(1200));
+    let slow = held_purchase(&app, "slow", &deal, &passes[1], blocked).await;
+    let stuck = held_purchase(&app, "stuck", &deal, &passes[2], Hold::Answered).await;
 
     // Assert: the slow one (201) and the failed one (503) are traced, the quick one is not.
     assert_eq!((slow, stuck), (201, 503));
@@ -321,8 +317,16 @@ async fn at_ratio_zero_a_failed_or_slow_purchase_is_traced_and_an_ordinary_one_i
     app.cleanup().await;
 }
 
-/// A purchase while another transaction holds the deal's buckets for `hold`; its status.
-async fn held_purchase(app: &TestApp, user: &str, deal: &str, pass: &str, hold: Duration) -> u16 {
+/// How long a transaction holds the deal's buckets against a purchase.
+enum Hold {
+    /// Until PostgreSQL shows the purchase's statement waiting on the lock this long.
+    Blocked(Duration),
+    /// Until the purchase is answered.
+    Answered,
+}
+
+/// A purchase while another transaction holds the deal's buckets as `hold` says; its status.
+async fn held_purchase(app: &TestApp, user: &str, deal: &str, pass: &str, hold: Hold) -> u16 {
     let mut locker = sqlx::PgConnection::connect(&app.settings.database.url)
         .await
         .unwrap();
@@ -333,12 +337,98 @@ async fn held_purchase(app: &TestApp, user: &str, deal: &str, pass: &str, hold: 
         .await
         .unwrap();
     let sent = purchase(app, user, deal, pass, None);
-    let release = async {
-        tokio::time::sleep(hold).await;
-        transaction.rollback().await.unwrap();
-    };
-    let (status, ()) = tokio::join!(sent, release);
-    status
+    match hold {
+        Hold::Answered => {
+            let status = sent.await;
+            transaction.rollback().await.unwrap();
+            status
+        }
+        Hold::Blocked(blocked) => {
+            let release = async {
+                blocked_on_a_lock(app, blocked).await;
+                transaction.rollback().await.unwrap();
+            };
+            tokio::join!(sent, release).0
+        }
+    }
+}
+
+/// Waits until a statement of the app's database has waited on a lock for `blocked`, as
+/// PostgreSQL's `pg_stat_activity` tells.
+async fn blocked_on_a_lock(app: &TestApp, blocked: Duration) {
+    let what = format!("a statement blocked on a lock for {blocked:?}");
+    wait_until(&what, blocked + Duration::from_secs(10), || async {
+        let longest: Option<f64> = sqlx::query_scalar(
+            "SELECT max(extract(epoch FROM clock_timestamp() - query_start))::float8 \
+             FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+        longest.filter(|seconds| *seconds >= blocked.as_secs_f64())
+    })
+    .await;
+}
+
+/// Refusals sent by one buyer past its limit in the test below.
+const REFUSALS: usize = 400;
+/// The trace a caller sampled, sent last: once it arrives, every trace before it has.
+const LAST_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refusals_answered_from_memory_are_traced_at_the_ratio() {
+    // Arrange: ratio one half, nothing slow enough to be traced for it; one order a second
+    // per address (a limit each instance keeps in memory).
+    let receiver = Receiver::start().await;
+    let url = receiver.url.clone();
+    let app = spawn_app_with(move |s| {
+        s.telemetry.otlp_endpoint = url;
+        s.telemetry.trace_ratio = 0.5;
+        s.telemetry.trace_slow_ms = 60_000;
+        s.limits.per_ip.rate_per_second = 1;
+        s.limits.per_ip.burst = 1;
+    })
+    .await;
+    let deal = app.given_deal(&new_deal("refused", 10, 1)).await;
+
+    // Act: orders from one address, all but about one a second refused from memory (429);
+    // then one more whose caller sampled it.
+    let token = app.token("eager");
+    let mut refused = 0;
+    for _ in 0..REFUSALS {
+        let reply = app.place_order(&token, &deal, &unique_suffix(), 1).await;
+        refused += usize::from(reply.status == 429);
+    }
+    let last = app
+        .client
+        .post(app.url(&format!("/v1/deals/{deal}/orders")))
+        .bearer_auth(&token)
+        .header("Idempotency-Key", unique_suffix())
+        .header("traceparent", format!("00-{LAST_TRACE}-{CALLER_SPAN}-01"))
+        .json(&json!({ "quantity": 1 }));
+    send(last).await.expect_problem(429, "rate-limited");
+    wait_until(
+        "the sampled refusal's trace",
+        Duration::from_secs(10),
+        || async { !receiver.trace(LAST_TRACE).is_empty() },
+    )
+    .await;
+
+    // Assert: about half the refusals were traced, each as one span (not a half of a half:
+    // the head's one draw decides).
+    let traced = receiver
+        .spans()
+        .iter()
+        .filter(|s| s["attributes"]["http.response.status_code"] == 429)
+        .filter(|s| s["trace_id"] != LAST_TRACE)
+        .count();
+    let (expected, spread) = (refused as f64 / 2.0, (refused as f64 / 4.0).sqrt());
+    assert!(refused >= REFUSALS * 3 / 4, "{refused} refused");
+    assert!(
+        (traced as f64 - expected).abs() <= 5.0 * spread,
+        "{traced} of {refused} refusals traced at a ratio of 0.5"
+    );
+    app.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -133,7 +133,7 @@ async fn line_load(crowd: usize) -> Load {
             let polls = front.iter().map(|h| poll_showing(&app, &deal, h));
             futures_util::future::join_all(polls).await;
             let next = Duration::from_secs(u64::from(round) + 1);
-            tokio::time::sleep(next.saturating_sub(started.elapsed())).await;
+            crate::helpers::pace(next.saturating_sub(started.elapsed())).await;
         }
     };
     let far_polls = futures_util::stream::iter(&far)
@@ -142,7 +142,7 @@ async fn line_load(crowd: usize) -> Load {
         .collect::<Vec<bool>>();
     let ((), checked_in) = tokio::join!(front_rounds, far_polls);
     // The measured window is at least `MEASURED`: the rates compare like with like.
-    tokio::time::sleep(MEASURED.saturating_sub(started.elapsed())).await;
+    crate::helpers::measure_for(MEASURED.saturating_sub(started.elapsed())).await;
     let elapsed = started.elapsed().as_secs_f64();
     let (commands, cpu_usec) = commands_and_cpu(&mut redis).await;
 

@@ -469,12 +469,7 @@ async fn a_pass_that_ran_out_unused_rejoins_at_the_back_one_used_or_revoked_does
     crate::waiting_room::order_with_pass(&app, "bob", &deal, Some(&first[1].2))
         .await
         .expect(201);
-    let revoke = app
-        .client
-        .post(app.url(&format!("/admin/deals/{deal}/queue/revoke")))
-        .bearer_auth(&app.admin_token)
-        .json(&json!({"user_id": "carol"}));
-    crate::helpers::send(revoke).await.expect(200);
+    app.revoke_in_line(&deal, "carol").await;
 
     // Act: every ticket runs out; then all three join again.
     for (user, ticket, _) in &first {

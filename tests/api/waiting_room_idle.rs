@@ -123,8 +123,7 @@ async fn an_idle_gateway_leaves_redis_alone_and_wakes_when_someone_joins() {
         .await
         .unwrap();
     let started = Instant::now();
-    // Watched for a fixed window: the command rate over it is the outcome.
-    tokio::time::sleep(WINDOW).await;
+    crate::helpers::measure_for(WINDOW).await;
     let sent = commands(&mut redis).await;
     let rate = sent.values().sum::<u64>() as f64 / started.elapsed().as_secs_f64();
 
@@ -176,8 +175,8 @@ async fn commands_above_idle<F: Future<Output = ()>>(redis: &mut TestRedis, work
         .query_async(redis)
         .await
         .unwrap();
-    // Watched for a fixed window: the idle rate over it is the baseline.
-    tokio::time::sleep(COMPARE).await;
+    // The idle rate over the window is the baseline.
+    crate::helpers::measure_for(COMPARE).await;
     let idle = total(&commands(redis).await);
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
@@ -192,7 +191,7 @@ async fn commands_above_idle<F: Future<Output = ()>>(redis: &mut TestRedis, work
         "the work took {spent:?}, longer than the window"
     );
     // The rest of the same window, so both windows hold the same timer ticks.
-    tokio::time::sleep(COMPARE - spent).await;
+    crate::helpers::measure_for(COMPARE - spent).await;
     let sent = commands(redis).await;
     eprintln!("during the work: {sent:?}; idle window: {idle} commands");
     total(&sent) - idle
@@ -222,29 +221,20 @@ async fn a_hundred_lines_whose_buyers_were_admitted_or_gone_cost_an_idle_gateway
         let ticket = ticket_of(&join(&app, "early", deal).await.expect(201));
         poll_until(&app, "early", deal, &ticket, &["admitted"], WINDOW).await;
         if i % 2 == 1 {
-            let revoke = app
-                .client
-                .post(app.url(&format!("/admin/deals/{deal}/queue/revoke")))
-                .bearer_auth(&app.admin_token)
-                .json(&json!({"user_id": "early"}));
-            send(revoke).await.expect(200);
+            app.revoke_in_line(deal, "early").await;
         }
     }
     let asleep = format!("{}wr:{{advancer}}:asleep", app.settings.redis.key_prefix);
     let mut redis = redis_connection(&url).await.unwrap();
     // Not asserted: a gateway that never sleeps fails on its command rate below.
-    let _ = tokio::time::timeout(WINDOW, async {
-        loop {
-            let marked: i64 = redis::cmd("EXISTS")
-                .arg(&asleep)
-                .query_async(&mut redis)
-                .await
-                .unwrap();
-            if marked == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    let _ = crate::helpers::eventually(WINDOW, || async {
+        let mut redis = redis_connection(&url).await.unwrap();
+        let marked: i64 = redis::cmd("EXISTS")
+            .arg(&asleep)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        (marked == 1).then_some(())
     })
     .await;
 
@@ -255,8 +245,7 @@ async fn a_hundred_lines_whose_buyers_were_admitted_or_gone_cost_an_idle_gateway
         .await
         .unwrap();
     let started = Instant::now();
-    // Watched for a fixed window: the command rate over it is the outcome.
-    tokio::time::sleep(WINDOW).await;
+    crate::helpers::measure_for(WINDOW).await;
     let sent = commands(&mut redis).await;
     let rate = sent.values().sum::<u64>() as f64 / started.elapsed().as_secs_f64();
 

@@ -62,7 +62,7 @@ async fn a_revoked_or_cancelled_session_ends_on_every_instance_within_a_second()
 
     // Act 1: an operator revokes alice on gateway A.
     let revoked_at = Instant::now();
-    assert_eq!(revoke(a, &deal, "alice").await["revoked"], true);
+    assert_eq!(a.revoke_in_line(&deal, "alice").await["revoked"], true);
     let alice = &passes["alice"];
     let operator = refused_everywhere(&cluster.apis, "alice", &deal, alice, revoked_at).await;
 
@@ -83,7 +83,7 @@ async fn a_revoked_or_cancelled_session_ends_on_every_instance_within_a_second()
     for api in [a, b] {
         assert_eq!(probe_pass(api, "carol", &deal, &passes["carol"]).await, 409);
     }
-    assert_eq!(revoke(a, &deal, "nobody").await["revoked"], false);
+    assert_eq!(a.revoke_in_line(&deal, "nobody").await["revoked"], false);
     cluster.cleanup().await;
 }
 
@@ -109,16 +109,6 @@ async fn admitted_passes(apis: &[Api], deal: &str, users: &[&str]) -> HashMap<St
         passes.insert(user.to_owned(), pass);
     }
     passes
-}
-
-/// An operator's `POST /admin/deals/{deal}/queue/revoke` of `user` on `api`.
-async fn revoke(api: &Api, deal: &str, user: &str) -> serde_json::Value {
-    let request = api
-        .client
-        .post(api.url(&format!("/admin/deals/{deal}/queue/revoke")))
-        .bearer_auth(&api.admin_token)
-        .json(&json!({ "user_id": user }));
-    crate::helpers::send(request).await.expect(200)
 }
 
 /// Checks `pass` stays refused on every gateway while each follows the revocation stream
@@ -154,9 +144,9 @@ async fn ending_a_session_again_never_brings_its_pass_back() {
 
     // Act 1: an operator revokes alice on A, then retries on B.
     let revoked_at = Instant::now();
-    assert_eq!(revoke(a, &deal, "alice").await["revoked"], true);
+    assert_eq!(a.revoke_in_line(&deal, "alice").await["revoked"], true);
     refused_everywhere(&cluster.apis, "alice", &deal, alice, revoked_at).await;
-    assert_eq!(revoke(b, &deal, "alice").await["revoked"], true);
+    assert_eq!(b.revoke_in_line(&deal, "alice").await["revoked"], true);
 
     // Assert 1: the retry changed nothing; alice's pass stays refused everywhere.
     stays_refused(&cluster.apis, "alice", &deal, alice, 10).await;
@@ -166,7 +156,7 @@ async fn ending_a_session_again_never_brings_its_pass_back() {
     let placed = order_with_pass(b, "bob", &deal, Some(bob)).await;
     let order = placed.expect(201)["order_id"].as_str().unwrap().to_owned();
     let revoked_at = Instant::now();
-    assert_eq!(revoke(a, &deal, "bob").await["revoked"], true);
+    assert_eq!(a.revoke_in_line(&deal, "bob").await["revoked"], true);
     refused_everywhere(&cluster.apis, "bob", &deal, bob, revoked_at).await;
     b.cancel_order(&b.token("bob"), &order).await.expect(200);
 

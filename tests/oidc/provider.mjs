@@ -4,13 +4,17 @@
 // buyer; the `operator` client's tokens carry `roles: ["flashgate-admin"]`, the `clerk`
 // client's only `roles: ["clerk"]`. Every client's secret is `secret`.
 //
-// Usage: node provider.mjs --port <port|0> --key <file> [--generate-only]
+// Usage: node provider.mjs --port <port|0> --key <file> [--algs PS256,ES256,EdDSA] [--generate-only]
 //   --key           the provider's private signing key as a JWK; generated (RS256, with a
 //                   fresh kid) and written there when the file does not exist, with the
 //                   same key as PEM beside it (<file>.pem, private; <file>.pub.pem,
 //                   public) for the tests that forge tokens. Restarting with another key
 //                   file is a key rotation: the old kid leaves the JWKS.
-//   --generate-only write the key file and exit (a key the provider never publishes).
+//   --algs          more signing keys, one per algorithm (PS256, ES256, EdDSA), kept as
+//                   <name>-<ALG>.json beside the key file (<name>.json) the same way; a
+//                   token asked for the resource `urn:flashgate:<ALG>` is signed with that
+//                   key (the default resource, `urn:flashgate`, with the RS256 key).
+//   --generate-only write the key files and exit (keys the provider never publishes).
 // It prints `listening <port>` once it serves. GET /test/jwks-fetches answers how many
 // times the JWKS has been fetched since this process started.
 
@@ -23,21 +27,34 @@ const { values } = parseArgs({
   options: {
     port: { type: 'string', default: '0' },
     key: { type: 'string' },
+    algs: { type: 'string', default: '' },
     'generate-only': { type: 'boolean', default: false },
   },
 });
 
-function signingKey(path) {
+/** How a key of each algorithm is generated. */
+const KEY_TYPES = {
+  RS256: ['rsa', { modulusLength: 2048 }],
+  PS256: ['rsa', { modulusLength: 2048 }],
+  ES256: ['ec', { namedCurve: 'P-256' }],
+  EdDSA: ['ed25519', {}],
+};
+
+function signingKey(path, alg) {
   if (existsSync(path)) return JSON.parse(readFileSync(path, 'utf8'));
-  const { privateKey, publicKey } = generateKeyPairSync('rsa', { modulusLength: 2048 });
-  const jwk = { ...privateKey.export({ format: 'jwk' }), kid: randomUUID(), alg: 'RS256', use: 'sig' };
+  const { privateKey, publicKey } = generateKeyPairSync(...KEY_TYPES[alg]);
+  const jwk = { ...privateKey.export({ format: 'jwk' }), kid: randomUUID(), alg, use: 'sig' };
   writeFileSync(`${path}.pem`, privateKey.export({ format: 'pem', type: 'pkcs8' }));
   writeFileSync(`${path}.pub.pem`, publicKey.export({ format: 'pem', type: 'spki' }));
   writeFileSync(path, JSON.stringify(jwk));
   return jwk;
 }
 
-const key = signingKey(values.key);
+const algs = values.algs.split(',').filter((alg) => alg);
+const keys = [
+  signingKey(values.key, 'RS256'),
+  ...algs.map((alg) => signingKey(values.key.replace(/\.json$/, `-${alg}.json`), alg)),
+];
 if (values['generate-only']) process.exit(0);
 
 const AUDIENCE = 'flashgate';
@@ -59,7 +76,7 @@ async function start(port) {
   const bound = server.address().port;
   const provider = new Provider(`http://127.0.0.1:${bound}`, {
     clients,
-    jwks: { keys: [key] },
+    jwks: { keys },
     features: {
       devInteractions: { enabled: false },
       clientCredentials: { enabled: true },
@@ -67,11 +84,11 @@ async function start(port) {
         enabled: true,
         defaultResource: () => RESOURCE,
         useGrantedResource: () => true,
-        getResourceServerInfo: () => ({
+        getResourceServerInfo: (_ctx, resource) => ({
           scope: 'orders',
           audience: AUDIENCE,
           accessTokenFormat: 'jwt',
-          jwt: { sign: { alg: 'RS256' } },
+          jwt: { sign: { alg: algs.find((alg) => resource === `${RESOURCE}:${alg}`) || 'RS256' } },
         }),
       },
     },

@@ -13,6 +13,9 @@ use tokio::sync::mpsc;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
     Text(String),
+    /// A text known when the code was written (a system's or an operation's name): recorded
+    /// without an allocation.
+    Name(&'static str),
     Int(i64),
 }
 
@@ -172,6 +175,7 @@ fn key_value(key: &str, value: &Value) -> Vec<u8> {
     let mut any = Vec::new();
     match value {
         Value::Text(value) => text(&mut any, 1, value),
+        Value::Name(value) => text(&mut any, 1, value),
         Value::Int(value) => varint_field(&mut any, 3, *value as u64),
     }
     let mut out = Vec::new();

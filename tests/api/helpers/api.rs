@@ -215,6 +215,16 @@ impl Api {
         send(request.bearer_auth(token)).await
     }
 
+    /// An operator's `POST /admin/deals/{deal}/queue/revoke` of `user`; its answer (200).
+    pub async fn revoke_in_line(&self, deal: &str, user: &str) -> Value {
+        let request = self
+            .client
+            .post(self.url(&format!("/admin/deals/{deal}/queue/revoke")))
+            .bearer_auth(&self.admin_token)
+            .json(&json!({ "user_id": user }));
+        send(request).await.expect(200)
+    }
+
     pub async fn metrics(&self) -> String {
         let reply = self.get("/metrics").await;
         assert_eq!(reply.status, 200, "metrics: {}", reply.text);

@@ -109,6 +109,13 @@ where
     }
 }
 
+/// A span of real time over which a test counts what happened (Redis commands sent, polls
+/// answered): its length is the measurement's denominator, not a wait for an outcome, so it
+/// cannot be shortened by polling.
+pub async fn measure_for(span: Duration) {
+    tokio::time::sleep(span).await;
+}
+
 /// The pause between two steps of a loop whose rhythm is the input, never a wait for an
 /// outcome (that is [`wait_until`]): a poll's interval, a client's pace between requests (a
 /// buyer polling, a shopper retrying, a slow client trickling its bytes: the load is part of
