@@ -6,6 +6,11 @@
 //!
 //! The answers are counted by how the gateway gave them: from memory (`checked_in` false,
 //! a poll from far outside the window) or as a check-in (the ticket read from Redis).
+//!
+//! A real crowd's timers fire on their own machines; here they share one process and at
+//! most `poll_concurrency` polls in flight. When more polls are due than that sends, the
+//! due ones go front of the line first (a late answer from far back is the same answer,
+//! a late check-in is a skipped ticket), and the rest wait: `backlog` says how many.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -26,6 +31,8 @@ pub struct Arrival {
     /// The user's bearer token.
     pub token: String,
     pub position_token: String,
+    /// From the signed position token.
+    pub position: u64,
     /// The join answer's `refresh_after_seconds`.
     pub refresh_seconds: f64,
 }
@@ -40,6 +47,8 @@ pub struct PollCounts {
     pub failed: AtomicU64,
     pub passes: AtomicU64,
     pub expired: AtomicU64,
+    /// Polls due but not sent yet, as of the last tick.
+    pub backlog: AtomicU64,
 }
 
 impl PollCounts {
@@ -52,6 +61,7 @@ impl PollCounts {
             "failed": n(&self.failed),
             "passes": n(&self.passes),
             "expired": n(&self.expired),
+            "backlog_at_the_end": n(&self.backlog),
         })
     }
 }
@@ -116,6 +126,8 @@ async fn run(
 ) {
     let mut clients: Vec<Arrival> = Vec::new();
     let mut heap = BinaryHeap::<Reverse<(Instant, usize)>>::new();
+    // Due polls, front of the line first.
+    let mut due = BinaryHeap::<Reverse<(u64, usize)>>::new();
     let (tx, mut answers) = mpsc::unbounded_channel::<(usize, Answer)>();
     let permits = Arc::new(Semaphore::new(concurrency.max(1)));
     let mut tick = tokio::time::interval(Duration::from_millis(20));
@@ -143,13 +155,17 @@ async fn run(
             }
         }
         while let Some(Reverse((at, i))) = heap.peek().copied() {
-            if at > now || stop.is_stopped() {
+            if at > now {
                 break;
             }
             heap.pop();
-            let Ok(permit) = permits.clone().acquire_owned().await else {
-                return;
+            due.push(Reverse((clients[i].position, i)));
+        }
+        while let Some(Reverse((_, i))) = due.peek().copied() {
+            let Ok(permit) = permits.clone().try_acquire_owned() else {
+                break;
             };
+            due.pop();
             let client = &clients[i];
             let poll = poll(
                 http.clone(),
@@ -165,6 +181,7 @@ async fn run(
                 drop(permit);
             });
         }
+        counts.backlog.store(due.len() as u64, Ordering::Relaxed);
     }
 }
 

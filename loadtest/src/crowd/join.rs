@@ -56,6 +56,7 @@ pub async fn join_all(
                 ticket: joined.ticket.clone(),
                 token,
                 position_token: joined.position_token,
+                position: joined.position,
                 refresh_seconds: joined.refresh_seconds,
             });
         }

@@ -48,6 +48,8 @@ pub struct Measured {
     pub far_polls: u64,
     /// Their polls answered as check-ins (from Redis).
     pub impatient_check_ins: u64,
+    /// Their polls due but not sent at the window's end (the load tester's own lag).
+    pub impatient_backlog: u64,
     pub origin: Counts,
     pub redis_calls: u64,
     pub redis_client_commands: u64,
@@ -81,6 +83,7 @@ impl Measured {
             "origin_orders_per_second": per_s(self.origin.orders as f64),
             "client_personal_polls_per_second": per_s(self.personal_polls as f64),
             "ticket_polls_from_memory_per_second": per_s(self.far_polls as f64),
+            "impatient_backlog_at_window_end": self.impatient_backlog,
             "ticket_polls_checked_in_per_second":
                 per_s((self.personal_polls + self.impatient_check_ins) as f64),
             "redis_cpu_seconds": self.redis_cpu_seconds,
@@ -450,6 +453,7 @@ struct Snapshot {
     personal_polls: u64,
     far_polls: u64,
     impatient_check_ins: u64,
+    impatient_backlog: u64,
 }
 
 impl Snapshot {
@@ -468,6 +472,7 @@ impl Snapshot {
             personal_polls: state.personal_polls,
             far_polls: crowd.impatient.memory.load(Ordering::Relaxed),
             impatient_check_ins: crowd.impatient.redis.load(Ordering::Relaxed),
+            impatient_backlog: crowd.impatient.backlog.load(Ordering::Relaxed),
         })
     }
 
@@ -492,6 +497,7 @@ impl Snapshot {
             personal_polls: end.personal_polls - self.personal_polls,
             far_polls: end.far_polls - self.far_polls,
             impatient_check_ins: end.impatient_check_ins - self.impatient_check_ins,
+            impatient_backlog: end.impatient_backlog,
             origin: end.origin.since(&self.origin),
             redis_calls,
             redis_client_commands: end.redis.client_commands - self.redis.client_commands,
