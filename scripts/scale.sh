@@ -108,7 +108,7 @@ postgres_start() {
     as_owner "$PG_BIN/initdb" -D "$dir/data" -U postgres -A trust >"$dir/initdb.log" 2>&1 ||
         die "initdb failed (see $dir/initdb.log)"
     as_owner "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -o \
-        "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200" \
+        "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300" \
         start >/dev/null || die "postgres did not start (see $dir/postgres.log)"
     printf 'postgres %s\n' "$dir/data" >>"$dir/started"
     as_owner "$PG_BIN/createdb" -h 127.0.0.1 -p "$port" -U postgres test

@@ -26,11 +26,13 @@
 # A full run overlaps what waits: the steps mostly wait on timers, PostgreSQL and child
 # processes, not on the cores. After the build, clippy, the chaos seeds with schemathesis
 # (private PostgreSQL and Redis, one gateway on the shared ones), the PgBouncer pass and
-# the Redis Cluster pass (each on a private PostgreSQL) run alongside the tests, each with
-# its log in target/steps/; both tiers run in one nextest run. A failure does not stop the
-# steps after it: every verdict is awaited, the logs of failed steps are printed, and the
-# run fails at the end. The tests on the shared PostgreSQL stay at four at a time: each
-# holds a dozen connections, and more would reach its max_connections (100).
+# the Redis Cluster pass run alongside the tests, each with its log in target/steps/;
+# both tiers run in one nextest run. Each pass has a private PostgreSQL (initdb, fsync
+# off, 300 connections): a test holds a dozen connections or more, and the machine's
+# PostgreSQL (100) would hold four tests at a time, not the main pass's six
+# (MAIN_PASS_THREADS) beside the others' two each. A failure does not stop the steps after
+# it: every verdict is awaited, the logs of failed steps are printed, and the run fails at
+# the end.
 #
 # Tests read DATABASE_URL and REDIS_URL; each test creates its own database from that
 # base URL and uses its own Redis key prefix, so runs do not disturb one another.
@@ -56,6 +58,8 @@ full_run=0
 [[ $# -gt 0 ]] || full_run=1
 
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
+# Tests at once in a full run's main pass, on its private PostgreSQL (max_connections 300).
+MAIN_PASS_THREADS=${MAIN_PASS_THREADS:-6}
 export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 # Private engines (scripts/scale.sh) read this and refuse to install packages.
@@ -91,6 +95,7 @@ print_timings() {
     local status=$?
     stop_clippy
     stop_alongside
+    [[ -z ${main_dir:-} ]] || bash scripts/scale.sh stop "$main_dir" 2>/dev/null
     finish_step
     ((${#step_names[@]})) || return "$status"
     printf '\ntest: step times (%s)\n' "$([[ $status -eq 0 ]] && echo "all passed" || echo "stopped by a failure")" >&2
@@ -500,9 +505,16 @@ else
             alongside "through PgBouncer (transaction pooling): oversell and payment tests" pgbouncer_pass
         fi
         alongside "on a Redis Cluster: waiting-room, sold-out and limit tests" redis_cluster_pass
-        # Both tiers in one run, the slowest tests first (.config/nextest.toml, profile all).
+        # Both tiers in one run, the slowest tests first (.config/nextest.toml, profile all),
+        # on a private PostgreSQL with room for six tests at a time (the machine's allows
+        # four): the pass is mostly tests waiting on timers and child processes.
         begin "both tiers at once: unit, in-process and process-starting tests (profile all)"
-        nextest --profile all -E "$kept" || failed=1
+        main_dir=$(mktemp -d /tmp/flashgate-main-pass.XXXXXX)
+        main_port=$(private_postgres "$main_dir")
+        DATABASE_URL="postgres://postgres@127.0.0.1:${main_port}/test" \
+            nextest --profile all --test-threads "$MAIN_PASS_THREADS" -E "$kept" || failed=1
+        bash scripts/scale.sh stop "$main_dir"
+        main_dir=""
     else
         begin "cargo nextest run --workspace $*"
         nextest -E "$kept" "$@"

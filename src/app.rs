@@ -99,6 +99,7 @@ impl Application {
         telemetry::prometheus();
         record_capacity(&settings);
         crate::waiting_room::challenge::export_zeroes();
+        crate::waiting_room::busy::export_zeroes();
         crate::payments::export_zeroes();
         crate::events::export_zeroes();
         if settings.database.migrate_on_start {

@@ -82,6 +82,13 @@ pub const WAITING_ROOM_PASS_REJECTIONS: &str = "flashgate_waiting_room_pass_reje
 pub const WAITING_ROOM_REVOKED: &str = "flashgate_waiting_room_passes_revoked_total";
 pub const WAITING_ROOM_CHALLENGES: &str = "flashgate_waiting_room_challenges_total";
 pub const WAITING_ROOM_LINE_READS: &str = "flashgate_waiting_room_line_reads_total";
+pub const WAITING_ROOM_LINE_ACTIVE: &str = "flashgate_waiting_room_line_active";
+pub const WAITING_ROOM_LINE_SWITCHES: &str = "flashgate_waiting_room_line_switches_total";
+pub const WAITING_ROOM_JOINED: &str = "flashgate_waiting_room_joined_total";
+pub const WAITING_ROOM_WAIT: &str = "flashgate_waiting_room_wait_seconds";
+pub const WAITING_ROOM_PASSES_EXPIRED_UNUSED: &str =
+    "flashgate_waiting_room_passes_expired_unused_total";
+pub const WAITING_ROOM_ORDERS: &str = "flashgate_waiting_room_orders_total";
 pub const BUILD_INFO: &str = "flashgate_build_info";
 pub const CAPACITY: &str = "flashgate_capacity";
 pub const RESERVATION_TRANSACTION: &str = "flashgate_reservation_transaction_seconds";
@@ -118,6 +125,11 @@ const BATCH_SIZE_BUCKETS: [f64; 16] = [
 
 /// Webhook lag buckets in seconds: providers deliver within seconds, retries within minutes.
 const LAG_BUCKETS_SECONDS: [f64; 10] = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
+
+/// Waiting-room wait buckets in seconds: from a line that barely forms to a two-hour queue.
+const WAIT_BUCKETS_SECONDS: [f64; 14] = [
+    1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 2700.0, 3600.0, 5400.0, 7200.0,
+];
 
 /// The process-wide metrics: the Prometheus exporter's handle and the series it keeps.
 pub struct Metrics {
@@ -202,6 +214,12 @@ pub fn prometheus() -> &'static Metrics {
                 b.set_buckets_for_metric(
                     Matcher::Full(DB_POOL_WAIT.to_owned()),
                     &LATENCY_BUCKETS_SECONDS,
+                )
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full(WAITING_ROOM_WAIT.to_owned()),
+                    &WAIT_BUCKETS_SECONDS,
                 )
             })
             .expect("the histogram buckets are valid")
@@ -463,10 +481,38 @@ fn describe_waiting_room() {
         WAITING_ROOM_CHALLENGES,
         "Proof-of-work solutions checked when joining a line, by outcome."
     );
+    describe_gauge!(
+        WAITING_ROOM_LINE_ACTIVE,
+        "1 while a deal's line queues newcomers, 0 while a when_busy line admits joins at once, as the instance advancing it reports."
+    );
+    describe_counter!(
+        WAITING_ROOM_LINE_SWITCHES,
+        "when_busy lines turned active (arrivals past the outflow) or calm again, by the state switched to."
+    );
     describe_counter!(
         WAITING_ROOM_LINE_READS,
         "Public line-state reads, by where they were answered from: memory or redis."
     );
+    describe_report();
+}
+
+/// What a line did, as its report (`GET /admin/deals/{id}/report`) counts it.
+fn describe_report() {
+    use metrics::{describe_counter, describe_histogram};
+    describe_counter!(
+        WAITING_ROOM_JOINED,
+        "Buyers who took a place in a deal's line (a requeue after an unused pass is not counted again)."
+    );
+    describe_histogram!(
+        WAITING_ROOM_WAIT,
+        metrics::Unit::Seconds,
+        "Time from taking a place in a deal's line to admission, by deal."
+    );
+    describe_counter!(
+        WAITING_ROOM_PASSES_EXPIRED_UNUSED,
+        "Passes that expired without an order and without their session being ended, by deal."
+    );
+    describe_counter!(WAITING_ROOM_ORDERS, "Orders placed with a pass, by deal.");
 }
 
 /// Logs go to stderr, as text or as one JSON object per line (with the fields of the

@@ -36,6 +36,7 @@ use crate::waiting_room::{PassError, VerifiedPass, WaitingRoom};
 use client_ip::ClientIp;
 use global::GlobalLimits;
 use limits::{Limited, RateLimits};
+pub use oidc::ClaimSet;
 use oidc::{Identity, OidcVerifier};
 use soldout::{Flag, SoldOut};
 use token::{TokenError, TokenVerifier, Tokens};
@@ -220,16 +221,23 @@ impl Admission {
 
     /// Verifies the bearer token and applies the per-user limit.
     pub async fn authenticate(&self, authorization: Option<&[u8]>) -> Result<UserId, Rejection> {
-        let user = self
+        Ok(self.authenticate_claims(authorization).await?.0)
+    }
+
+    /// `authenticate`, with the token's claims for a rule that reads one.
+    pub async fn authenticate_claims(
+        &self,
+        authorization: Option<&[u8]>,
+    ) -> Result<(UserId, ClaimSet), Rejection> {
+        let identity = self
             .tokens
             .verify(authorization)
             .await
-            .map_err(|e| counted(e.into()))?
-            .user;
+            .map_err(|e| counted(e.into()))?;
         self.limits
-            .check_user(user.as_str())
+            .check_user(identity.user.as_str())
             .map_err(|l| counted(Rejection::RateLimited(l)))?;
-        Ok(user)
+        Ok((identity.user, identity.claims))
     }
 
     /// The rest of the pipeline for placing an order, after the per-IP check and the

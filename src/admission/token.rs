@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
-use super::oidc::{Identity, OidcVerifier};
+use super::oidc::{ClaimSet, Identity, OidcVerifier};
 pub use super::token_error::TokenError;
 use crate::clock::Clock;
 use crate::domain::UserId;
@@ -34,6 +34,9 @@ struct Claims {
     iat: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     nbf: Option<i64>,
+    /// The token's other claims, which a waiting room's invitation may read.
+    #[serde(flatten)]
+    other: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Who signs user tokens and for whom; both must match for a token to be accepted.
@@ -102,6 +105,11 @@ impl TokenVerifier {
 
     /// Verifies a bearer token.
     pub fn verify_token(&self, token: &[u8]) -> Result<UserId, TokenError> {
+        self.verify_claims(token).map(|(user, _)| user)
+    }
+
+    /// Verifies a bearer token; its user and its claims besides the registered ones.
+    pub fn verify_claims(&self, token: &[u8]) -> Result<(UserId, ClaimSet), TokenError> {
         let claims = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)
             .map_err(|_| TokenError::Invalid)?
             .claims;
@@ -115,7 +123,9 @@ impl TokenVerifier {
         {
             return Err(TokenError::Invalid);
         }
-        UserId::parse(&claims.sub, self.user_id_bytes_max).map_err(|_| TokenError::Invalid)
+        let user =
+            UserId::parse(&claims.sub, self.user_id_bytes_max).map_err(|_| TokenError::Invalid)?;
+        Ok((user, ClaimSet::new(claims.other)))
     }
 }
 
@@ -173,8 +183,12 @@ impl Tokens {
 
     fn shared_identity(&self, token: &[u8]) -> Result<Identity, TokenError> {
         self.shared
-            .verify_token(token)
-            .map(|user| Identity { user, admin: false })
+            .verify_claims(token)
+            .map(|(user, claims)| Identity {
+                user,
+                admin: false,
+                claims,
+            })
     }
 }
 
@@ -263,6 +277,28 @@ pub fn mint_token_at(secret: &str, user_id: &str, ttl_seconds: i64, at: DateTime
     issue(secret, Audience::DEFAULT, user_id, ttl_seconds, at)
 }
 
+/// Mints a token for `user_id` valid for an hour that carries `other` claims besides the
+/// registered ones (a waiting room's invitation reads them).
+pub fn mint_token_with_claims(
+    secret: &str,
+    user_id: &str,
+    other: serde_json::Map<String, serde_json::Value>,
+) -> String {
+    let now = Clock::system().now().timestamp();
+    sign(
+        secret,
+        &Claims {
+            sub: user_id.to_owned(),
+            exp: now + 3600,
+            iss: DEFAULT_ISSUER.to_owned(),
+            aud: DEFAULT_AUDIENCE.to_owned(),
+            iat: Some(now),
+            nbf: Some(now),
+            other,
+        },
+    )
+}
+
 fn issue(
     secret: &str,
     expected: Audience<'_>,
@@ -280,6 +316,7 @@ fn issue(
             aud: expected.audience.to_owned(),
             iat: Some(now),
             nbf: Some(now),
+            other: serde_json::Map::new(),
         },
     )
 }
@@ -317,7 +354,21 @@ mod tests {
             aud: aud.into(),
             iat: None,
             nbf: Some(now + nbf_in_seconds),
+            other: serde_json::Map::new(),
         }
+    }
+
+    #[test]
+    fn the_other_claims_are_read_with_the_user() {
+        let mut with_tier = claims(DEFAULT_ISSUER, DEFAULT_AUDIENCE, -1);
+        with_tier.other.insert("tier".into(), "gold".into());
+        let verifier = TokenVerifier::new(SECRET, Audience::DEFAULT, 0, 64, Clock::system());
+        let (user, other) = verifier
+            .verify_claims(sign(SECRET, &with_tier).as_bytes())
+            .expect("a valid token");
+        assert_eq!(user.as_str(), "alice");
+        assert_eq!(other.get("tier"), Some(&serde_json::Value::from("gold")));
+        assert!(!other.contains_key("sub"));
     }
 
     #[test]

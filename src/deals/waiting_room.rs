@@ -49,6 +49,88 @@ impl TryFrom<String> for AdmissionMode {
     }
 }
 
+/// Longest invitation claim name, and longest value, in bytes.
+pub const INVITATION_CLAIM_BYTES_MAX: usize = 100;
+/// Most values an invitation claim may hold.
+pub const INVITATION_VALUES_MAX: usize = 100;
+
+/// Who may join the line: buyers whose token claim `claim` holds one of `values`, and
+/// (with `codes`) buyers who redeem an access code issued for the deal. Either suffices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Invitation {
+    /// The token claim read (an HS256 token's or the provider's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
+    /// The claim's accepted values; a claim holding a list needs one of them in it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
+    /// Access codes (`POST /admin/deals/{id}/access-codes`) let their redeemers in.
+    #[serde(default)]
+    pub codes: bool,
+}
+
+impl Invitation {
+    fn validate(&self) -> Result<(), String> {
+        let bounded = |text: &str| (1..=INVITATION_CLAIM_BYTES_MAX).contains(&text.len());
+        match &self.claim {
+            None if !self.values.is_empty() => {
+                Err("waiting_room.invitation.values needs a claim".into())
+            }
+            None if !self.codes => {
+                Err("waiting_room.invitation needs a claim with values, or codes: true".into())
+            }
+            Some(claim)
+                if !bounded(claim)
+                    || self.values.is_empty()
+                    || self.values.len() > INVITATION_VALUES_MAX
+                    || !self.values.iter().all(|v| bounded(v)) =>
+            {
+                Err("waiting_room.invitation takes a claim of 1-100 bytes with 1-100 values of 1-100 bytes".into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// When the line is in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// Every buyer takes a ticket and waits for the advancer.
+    #[default]
+    Always,
+    /// While arrivals stay below the outflow and passes below `max_active`, a join is
+    /// admitted at once; once they go past it, buyers queue until the line is empty and
+    /// calm again (`waiting_room.when_busy_calm_seconds`).
+    WhenBusy,
+}
+
+impl Activation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Activation::Always => "always",
+            Activation::WhenBusy => "when_busy",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "always" => Some(Activation::Always),
+            "when_busy" => Some(Activation::WhenBusy),
+            _ => None,
+        }
+    }
+}
+
+impl TryFrom<String> for Activation {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        Self::parse(&text).ok_or_else(|| format!("unknown activation {text}"))
+    }
+}
+
 /// How the line's outflow is set; stored in `wr_admission_mode`, `wr_min_per_second`,
 /// `wr_max_per_second` and `wr_target_p99_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::FromRow)]
@@ -130,6 +212,17 @@ pub struct WaitingRoomTerms {
     /// Who sets the outflow: the operator's `admit_per_second`, or the measured health.
     #[sqlx(flatten)]
     pub admission: AdmissionTerms,
+    /// `always` queues every buyer; `when_busy` admits at once while the line is calm.
+    #[sqlx(rename = "wr_activation", try_from = "String")]
+    pub activation: Activation,
+    /// Who may join; everyone when absent.
+    #[sqlx(rename = "wr_invitation", json(nullable))]
+    pub invitation: Option<Invitation>,
+    /// The deal's own waiting page (`page_template`), in place of the standard one; read
+    /// only where the page is served (a query without the column leaves it out).
+    #[sqlx(rename = "wr_page_template", default)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub page_template: Option<String>,
 }
 
 impl Default for WaitingRoomTerms {
@@ -144,6 +237,9 @@ impl Default for WaitingRoomTerms {
             pow_bits: 0,
             checkout_url: None,
             admission: AdmissionTerms::default(),
+            activation: Activation::Always,
+            invitation: None,
+            page_template: None,
         }
     }
 }
@@ -151,6 +247,10 @@ impl Default for WaitingRoomTerms {
 impl WaitingRoomTerms {
     pub fn is_random(&self) -> bool {
         self.queue_order == "random"
+    }
+
+    pub fn when_busy(&self) -> bool {
+        self.activation == Activation::WhenBusy
     }
 
     /// Checks the bounds; the message names the offending field.
@@ -180,6 +280,12 @@ impl WaitingRoomTerms {
                 "waiting_room.checkout_url must be an http(s) URL of at most 2000 characters"
                     .into(),
             );
+        }
+        if let Some(invitation) = &self.invitation {
+            invitation.validate()?;
+        }
+        if let Some(template) = &self.page_template {
+            super::page_template::parse(template)?;
         }
         self.admission.validate()
     }

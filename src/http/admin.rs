@@ -15,12 +15,15 @@ use super::body::{self, Caching};
 use super::guard::{record, require_admin};
 use super::problem::Problem;
 use crate::deals::{
-    self, AdmissionMode, AdmissionTerms, Deal, NewDeal, PaymentTerms, WaitingRoomTerms,
+    self, Activation, AdmissionMode, AdmissionTerms, Deal, Invitation, NewDeal, PaymentTerms,
+    WaitingRoomTerms,
 };
 use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};
 use crate::inventory;
 use crate::operators::Operator;
 use crate::telemetry;
+use crate::waiting_room::report::ReportError;
+use crate::waiting_room::{LineStatus, access_codes};
 use serde_json::json;
 
 type Reply = Result<Response<Full<Bytes>>, Problem>;
@@ -140,10 +143,19 @@ struct AdminWaitingRoom<'a> {
     /// The rate the line admits at: as last published by the advancer, or before its first
     /// step the rate it starts at (`admit_per_second`, or an adaptive line's minimum).
     outflow_per_second: f64,
+    /// True while newcomers queue; false while a `when_busy` line admits joins at once.
+    /// Absent when the line cannot be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    line_active: Option<bool>,
+    /// An invitation-only line's access codes issued and redeemed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    access_codes: Option<access_codes::CodeCounts>,
 }
 
 impl<'a> AdminWaitingRoom<'a> {
-    fn new(terms: &'a deals::WaitingRoomTerms, published: Option<f64>) -> Self {
+    fn new(terms: &'a deals::WaitingRoomTerms, line: Option<&LineStatus>) -> Self {
+        let published = line.and_then(|line| line.outflow_per_second);
+        let line_active = line.map(|line| !terms.when_busy() || line.busy);
         let admission = &terms.admission;
         let start = if admission.is_adaptive() {
             admission.min_per_second
@@ -154,13 +166,15 @@ impl<'a> AdminWaitingRoom<'a> {
             terms,
             mode: admission.mode.as_str(),
             outflow_per_second: super::queue::round_rate(published.unwrap_or(f64::from(start))),
+            line_active,
+            access_codes: None,
         }
     }
 }
 
 impl<'a> AdminDealView<'a> {
-    /// The view of `deal`; `outflow` is its line's published outflow, when known.
-    pub(super) fn new(deal: &'a Deal, outflow: Option<f64>, now: DateTime<Utc>) -> Self {
+    /// The view of `deal`; `line` is its line as last read, when known.
+    pub(super) fn new(deal: &'a Deal, line: Option<&LineStatus>, now: DateTime<Utc>) -> Self {
         Self {
             id: &deal.id,
             name: &deal.name,
@@ -174,19 +188,19 @@ impl<'a> AdminDealView<'a> {
             starts_at: deal.starts_at,
             ends_at: deal.ends_at,
             paused: deal.paused,
-            waiting_room: AdminWaitingRoom::new(&deal.waiting_room, outflow),
+            waiting_room: AdminWaitingRoom::new(&deal.waiting_room, line),
         }
     }
 }
 
-/// The outflow the deal's line last published; `None` without a waiting room, before the
-/// advancer's first step, or when Redis does not answer.
-pub(super) async fn published_outflow(state: &State, deal: &Deal) -> Option<f64> {
+/// The deal's line as last read; `None` without a waiting room or when Redis does not
+/// answer.
+pub(super) async fn published_line(state: &State, deal: &Deal) -> Option<LineStatus> {
     if !deal.waiting_room.enabled {
         return None;
     }
     let room = state.admission.waiting_room();
-    room.line(&deal.id).await.ok()?.outflow_per_second
+    room.line(&deal.id).await.ok()
 }
 
 /// `GET /admin/deals/{id}`: the deal as operators see it, with its line's outflow now.
@@ -199,14 +213,45 @@ pub async fn deal<B>(state: &State, request: &Request<B>, raw_id: &str) -> Reply
     deal_reply(state, &deal).await
 }
 
+/// `GET /admin/deals/{id}/report`: what the deal's line did (joins, waits, abandons, passes
+/// expired unused) and what its admitted buyers did (orders, payments).
+pub async fn report<B>(state: &State, request: &Request<B>, raw_id: &str) -> Reply {
+    require_admin(state, request).await?;
+    let id = DealId::parse(raw_id).map_err(|_| Problem::not_found("no such deal"))?;
+    let deal = deals::load(&state.pools.admin, id.as_str())
+        .await?
+        .ok_or_else(|| Problem::not_found("no such deal"))?;
+    if !deal.waiting_room.enabled {
+        return Err(Problem::not_found("the deal has no waiting room"));
+    }
+    let room = state.admission.waiting_room();
+    let report = room.report(&state.pools.admin, &deal.id).await?;
+    Ok(body::respond(StatusCode::OK, &report, Caching::Private))
+}
+
+impl From<ReportError> for Problem {
+    fn from(error: ReportError) -> Self {
+        match error {
+            ReportError::Queue(error) => error.into(),
+            ReportError::Store(error) => error.into(),
+        }
+    }
+}
+
 /// A deal as the admin answers show it (200), with its line's outflow now.
 pub(super) async fn deal_reply(state: &State, deal: &Deal) -> Reply {
-    let outflow = published_outflow(state, deal).await;
-    Ok(body::respond(
-        StatusCode::OK,
-        &AdminDealView::new(deal, outflow, state.clock.now()),
-        Caching::Private,
-    ))
+    let line = published_line(state, deal).await;
+    let mut view = AdminDealView::new(deal, line.as_ref(), state.clock.now());
+    if deal
+        .waiting_room
+        .invitation
+        .as_ref()
+        .is_some_and(|i| i.codes)
+    {
+        let counts = access_codes::counts(&state.pools.admin, &deal.id).await?;
+        view.waiting_room.access_codes = Some(counts);
+    }
+    Ok(body::respond(StatusCode::OK, &view, Caching::Private))
 }
 
 #[derive(Deserialize)]
@@ -241,6 +286,36 @@ pub async fn set_admission(state: &State, request: Request<Incoming>, raw_id: &s
         json!({"mode": mode.as_str(), "admit_per_second": deal.waiting_room.admit_per_second});
     record(state, &operator, "deal.admission_set", &deal.id, detail).await;
     deal_reply(state, &deal).await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IssueCodes {
+    #[serde(deserialize_with = "super::integer::exact")]
+    count: i64,
+}
+
+/// `POST /admin/deals/{id}/access-codes`: issues access codes for an invitation-only line,
+/// shown this once (only their digests are kept).
+pub async fn issue_access_codes(state: &State, request: Request<Incoming>, raw_id: &str) -> Reply {
+    let (operator, asked): (_, IssueCodes) = admin_json(state, request).await?;
+    let id = DealId::parse(raw_id).map_err(|_| Problem::not_found("no such deal"))?;
+    let max = state.settings.waiting_room.access_codes_per_request_max;
+    let issued = access_codes::issue_for(&state.pools.admin, id.as_str(), asked.count, max).await?;
+    let detail = json!({"count": issued.codes.len()});
+    record(
+        state,
+        &operator,
+        "deal.access_codes_issued",
+        id.as_str(),
+        detail,
+    )
+    .await;
+    Ok(body::respond(
+        StatusCode::CREATED,
+        &issued,
+        Caching::Private,
+    ))
 }
 
 /// Who sent an authorised admin request, and its JSON body.
@@ -428,6 +503,12 @@ struct WaitingRoomInput {
     checkout_url: Option<String>,
     #[serde(default)]
     admission: Option<AdmissionInput>,
+    #[serde(default)]
+    activation: Option<Activation>,
+    #[serde(default)]
+    invitation: Option<Invitation>,
+    #[serde(default)]
+    page_template: Option<String>,
 }
 
 /// The `admission` object of a deal's `waiting_room`; without it the line is `fixed`.
@@ -469,9 +550,12 @@ impl WaitingRoomInput {
             prequeue_opens_at: self.prequeue_opens_at,
             pow_bits: self.pow_bits.unwrap_or(defaults.pow_bits),
             checkout_url: self.checkout_url,
+            activation: self.activation.unwrap_or_default(),
+            invitation: self.invitation,
             admission: self
                 .admission
                 .map_or(defaults.admission, AdmissionInput::into_terms),
+            page_template: self.page_template,
         }
     }
 }

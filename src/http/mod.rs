@@ -17,6 +17,7 @@ mod front;
 mod guard;
 mod http1;
 mod integer;
+mod join_body;
 mod operator_log;
 mod ops;
 mod payments;

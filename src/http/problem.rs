@@ -27,6 +27,8 @@ use crate::payments::provider::WebhookError;
 use crate::payments::webhook::WebhookRejection;
 use crate::sale::SaleError;
 use crate::store::StoreError;
+use crate::waiting_room::access_codes::IssueError;
+use crate::waiting_room::invitation::InvitationError;
 
 const TYPE_BASE: &str = "https://flashgate.dev/problems/";
 
@@ -47,6 +49,9 @@ pub enum Kind {
     ReservationExpired,
     PaymentAttemptsExhausted,
     ChallengeRequired,
+    InvitationRequired,
+    AccessCodeInvalid,
+    AccessCodeUsed,
     MethodNotAllowed,
     OrderNotPending,
     PayloadTooLarge,
@@ -71,6 +76,9 @@ impl Kind {
                 ("payment-attempts-exhausted", "Too many payment attempts")
             }
             Kind::ChallengeRequired => ("challenge-required", "Proof of work required"),
+            Kind::InvitationRequired => ("invitation-required", "Invitation required"),
+            Kind::AccessCodeInvalid => ("access-code-invalid", "Access code invalid"),
+            Kind::AccessCodeUsed => ("access-code-used", "Access code already used"),
             Kind::MethodNotAllowed => ("method-not-allowed", "Method not allowed"),
             Kind::OrderNotPending => ("order-not-pending", "Order not pending"),
             Kind::PayloadTooLarge => ("payload-too-large", "Payload too large"),
@@ -262,6 +270,28 @@ impl From<StoreError> for Problem {
                 tracing::error!(%error, "database error");
                 Problem::overloaded("temporarily unable to serve this request; retry shortly")
             }
+        }
+    }
+}
+
+impl From<InvitationError> for Problem {
+    fn from(error: InvitationError) -> Self {
+        let (kind, status) = match error {
+            InvitationError::Store(error) => return error.into(),
+            InvitationError::Required => (Kind::InvitationRequired, StatusCode::FORBIDDEN),
+            InvitationError::CodeInvalid => (Kind::AccessCodeInvalid, StatusCode::FORBIDDEN),
+            InvitationError::CodeUsed => (Kind::AccessCodeUsed, StatusCode::CONFLICT),
+        };
+        Problem::new(kind, status, error.to_string())
+    }
+}
+
+impl From<IssueError> for Problem {
+    fn from(error: IssueError) -> Self {
+        match error {
+            IssueError::Store(error) => error.into(),
+            IssueError::NotFound => Problem::not_found("no such deal"),
+            IssueError::Count(_) | IssueError::NoCodes => Problem::invalid(error.to_string()),
         }
     }
 }

@@ -30,7 +30,8 @@ use super::problem::Problem;
 use crate::deals::{Deal, WaitingRoomTerms, Window};
 use crate::domain::{DealId, UserId};
 use crate::waiting_room::follow::{self, Far};
-use crate::waiting_room::{Position, QueueError, TicketState, TicketStatus};
+use crate::waiting_room::invitation;
+use crate::waiting_room::{Position, Proof, QueueError, TicketState, TicketStatus};
 
 type Reply = Result<Response<Full<Bytes>>, Problem>;
 
@@ -154,10 +155,13 @@ async fn user<B>(state: &State, peer: SocketAddr, request: &Request<B>) -> Resul
 pub async fn join(
     state: &State,
     peer: SocketAddr,
-    request: &Request<Incoming>,
+    request: Request<Incoming>,
     raw_id: &str,
 ) -> Reply {
-    let user = user(state, peer, request).await?;
+    check_ip(state, peer, request.headers())?;
+    let authorization = request.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
+    let (user, claims) = state.admission.authenticate_claims(authorization).await?;
+    crate::telemetry::record_user(&user);
     let deal = deal_with_room(state, raw_id).await?;
     let now = state.clock.now();
     if deal.window(now) == Window::Ended {
@@ -167,9 +171,17 @@ pub async fn join(
         return Err(sale_not_open("the waiting room is not open yet"));
     }
     let room = state.admission.waiting_room();
-    let solution = header(request, POW_HEADER);
-    let position = position_header(request)?;
-    let status = room.join(&deal, user.as_str(), solution, position).await?;
+    let solution = header(&request, POW_HEADER).map(<[u8]>::to_vec);
+    let position = position_header(&request)?.map(<[u8]>::to_vec);
+    let code = super::join_body::access_code(state, &deal, request).await?;
+    let pool = &state.pools.request;
+    invitation::check(pool, &deal, user.as_str(), &claims, code.as_deref()).await?;
+    let proof = Proof {
+        solution: solution.as_deref(),
+        position: position.as_deref(),
+    };
+    let sold_out = state.admission.sold_out().is_sold_out(&deal.id);
+    let status = room.join(&deal, user.as_str(), proof, sold_out).await?;
     Ok(ticket_reply(
         state,
         &deal,

@@ -362,7 +362,7 @@ async fn dispatch(
             let deal_id = public::check_order(state, peer, request.headers(), id)?;
             Box::pin(public::place_admissible(state, request, deal_id)).await
         }
-        Route::JoinQueue(id) => Box::pin(queue::join(state, peer, &request, id)).await,
+        Route::JoinQueue(id) => Box::pin(queue::join(state, peer, request, id)).await,
         Route::QueueStatus(id) => Box::pin(queue::line(state, peer, &request, id)).await,
         Route::PollTicket(id, ticket) => {
             Box::pin(queue::poll(state, peer, &request, id, ticket)).await
@@ -378,7 +378,11 @@ async fn dispatch(
         Route::Inventory(id) => Box::pin(admin::inventory(state, &request, id)).await,
         Route::PauseDeal(id) => Box::pin(ops::set_paused(state, &request, id, true)).await,
         Route::AdminDeal(id) => Box::pin(admin::deal(state, &request, id)).await,
+        Route::DealReport(id) => Box::pin(admin::report(state, &request, id)).await,
         Route::SetAdmission(id) => Box::pin(admin::set_admission(state, request, id)).await,
+        Route::IssueAccessCodes(id) => {
+            Box::pin(admin::issue_access_codes(state, request, id)).await
+        }
         Route::ResumeDeal(id) => Box::pin(ops::set_paused(state, &request, id, false)).await,
         Route::Rebalance(id) => Box::pin(ops::rebalance(state, request, id)).await,
         Route::Audit => Box::pin(ops::audit(state, &request)).await,
@@ -388,7 +392,7 @@ async fn dispatch(
         Route::PassKeys => queue::keys(state),
         Route::RevokedPasses => Ok(revoked_feed::feed(state)),
         Route::RevokeQueue(id) => Box::pin(queue::revoke(state, request, id)).await,
-        Route::WaitPage(id) => wait_page::page(state, id),
+        Route::WaitPage(id) => Box::pin(wait_page::page(state, &request, id)).await,
         Route::ReviewQueue => Box::pin(review::list(state, &request)).await,
         Route::ReviewFulfil(id) => Box::pin(review::fulfil(state, &request, id)).await,
         Route::ReviewRefund(id) => Box::pin(review::refund(state, &request, id)).await,

@@ -35,7 +35,9 @@ pub enum Route<'a> {
     Inventory(&'a str),
     PauseDeal(&'a str),
     AdminDeal(&'a str),
+    DealReport(&'a str),
     SetAdmission(&'a str),
+    IssueAccessCodes(&'a str),
     ResumeDeal(&'a str),
     Rebalance(&'a str),
     Audit,
@@ -166,10 +168,20 @@ impl<'a> Route<'a> {
                 Route::Inventory(id),
             ),
             ["admin", "deals", id] => ("/admin/deals/{id}", "GET, HEAD", Route::AdminDeal(id)),
+            ["admin", "deals", id, "report"] => (
+                "/admin/deals/{id}/report",
+                "GET, HEAD",
+                Route::DealReport(id),
+            ),
             ["admin", "deals", id, "admission"] => (
                 "/admin/deals/{id}/admission",
                 "POST",
                 Route::SetAdmission(id),
+            ),
+            ["admin", "deals", id, "access-codes"] => (
+                "/admin/deals/{id}/access-codes",
+                "POST",
+                Route::IssueAccessCodes(id),
             ),
             ["admin", "deals", id, "pause"] => {
                 ("/admin/deals/{id}/pause", "POST", Route::PauseDeal(id))
@@ -230,7 +242,9 @@ impl<'a> Route<'a> {
             | Route::Inventory(id)
             | Route::PauseDeal(id)
             | Route::AdminDeal(id)
+            | Route::DealReport(id)
             | Route::SetAdmission(id)
+            | Route::IssueAccessCodes(id)
             | Route::ResumeDeal(id)
             | Route::Rebalance(id)
             | Route::QueueChallenge(id)
@@ -259,7 +273,9 @@ impl<'a> Route<'a> {
             Route::Inventory(_) => "/admin/deals/{id}/inventory",
             Route::PauseDeal(_) => "/admin/deals/{id}/pause",
             Route::AdminDeal(_) => "/admin/deals/{id}",
+            Route::DealReport(_) => "/admin/deals/{id}/report",
             Route::SetAdmission(_) => "/admin/deals/{id}/admission",
+            Route::IssueAccessCodes(_) => "/admin/deals/{id}/access-codes",
             Route::ResumeDeal(_) => "/admin/deals/{id}/resume",
             Route::Rebalance(_) => "/admin/deals/{id}/rebalance",
             Route::Audit => "/admin/audit",

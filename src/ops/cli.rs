@@ -8,11 +8,10 @@ use clap::{Subcommand, ValueEnum};
 use serde::Serialize;
 use sqlx::PgPool;
 
+use super::room_args::WaitingRoomArgs;
 use super::{admission, audit, pause, rebalance};
 use crate::clock::Clock;
-use crate::deals::{
-    self, AdmissionMode, AdmissionTerms, Deal, NewDeal, PaymentTerms, WaitingRoomTerms,
-};
+use crate::deals::{self, AdmissionMode, Deal, NewDeal, PaymentTerms};
 use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};
 use crate::inventory;
 use crate::operators::{self, Change, Operator};
@@ -76,6 +75,15 @@ pub enum DealsCommand {
         /// The deal's id.
         id: String,
     },
+    /// What the deal's waiting room did: joins, waits, abandons, passes expired unused, and
+    /// how many admitted buyers ordered and paid. Needs Redis.
+    Report {
+        /// The deal's id.
+        id: String,
+        /// Print the JSON of `GET /admin/deals/{id}/report` instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Set who drives the deal's waiting-room outflow: `fixed` takes manual control at the
     /// line's current outflow (or `--admit-per-second`), `adaptive` hands it back to the
     /// loop. Needs Redis to read the current outflow.
@@ -88,6 +96,15 @@ pub enum DealsCommand {
         /// Fixed: the rate to admit at, instead of the current outflow.
         #[arg(long, value_name = "N")]
         admit_per_second: Option<i32>,
+    },
+    /// Issue access codes for an invitation-only line; printed this once (only their
+    /// SHA-256 digests are kept), with the deal's codes issued and redeemed.
+    AccessCodes {
+        /// The deal's id.
+        id: String,
+        /// How many (at most `waiting_room.access_codes_per_request_max`).
+        #[arg(long)]
+        count: i64,
     },
 }
 
@@ -134,79 +151,6 @@ pub struct CreateArgs {
     capture_method: Option<CaptureMethod>,
     #[command(flatten)]
     waiting_room: WaitingRoomArgs,
-}
-
-/// The deal's waiting room; the tuning options need `--waiting-room`.
-#[derive(Debug, clap::Args)]
-struct WaitingRoomArgs {
-    /// Buyers queue for a pass before ordering (tuned by the options below).
-    #[arg(long)]
-    waiting_room: bool,
-    /// Tickets admitted per second, at most.
-    #[arg(long, requires = "waiting_room", value_name = "N")]
-    admit_per_second: Option<i32>,
-    /// Passes that may be in use at once; admission pauses while this many are out.
-    #[arg(long, requires = "waiting_room", value_name = "N")]
-    max_active: Option<i32>,
-    /// How long a pass may be used to order.
-    #[arg(long, requires = "waiting_room", value_name = "SECONDS")]
-    pass_ttl_seconds: Option<i32>,
-    /// `fifo`, or `random`: tickets taken before the sale opens are shuffled at opening.
-    #[arg(long, requires = "waiting_room", value_parser = ["fifo", "random"])]
-    queue_order: Option<String>,
-    /// RFC 3339: when tickets may first be taken; from `--starts-at` when left out.
-    #[arg(long, requires = "waiting_room", value_name = "TIME")]
-    prequeue_opens_at: Option<DateTime<Utc>>,
-    /// Leading zero bits of the proof of work asked when joining (0: none).
-    #[arg(long, requires = "waiting_room", value_name = "BITS")]
-    pow_bits: Option<i32>,
-    /// Where the waiting page sends an admitted buyer, with the pass in the fragment.
-    #[arg(long, requires = "waiting_room", value_name = "URL")]
-    checkout_url: Option<String>,
-    /// `fixed` (admit `--admit-per-second`) or `adaptive` (follow the measured health).
-    #[arg(long, requires = "waiting_room", value_parser = ["fixed", "adaptive"])]
-    admission: Option<String>,
-    /// Adaptive: the outflow never goes below this.
-    #[arg(long, requires = "waiting_room", value_name = "N")]
-    min_per_second: Option<i32>,
-    /// Adaptive: the outflow never goes above this.
-    #[arg(long, requires = "waiting_room", value_name = "N")]
-    max_per_second: Option<i32>,
-    /// Adaptive: the admitted buyers' order p99 above which the outflow is cut.
-    #[arg(long, requires = "waiting_room", value_name = "MS")]
-    target_p99_ms: Option<i32>,
-}
-
-impl WaitingRoomArgs {
-    fn into_terms(self) -> WaitingRoomTerms {
-        let defaults = WaitingRoomTerms::default();
-        WaitingRoomTerms {
-            enabled: self.waiting_room,
-            admit_per_second: self.admit_per_second.unwrap_or(defaults.admit_per_second),
-            max_active: self.max_active.unwrap_or(defaults.max_active),
-            pass_ttl_seconds: self.pass_ttl_seconds.unwrap_or(defaults.pass_ttl_seconds),
-            queue_order: self.queue_order.unwrap_or(defaults.queue_order),
-            prequeue_opens_at: self.prequeue_opens_at,
-            pow_bits: self.pow_bits.unwrap_or(defaults.pow_bits),
-            checkout_url: self.checkout_url,
-            admission: AdmissionTerms {
-                mode: self
-                    .admission
-                    .as_deref()
-                    .and_then(AdmissionMode::parse)
-                    .unwrap_or_default(),
-                min_per_second: self
-                    .min_per_second
-                    .unwrap_or(defaults.admission.min_per_second),
-                max_per_second: self
-                    .max_per_second
-                    .unwrap_or(defaults.admission.max_per_second),
-                target_p99_ms: self
-                    .target_p99_ms
-                    .unwrap_or(defaults.admission.target_p99_ms),
-            },
-        }
-    }
 }
 
 impl CreateArgs {
@@ -290,7 +234,9 @@ pub async fn deals(settings: &CliSettings, command: DealsCommand) -> Result<(), 
 fn change_of(command: &DealsCommand) -> Option<(&'static str, String, serde_json::Value)> {
     use serde_json::json;
     let (action, id, detail) = match command {
-        DealsCommand::List | DealsCommand::Show { .. } => return None,
+        DealsCommand::List | DealsCommand::Show { .. } | DealsCommand::Report { .. } => {
+            return None;
+        }
         DealsCommand::Create(args) => (
             "deal.created",
             &args.id,
@@ -300,6 +246,9 @@ fn change_of(command: &DealsCommand) -> Option<(&'static str, String, serde_json
         DealsCommand::Pause { id } => ("deal.paused", id, json!({})),
         DealsCommand::Resume { id } => ("deal.resumed", id, json!({})),
         DealsCommand::DrainQueue { id } => ("queue.drained", id, json!({})),
+        DealsCommand::AccessCodes { id, count } => {
+            ("deal.access_codes_issued", id, json!({"count": count}))
+        }
         DealsCommand::Admission {
             id,
             mode,
@@ -384,6 +333,14 @@ async fn run_deals(
         DealsCommand::Pause { id } => set_paused(pool, &id, true).await,
         DealsCommand::Resume { id } => set_paused(pool, &id, false).await,
         DealsCommand::DrainQueue { id } => drain_queue(settings, pool, &id).await,
+        DealsCommand::AccessCodes { id, count } => {
+            let max = settings.waiting_room.access_codes_per_request_max;
+            let issued = crate::waiting_room::access_codes::issue_for(pool, &id, count, max)
+                .await
+                .map_err(|e| e.to_string())?;
+            print(&issued)
+        }
+        DealsCommand::Report { id, json } => super::report::run(settings, pool, &id, json).await,
         DealsCommand::Admission {
             id,
             mode,

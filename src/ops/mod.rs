@@ -7,6 +7,7 @@
 //!   periodic audit task.
 //! - [`cli`]: the `flashgate deals …` and `flashgate check` subcommands; [`events_cli`]:
 //!   `flashgate events …` and `flashgate event-endpoints …`.
+//! - [`report`]: `flashgate deals report`, the line's report as a table or as JSON.
 //! - [`output`]: how every command writes to stdout, safe in a pipe closed early.
 //!
 //! Everything here talks to PostgreSQL (and Redis for the sold-out flag) directly, so the
@@ -19,6 +20,8 @@ pub mod events_cli;
 pub mod output;
 pub mod pause;
 pub mod rebalance;
+pub mod report;
+mod room_args;
 mod settings;
 pub mod stock;
 

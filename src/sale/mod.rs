@@ -26,6 +26,7 @@ use crate::payments::webhook::Received;
 use crate::store::Pools;
 use crate::telemetry::trace;
 use crate::waiting_room::health::Served;
+use crate::waiting_room::report;
 
 pub use error::SaleError;
 
@@ -151,11 +152,26 @@ impl Sale {
         let pass = admitted.pass.clone();
         let placed = self.orders.place(admitted, key).await?;
         if let Some(pass) = pass.as_ref().filter(|_| !placed.replayed) {
+            // Independent: the slot frees in Redis while PostgreSQL records the order.
             let room = self.admission.waiting_room();
-            Box::pin(room.release(&placed.order.deal_id, &pass.pass_id)).await;
+            let release = Box::pin(room.release(&placed.order.deal_id, &pass.pass_id));
+            tokio::join!(
+                release,
+                self.record_pass_order(&placed.order, &pass.pass_id)
+            );
         }
         let attempt = Box::pin(self.payment_of_placed(&placed.order)).await;
         Ok(self.outcome(placed.order, attempt, placed.replayed))
+    }
+
+    /// Notes the order as placed with a pass, for the deal's report. The order is committed
+    /// by now, so a failure is logged, not answered: the report then counts one buyer fewer.
+    async fn record_pass_order(&self, order: &Order, pass_id: &str) {
+        let (deal, user) = (&order.deal_id, &order.user_id);
+        let recorded = report::record_order(self.pool(), order.id, deal, user, pass_id);
+        if let Err(error) = recorded.await {
+            tracing::warn!(%error, order = %order.id, "order with a pass not recorded for the report");
+        }
     }
 
     /// The payment block of an order just placed or replayed. The order is committed by

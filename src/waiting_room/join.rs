@@ -8,17 +8,26 @@
 use redis::Value;
 
 use super::{
-    Challenge, ChallengeError, QueueError, TicketState, TicketStatus, WaitingRoom, advancer,
+    Challenge, ChallengeError, QueueError, TicketState, TicketStatus, WaitingRoom, advancer, busy,
     challenge, parse_status, shuffle,
 };
-use crate::deals::Deal;
+use crate::deals::{Deal, Window};
 use crate::telemetry;
+
+/// What a join shows: the proof of work a new place costs, the signed position a returning
+/// buyer shows instead.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Proof<'a> {
+    pub solution: Option<&'a [u8]>,
+    pub position: Option<&'a [u8]>,
+}
 
 /// What a join may do with the user's ticket.
 #[derive(Debug, Clone, Copy)]
 enum Take<'a> {
-    /// Issue one if the user holds none (or its pass ran out unused).
-    Issue,
+    /// Issue one if the user holds none (or its pass ran out unused); `sold_out` as the
+    /// sold-out mirror says.
+    Issue { sold_out: bool },
     /// Only return the one the user holds, and only if it is this ticket (empty: any).
     Held(&'a str),
 }
@@ -30,13 +39,19 @@ impl WaitingRoom {
     /// answer gave it (a proof of work buys a place, and joining again takes none). Both
     /// are checked in memory before anything touches Redis, so a join with a wrong, missing
     /// or forged proof costs Redis nothing.
+    ///
+    /// A `when_busy` deal's line may admit a new ticket at once (`busy`): the status is
+    /// then `admitted`. `sold_out` is the sold-out mirror's word on the deal, which holds
+    /// that back.
     pub async fn join(
         &self,
         deal: &Deal,
         user: &str,
-        solution: Option<&[u8]>,
-        position: Option<&[u8]>,
+        proof: Proof<'_>,
+        sold_out: bool,
     ) -> Result<TicketStatus, QueueError> {
+        let Proof { solution, position } = proof;
+        let take = Take::Issue { sold_out };
         if let Some(floor) = pow_floor(deal) {
             let shown =
                 position.and_then(|token| self.positions.verify(token, &deal.id, user).ok());
@@ -55,7 +70,7 @@ impl WaitingRoom {
             }
             self.claim_solution(&solved).await?;
         }
-        let issued = self.take_ticket(deal, user, Take::Issue).await?;
+        let issued = self.take_ticket(deal, user, take).await?;
         issued.ok_or_else(|| QueueError::Unexpected("join issued no ticket".into()))
     }
 
@@ -69,9 +84,9 @@ impl WaitingRoom {
     ) -> Result<Option<TicketStatus>, QueueError> {
         // 128 random bits: a ticket cannot be guessed, and only its holder can poll it.
         let fresh = hex::encode(rand::random::<[u8; 16]>());
-        let (ticket, issue) = match take {
-            Take::Issue => (fresh.as_str(), "1"),
-            Take::Held(ticket) => (ticket, "0"),
+        let (ticket, issue, sold_out) = match take {
+            Take::Issue { sold_out } => (fresh.as_str(), "1", sold_out),
+            Take::Held(ticket) => (ticket, "0", true),
         };
         let (seed, hash) = if deal.waiting_room.is_random() {
             let seed = shuffle::new_seed();
@@ -81,12 +96,22 @@ impl WaitingRoom {
             (String::new(), String::new())
         };
         let keys_ttl = (self.settings.keys_ttl_seconds * 1000).to_string();
-        let args = [user, ticket, &seed, &hash, &keys_ttl, issue];
+        let now = self.clock.now();
+        let may_admit = !sold_out && !deal.paused && deal.window(now) == Window::Open;
+        let busy = busy::join_args(deal, &self.settings, may_admit);
+        let mut args = vec![user, ticket, &seed, &hash, &keys_ttl, issue];
+        args.extend(busy.iter().map(String::as_str));
         let reply: Value = self.eval(&self.scripts.join, &deal.id, &args).await?;
         if reply == Value::Int(0) {
             return Ok(None);
         }
+        let (reply, switched) = busy::split_switched(reply);
+        busy::record_switches(&deal.id, switched & 3);
         let status = parse_status(reply)?.ok_or(QueueError::Closed)?;
+        if switched & 4 != 0 {
+            metrics::counter!(telemetry::WAITING_ROOM_ADMITTED, "deal" => deal.id.clone())
+                .increment(1);
+        }
         let in_line = matches!(status.state, TicketState::Waiting | TicketState::SoldOut);
         // A new line (or its first buyer again) is read at once; a line someone waits in
         // is stepped again if the advancer left it idle or sleeps. A failure is returned:

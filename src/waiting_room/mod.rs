@@ -25,18 +25,28 @@
 //! A poll from far outside the check-in window is answered from the signed position and
 //! the line state in memory (`follow`), which also says how often a client far back reads.
 //!
+//! A `when_busy` deal's line is in force only while arrivals go past its outflow; while it
+//! is calm, a join is admitted at once (`busy`).
+//!
+//! An invitation-only line (`invitation`) lets in buyers whose token claim or access code
+//! (`access_codes`, the one PostgreSQL table of the module) says so.
+//!
 //! An operator can drain a line (`flashgate deals drain-queue`, `WaitingRoom::drain`): it
 //! closes for good, every waiting ticket reads `expired`, and no pass is handed out again.
 
+pub mod access_codes;
 pub mod advancer;
+pub mod busy;
 pub mod challenge;
 pub mod controller;
 pub mod follow;
 pub mod health;
+pub mod invitation;
 mod join;
 mod line_cache;
 pub mod pass;
 pub mod position;
+pub mod report;
 pub mod revocation;
 mod scripts;
 mod settings;
@@ -52,6 +62,7 @@ use crate::telemetry;
 
 pub use challenge::{Challenge, ChallengeError, Challenges};
 pub use follow::Far;
+pub use join::Proof;
 use line_cache::LineCache;
 pub use pass::{PassError, Passes, VerifiedPass};
 pub use position::{Position, PositionError, Positions};
@@ -137,6 +148,8 @@ pub struct LineStatus {
     pub units_left: Option<u64>,
     /// An operator drained the line: it takes no tickets and admits nobody any more.
     pub closed: bool,
+    /// A `when_busy` line is active: newcomers queue rather than being admitted at once.
+    pub busy: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -173,7 +186,7 @@ fn line_key(redis: &RedisHandle, deal_id: &str, name: &str) -> String {
 }
 
 /// The Redis keys of one deal's line, in the order the scripts expect.
-struct Keys([String; 12]);
+struct Keys([String; 13]);
 
 impl Keys {
     fn of(redis: &RedisHandle, deal_id: &str) -> Self {
@@ -191,6 +204,7 @@ impl Keys {
             deal("active"),
             deal("issued"),
             deal("used"),
+            deal("t_join"),
         ])
     }
 }
@@ -340,6 +354,7 @@ impl WaitingRoom {
             outflow,
             left,
             closed,
+            busy,
         ] = m.as_slice()
         else {
             return Err(QueueError::Unexpected(format!("line status {m:?}")));
@@ -357,6 +372,7 @@ impl WaitingRoom {
             outflow_per_second: outflow.parse().ok().filter(|rate: &f64| *rate > 0.0),
             units_left: left.parse().ok(),
             closed: closed == "1",
+            busy: busy == "1",
         })
     }
 

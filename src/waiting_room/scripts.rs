@@ -13,7 +13,8 @@
 //! skipped, drained or its session ended (ms): it reads `expired` whatever `t_adm` says;
 //! 9 `line` sorted set of waiting tickets by position; 10 `active` sorted set of passes by
 //! expiry (ms); 11 `issued` list of tickets in issue order; 12 `used` sorted set of passes
-//! that placed an order, by the time they did (ms).
+//! that placed an order, by the time they did (ms); 13 `t_join` ticket → when it was
+//! issued (ms), until its admission records its wait (`report`).
 //!
 //! The lease scripts (`RENEW`, `RESIGN`, `SLEEP`, `WAKE`) take the advancer's keys, of one
 //! slot of their own: 1 the lease; 2 the lines version, bumped when a new line takes its
@@ -107,13 +108,16 @@ end
 /// the back of the line, once its pass ran out unused (`lapsed`) while the line is open,
 /// when allowed (0 when not, or when the user's ticket is not the one shown: the caller
 /// checks a proof of work first); nil when the user has none and the line was closed
-/// (`DRAIN`). Every join pushes the expiry of the
+/// (`DRAIN`). A `when_busy` line may admit a new ticket at once (ARGV 7.., see `busy`); the
+/// status then ends with the switches the join made, plus 4 when it admitted at once. Every join pushes the expiry of the
 /// line's keys out, so a finished line leaves Redis on its own. The caller bumps the lines
 /// version when the ticket is the line's first.
 const JOIN: &str = r#"
 local t = redis.call('HGET', KEYS[2], ARGV[1])
+local known = t ~= false
 local closed = redis.call('HEXISTS', KEYS[1], 'closed_at') == 1
 local now = now_ms()
+local switched = 0
 if t and not closed and lapsed(t, now) then t = nil end
 if t and ARGV[6] ~= '1' and ARGV[2] ~= '' and t ~= ARGV[2] then t = nil end
 if not t and ARGV[6] ~= '1' then
@@ -122,6 +126,7 @@ if not t and ARGV[6] ~= '1' then
 end
 for i = 1, 10 do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
 redis.call('PEXPIRE', KEYS[11], ARGV[5])
+redis.call('PEXPIRE', KEYS[13], ARGV[5])
 if not t then
   if closed then return false end
   t = ARGV[2]
@@ -130,12 +135,18 @@ if not t then
   redis.call('HSET', KEYS[3], t, ARGV[1])
   redis.call('HSET', KEYS[4], t, n)
   redis.call('HSET', KEYS[5], t, n)
-  redis.call('ZADD', KEYS[9], n, t)
   redis.call('RPUSH', KEYS[11], t)
+  record_join(t, now, known, ARGV[5])
   ensure_seed(ARGV[3], ARGV[4])
+  local decided = {0, 0}
+  if ARGV[7] == '1' then decided = arrive(now) end
+  switched = decided[2] + 4 * decided[1]
+  if decided[1] == 1 then admit_at_once(t, n, now) else redis.call('ZADD', KEYS[9], n, t) end
 end
 redis.call('HSET', KEYS[6], t, now)
-return status(t, now)
+local s = status(t, now)
+s[#s + 1] = switched
+return s
 "#;
 
 /// ARGV: ticket, user. Nil when the ticket is unknown or someone else's; otherwise records
@@ -148,15 +159,16 @@ return status(ARGV[1], now)
 "#;
 
 /// No ARGV. The line as the public sees it (and `units_left`, empty until the advancer read
-/// the deal's stock, and `1` when the line was drained).
+/// the deal's stock, `1` when the line was drained, and `1` while a `when_busy` line is
+/// active).
 const PUBLIC: &str = r#"
 local now = now_ms()
-redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', now)
+expire_passes(now)
 local m = redis.call('HMGET', KEYS[1], 'admitted_through', 'state', 'seed_sha256', 'seed',
-  'shuffled', 'prequeue_size', 'admitted_total', 'outflow', 'units_left', 'closed_at')
+  'shuffled', 'prequeue_size', 'admitted_total', 'outflow', 'units_left', 'closed_at', 'busy')
 return {m[1] or '0', tostring(redis.call('ZCARD', KEYS[9])), m[2] or '', m[3] or '',
   (m[5] == '1' and m[4]) or '', m[6] or '', tostring(redis.call('ZCARD', KEYS[10])),
-  m[7] or '0', m[8] or '', m[9] or '', (m[10] and '1') or ''}
+  m[7] or '0', m[8] or '', m[9] or '', (m[10] and '1') or '', (m[11] and '1') or ''}
 "#;
 
 /// ARGV: pass id (its ticket), keys ttl ms. Frees the pass's active slot (it placed an
@@ -235,25 +247,28 @@ return {t, tostring(math.max(until_ms, now)), first}
 /// after the snapshot stay within `stock multiple ×` the snapshot's available units. Orders
 /// placed before the snapshot are in it; those placed after are still counted in `used`.
 /// A snapshot older than its age max admits nobody (its `used` entries may be trimmed).
-/// Returns {admitted, skipped, passes active, waiting}, or {-1} without the lease.
+/// Returns {admitted, skipped, passes active, waiting, buyers joined and passes expired
+/// unused since the last step that returned them, then the waits of the tickets admitted
+/// (ms)}, or {-1, 0, 0, 0} without the lease; `busy` runs it as a function and inserts the
+/// `when_busy` switch (ARGV 15, 16) after the first four.
 const ADVANCE: &str = r#"
 if not holds_lease(ARGV[1]) then return {-1, 0, 0, 0} end
 local now = now_ms()
 local age_max = tonumber(ARGV[14])
 -- Published for polls' estimates and for the next lease holder to resume from.
 redis.call('HSET', KEYS[1], 'outflow', ARGV[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', now)
+expire_passes(now)
 redis.call('ZREMRANGEBYSCORE', KEYS[12], '-inf', now - 2 * age_max)
 local active = redis.call('ZCARD', KEYS[10])
 local waiting = redis.call('ZCARD', KEYS[9])
-if redis.call('HEXISTS', KEYS[1], 'closed_at') == 1 then return {0, 0, active, waiting} end
+if redis.call('HEXISTS', KEYS[1], 'closed_at') == 1 then return unpublished({0, 0, active, waiting}) end
 local rate = tonumber(ARGV[3])
 local cap = rate * tonumber(ARGV[10]) / 1000
 if cap < 1 then cap = 1 end
 local function hold(left)
   redis.call('HSET', KEYS[1], 'budget', tostring(cap), 'budget_at', now)
   if left then redis.call('HSET', KEYS[1], 'units_left', math.max(left, 0)) end
-  return {0, 0, active, waiting}
+  return unpublished({0, 0, active, waiting})
 end
 local available, snap_at = tonumber(ARGV[5]), tonumber(ARGV[8])
 local stale = available >= 0 and now - snap_at > age_max
@@ -290,7 +305,7 @@ if unsold then
   if promise < slots then slots = promise end
 end
 local ttl, grace, seen_max = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[9])
-local admitted, skipped, seen, through = 0, 0, 0, nil
+local admitted, skipped, seen, through, waits = 0, 0, 0, nil, {}
 -- A random line's pre-queue learns its places from the shuffle: its holders check in once
 -- it is published, so the shuffle counts as their last sign of life until they do.
 local sm = redis.call('HMGET', KEYS[1], 'shuffled_at', 'prequeue_size')
@@ -313,6 +328,7 @@ while admitted < slots and seen < seen_max do
     redis.call('HSET', KEYS[7], t, now + ttl)
     redis.call('ZADD', KEYS[10], now + ttl, t)
     admitted = admitted + 1
+    waits[admitted] = record_wait(t, now)
   end
 end
 if through then redis.call('HSET', KEYS[1], 'admitted_through', through) end
@@ -321,9 +337,11 @@ if unsold then redis.call('HSET', KEYS[1], 'units_left', math.max(unsold - activ
 if admitted > 0 then redis.call('HINCRBY', KEYS[1], 'admitted_total', admitted) end
 if skipped > 0 then redis.call('HINCRBY', KEYS[1], 'abandoned_total', skipped) end
 if admitted + skipped > 0 then
-  for _, i in ipairs({1, 7, 8, 10}) do redis.call('PEXPIRE', KEYS[i], ARGV[12]) end
+  for _, i in ipairs({1, 7, 8, 10, 13}) do redis.call('PEXPIRE', KEYS[i], ARGV[12]) end
 end
-return {admitted, skipped, active + admitted, waiting - seen}
+local step = unpublished({admitted, skipped, active + admitted, waiting - seen})
+for _, ms in ipairs(waits) do step[#step + 1] = ms end
+return step
 "#;
 
 /// ARGV: tickets max, keys ttl ms. Closes the line for good (no new tickets, no more
@@ -342,7 +360,7 @@ for _, t in ipairs(batch) do
   redis.call('ZREM', KEYS[9], t)
 end
 if #batch > 0 then redis.call('HINCRBY', KEYS[1], 'drained_total', #batch) end
-redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', now)
+expire_passes(now)
 for _, i in ipairs({1, 8}) do
   if redis.call('PTTL', KEYS[i]) < 0 then redis.call('PEXPIRE', KEYS[i], ARGV[2]) end
 end
@@ -465,17 +483,18 @@ pub struct Scripts {
     pub forget: Script,
     pub health_report: Script,
     pub health_read: Script,
+    pub report: Script,
 }
 
 impl Scripts {
     pub fn new() -> Self {
-        let with = |body: &str| Script::new(format!("{PRELUDE}{body}"));
+        let with = |body: &str| Script::new(format!("{PRELUDE}{}{body}", super::report::PRELUDE));
         Self {
-            join: with(JOIN),
+            join: with(&format!("{}{JOIN}", super::busy::LUA)),
             poll: with(POLL),
             public: with(PUBLIC),
             release: with(RELEASE),
-            advance: with(ADVANCE),
+            advance: with(&super::busy::advance_script(ADVANCE)),
             freeze: with(FREEZE),
             issued: with(ISSUED),
             place: with(PLACE),
@@ -490,6 +509,7 @@ impl Scripts {
             forget: with(FORGET),
             health_report: Script::new(super::health::REPORT),
             health_read: Script::new(super::health::READ),
+            report: with(super::report::READ),
         }
     }
 }

@@ -83,6 +83,13 @@ pub const ADAPTIVE_CLIMB_PERCENT_PER_SECOND_RANGE: RangeInclusive<u32> = 1..=100
 /// Longest `waiting_room.adaptive_cut_cooldown_ms`.
 pub const ADAPTIVE_CUT_COOLDOWN_MS_MAX: u64 = 30_000;
 
+/// Bounds of `waiting_room.when_busy_calm_seconds`: long enough not to flap with each burst,
+/// short enough that a quiet sale goes back to admitting at once within the hour.
+pub const WHEN_BUSY_CALM_SECONDS_RANGE: RangeInclusive<u64> = 1..=3600;
+
+/// Bounds of `waiting_room.access_codes_per_request_max`.
+pub const ACCESS_CODES_PER_REQUEST_MAX_RANGE: RangeInclusive<u32> = 1..=100_000;
+
 /// Longest `waiting_room.page_stylesheet_url`, in bytes.
 pub const PAGE_STYLESHEET_URL_BYTES_MAX: usize = 2000;
 
@@ -173,6 +180,13 @@ pub struct WaitingRoomSettings {
     /// After a cut, no other cut and no climb for this long: the next decision sees the
     /// lower rate's health, not the backlog the higher rate left.
     pub adaptive_cut_cooldown_ms: u64,
+    /// A `when_busy` line goes back to admitting joins at once only once it is empty and
+    /// arrivals stayed below its outflow for this long, so a crowd arriving in waves is not
+    /// let in at once between two waves.
+    pub when_busy_calm_seconds: u64,
+    /// Most access codes one call issues (`POST /admin/deals/{id}/access-codes`), so one
+    /// request neither holds a transaction long nor answers megabytes.
+    pub access_codes_per_request_max: u32,
 }
 
 /// The pass secret never reaches logs.
@@ -195,7 +209,7 @@ impl WaitingRoomSettings {
         self.validate_edge()
     }
 
-    /// The health reports and the adaptive loop's tuning.
+    /// The health reports, the adaptive loop's tuning and the `when_busy` switch.
     fn validate_adaptive(&self) -> Result<(), String> {
         require(
             HEALTH_REPORT_MS_RANGE.contains(&self.health_report_ms),
@@ -223,6 +237,18 @@ impl WaitingRoomSettings {
             self.adaptive_cut_cooldown_ms <= ADAPTIVE_CUT_COOLDOWN_MS_MAX,
             &format!(
                 "waiting_room.adaptive_cut_cooldown_ms must be at most {ADAPTIVE_CUT_COOLDOWN_MS_MAX}"
+            ),
+        )?;
+        require(
+            WHEN_BUSY_CALM_SECONDS_RANGE.contains(&self.when_busy_calm_seconds),
+            &format!(
+                "waiting_room.when_busy_calm_seconds must be {WHEN_BUSY_CALM_SECONDS_RANGE:?}"
+            ),
+        )?;
+        require(
+            ACCESS_CODES_PER_REQUEST_MAX_RANGE.contains(&self.access_codes_per_request_max),
+            &format!(
+                "waiting_room.access_codes_per_request_max must be {ACCESS_CODES_PER_REQUEST_MAX_RANGE:?}"
             ),
         )
     }

@@ -286,3 +286,79 @@ async fn an_adaptive_waiting_room_is_created_shown_and_put_under_manual_control(
     delete_redis_keys(&settings.redis.url, &settings.redis.key_prefix).await;
     database.drop_database().await;
 }
+
+#[tokio::test]
+async fn access_codes_are_issued_once_for_an_invitation_only_line() {
+    // Arrange
+    let database = TestDb::create().await;
+    let settings = test_settings(&database.url);
+    let migrated = flashgate_cli(&settings, &["migrate"]).await;
+    assert!(migrated.success, "{}", migrated.stderr);
+    let create = |id: &'static str, codes: bool| {
+        let mut args = vec![
+            "deals",
+            "create",
+            "--id",
+            id,
+            "--name",
+            "Invited",
+            "--stock",
+            "5",
+            "--unit-price-minor",
+            "100",
+            "--waiting-room",
+            "--activation",
+            "when_busy",
+        ];
+        if codes {
+            args.push("--invitation-codes");
+        }
+        let settings = settings.clone();
+        async move { flashgate_cli(&settings, &args).await }
+    };
+    let invited = create("invited", true).await;
+    let open = create("open", false).await;
+    assert!(
+        invited.success && open.success,
+        "{}{}",
+        invited.stderr,
+        open.stderr
+    );
+
+    // Act
+    let issued = flashgate_cli(
+        &settings,
+        &["deals", "access-codes", "invited", "--count", "4"],
+    )
+    .await;
+    let refused = flashgate_cli(
+        &settings,
+        &["deals", "access-codes", "open", "--count", "4"],
+    )
+    .await;
+    let too_many = flashgate_cli(
+        &settings,
+        &["deals", "access-codes", "invited", "--count", "100000"],
+    )
+    .await;
+
+    // Assert
+    assert!(issued.success, "{}", issued.stderr);
+    let body = issued.json();
+    assert_eq!(
+        body["codes"].as_array().map(Vec::len),
+        Some(4),
+        "{}",
+        issued.stdout
+    );
+    assert_eq!(
+        (body["issued"].clone(), body["redeemed"].clone()),
+        (json!(4), json!(0))
+    );
+    assert_eq!(invited.json()["waiting_room"]["activation"], "when_busy");
+    assert_eq!(invited.json()["waiting_room"]["invitation"]["codes"], true);
+    assert!(!refused.success && refused.stderr.contains("takes no access codes"));
+    assert!(!too_many.success && too_many.stderr.contains("count must be"));
+    delete_redis_keys(&settings.redis.url, &settings.redis.key_prefix).await;
+    database.drop_database().await;
+}

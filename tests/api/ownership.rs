@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use crate::helpers::{crate_root, source_files};
 
 /// Each table and the source path (a folder or a file) that owns it.
-const OWNERS: [(&str, &str); 12] = [
+const OWNERS: [(&str, &str); 14] = [
     ("deals", "src/deals/"),
     ("inventory_buckets", "src/inventory/"),
     ("reservation_lines", "src/inventory/"),
@@ -21,6 +21,8 @@ const OWNERS: [(&str, &str); 12] = [
     ("events", "src/events/"),
     ("event_endpoints", "src/events/endpoints.rs"),
     ("operator_log", "src/operators/"),
+    ("access_codes", "src/waiting_room/access_codes.rs"),
+    ("waiting_room_orders", "src/waiting_room/report.rs"),
 ];
 
 /// Status values as SQL literals, and the owners allowed to write them out.

@@ -23,7 +23,7 @@ const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 
 /// One browser session over WebDriver.
-struct Browser {
+pub(crate) struct Browser {
     _driver: ChildGuard,
     _profile: TempDir,
     client: reqwest::Client,
@@ -53,6 +53,11 @@ impl Drop for TempDir {
 
 impl Browser {
     async fn start() -> Browser {
+        Browser::start_speaking(None).await
+    }
+
+    /// A browser whose requests say `Accept-Language: accept` (its own default without).
+    pub(crate) async fn start_speaking(accept: Option<&str>) -> Browser {
         assert!(
             std::path::Path::new(CHROMIUM).exists() && std::path::Path::new(CHROMEDRIVER).exists(),
             "chromium and chromedriver are missing: run scripts/browser.sh"
@@ -88,10 +93,12 @@ impl Browser {
         .map(String::from)
         .into_iter()
         .chain([format!("--user-data-dir={}", profile.0.display())])
+        .chain(accept.map(|a| format!("--accept-lang={a}")))
         .collect::<Vec<_>>();
+        let prefs = accept.map_or(json!({}), |a| json!({"intl.accept_languages": a}));
         let capabilities = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
-            "goog:chromeOptions": {"binary": CHROMIUM, "args": args},
+            "goog:chromeOptions": {"binary": CHROMIUM, "args": args, "prefs": prefs},
         }}});
         let client = reqwest::Client::new();
         let base = format!("http://127.0.0.1:{port}");
@@ -130,13 +137,13 @@ impl Browser {
         reply["value"].clone()
     }
 
-    async fn open(&self, url: &str) {
+    pub(crate) async fn open(&self, url: &str) {
         self.command(reqwest::Method::POST, "/url", json!({"url": url}))
             .await;
     }
 
     /// Runs `script` in the page and returns what it returns.
-    async fn eval(&self, script: &str) -> Value {
+    pub(crate) async fn eval(&self, script: &str) -> Value {
         self.command(
             reqwest::Method::POST,
             "/execute/sync",
@@ -177,7 +184,12 @@ impl Browser {
         (text(0), text(1), text(2))
     }
 
-    async fn wait_for(&self, what: &str, timeout: Duration, done: impl Fn(&str, &str) -> bool) {
+    pub(crate) async fn wait_for(
+        &self,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&str, &str) -> bool,
+    ) {
         wait_until(what, timeout, || async {
             let (state, text, href) = self.read().await;
             if done(&state, &href) {
@@ -240,14 +252,23 @@ impl Browser {
         path
     }
 
-    async fn quit(self) {
+    pub(crate) async fn quit(self) {
         self.command(reqwest::Method::DELETE, "", Value::Null).await;
     }
 }
 
-/// Reads the progress bar until the buyer is admitted; checks it reads as a labelled
-/// percentage that only grows while waiting, grows at least once, and is full at the turn.
-async fn progress_until_admitted(browser: &Browser, timeout: Duration) -> Vec<u64> {
+/// Whether `text` opens with the percentage `now` as the page's language writes it (`45%`,
+/// `45 %` with a no-break space).
+fn opens_with_percent(text: &str, now: u64) -> bool {
+    text.strip_prefix(&now.to_string())
+        .map(|rest| rest.trim_start_matches(['\u{a0}', '\u{202f}', ' ']))
+        .is_some_and(|rest| rest.starts_with('%'))
+}
+
+/// Reads the progress bar until the buyer is admitted; checks it reads as a percentage
+/// labelled with `label` that only grows while waiting, grows at least once, and is full at
+/// the turn.
+async fn progress_until_admitted(browser: &Browser, label: &str, timeout: Duration) -> Vec<u64> {
     let readings: RefCell<Vec<u64>> = RefCell::default();
     wait_until("admitted", timeout, || async {
         let bar = browser.progress().await;
@@ -257,8 +278,8 @@ async fn progress_until_admitted(browser: &Browser, timeout: Duration) -> Vec<u6
             ("0", "100"),
             "{bar:?}"
         );
-        assert!(bar.name.contains("progress"), "{bar:?}");
-        assert!(bar.text.starts_with(&format!("{} %", bar.now)), "{bar:?}");
+        assert!(bar.name.contains(label), "{bar:?}");
+        assert!(opens_with_percent(&bar.text, bar.now), "{bar:?}");
         if bar.state == "admitted" {
             assert_eq!(bar.now, 100, "{bar:?}");
             return Ok(());
@@ -313,7 +334,7 @@ async fn crowd_member(
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_pass() {
+async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_pass_in_german() {
     // Arrange: one admission a second and a check-in window of five seconds (five tickets);
     // twenty-five buyers ahead of ours, more behind. The line moves from the first ticket
     // on, so the page is far from the front for about twenty seconds, whatever its start
@@ -340,9 +361,10 @@ async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_
             .is_some_and(|c| c.starts_with("public"))
     );
     assert!(page.text.contains("aria-live=\"polite\""));
+    assert_eq!(page.header("vary"), Some("Accept-Language"));
     // The browser starts before the buyers ahead join: on a busy machine its start can take
-    // longer than their turns, and the buyer would find nobody ahead.
-    let browser = Browser::start().await;
+    // longer than their turns, and the buyer would find nobody ahead. It asks for German.
+    let browser = Browser::start_speaking(Some("de-DE,de;q=0.9,en;q=0.5")).await;
     let stop = Arc::new(AtomicBool::new(false));
     let mut crowd = Vec::new();
     for i in 0..25 {
@@ -372,7 +394,11 @@ async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_
         .wait_for("waiting", minute, |state, _| state == "waiting")
         .await;
     let (_, waiting_text, _) = browser.read().await;
-    assert!(waiting_text.contains("ahead of you"), "{waiting_text}");
+    assert!(waiting_text.contains("vor Ihnen"), "{waiting_text}");
+    assert_eq!(
+        browser.eval("return document.documentElement.lang").await,
+        "de"
+    );
     // Far from the front the page follows the public state and leaves its ticket alone.
     wait_until("two reads of the public state", minute, || async {
         let (public, _) = browser.line_requests().await;
@@ -385,10 +411,10 @@ async fn the_waiting_page_shows_the_place_then_the_admission_and_hands_over_the_
     let (_, personal_far) = browser.line_requests().await;
     assert_eq!(personal_far, 0, "no ticket poll while far from the front");
     let waiting_png = browser.screenshot("wait-page-waiting.png").await;
-    let readings = progress_until_admitted(&browser, minute).await;
+    let readings = progress_until_admitted(&browser, "Fortschritt", minute).await;
     let admitted_png = browser.screenshot("wait-page-admitted.png").await;
     let (_, admitted_text, _) = browser.read().await;
-    assert!(admitted_text.contains("your turn"), "{admitted_text}");
+    assert!(admitted_text.contains("an der Reihe"), "{admitted_text}");
     let (_, personal_near) = browser.line_requests().await;
     assert!(personal_near >= 1, "checked in near the front");
     browser

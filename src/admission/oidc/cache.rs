@@ -11,12 +11,17 @@ use sha2::{Digest, Sha256};
 
 use crate::domain::UserId;
 
+/// A verified token's claims, for rules that read one (a waiting room's invitation).
+pub type ClaimSet = std::sync::Arc<serde_json::Map<String, serde_json::Value>>;
+
 /// Who a verified token names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Identity {
     pub user: UserId,
     /// The token carries the operators' role (`auth.oidc.admin_claim`).
     pub admin: bool,
+    /// Every claim of the token.
+    pub claims: ClaimSet,
 }
 
 /// The digest a token is remembered under.
@@ -108,6 +113,7 @@ mod tests {
         Identity {
             user: UserId::parse("alice", 64).unwrap(),
             admin: false,
+            claims: ClaimSet::default(),
         }
     }
 

@@ -28,7 +28,7 @@ use crate::clock::{Clock, elapsed_since, monotonic};
 use crate::domain::UserId;
 use crate::telemetry;
 
-pub use cache::Identity;
+pub use cache::{ClaimSet, Identity};
 pub use settings::OidcSettings;
 
 use cache::TokenCache;
@@ -202,7 +202,15 @@ impl OidcVerifier {
             && claims
                 .get(&self.settings.admin_claim)
                 .is_some_and(|held| holds(held, &self.settings.admin_value));
-        Ok((Identity { user, admin }, expires_at))
+        let claims = ClaimSet::new(claims.into_iter().collect());
+        Ok((
+            Identity {
+                user,
+                admin,
+                claims,
+            },
+            expires_at,
+        ))
     }
 
     /// `exp` (required) and `nbf` (when present) with the leeway; the token's `exp`.

@@ -42,6 +42,7 @@ impl Gauges {
                 telemetry::WAITING_ROOM_ADMISSION_RATE,
                 telemetry::WAITING_ROOM_OUTFLOW,
                 telemetry::WAITING_ROOM_HEALTH_P99,
+                telemetry::WAITING_ROOM_LINE_ACTIVE,
             ] {
                 metrics::gauge!(gauge, "deal" => deal.clone()).set(0.0);
             }
@@ -69,13 +70,15 @@ impl Gauges {
         metrics::gauge!(telemetry::WAITING_ROOM_QUEUE_LENGTH, "deal" => deal.clone()).set(waiting);
         metrics::gauge!(telemetry::WAITING_ROOM_PASSES_ACTIVE, "deal" => deal.clone())
             .set(step.active as f64);
+        metrics::gauge!(telemetry::WAITING_ROOM_LINE_ACTIVE, "deal" => deal.clone())
+            .set(f64::from(u8::from(step.line_active)));
         metrics::gauge!(telemetry::WAITING_ROOM_ESTIMATED_WAIT, "deal" => deal.clone())
             .set(waiting / rate);
         metrics::counter!(telemetry::WAITING_ROOM_ADMITTED, "deal" => deal.clone())
             .increment(step.admitted as u64);
         metrics::counter!(telemetry::WAITING_ROOM_ABANDONED, "deal" => deal.clone())
             .increment(step.skipped as u64);
-        if step.is_idle() {
+        if step.is_idle(line.terms.when_busy()) {
             // No more steps until someone joins: the rate would stay at its last value.
             metrics::gauge!(telemetry::WAITING_ROOM_ADMISSION_RATE, "deal" => deal.clone())
                 .set(0.0);
@@ -94,5 +97,27 @@ impl Gauges {
             window.started = monotonic();
             window.admitted = 0;
         }
+    }
+}
+
+/// Counts what one step of a line reported for its report: the buyers joined and passes
+/// expired unused since the last step that reported them, then each admitted ticket's wait
+/// (ms; -1 when unknown). The script hands each out once, so the sum over instances is the
+/// line's figure.
+pub(super) fn record_report(deal: &str, reported: &[i64]) {
+    let [joined, expired, waits @ ..] = reported else {
+        return;
+    };
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    metrics::counter!(telemetry::WAITING_ROOM_JOINED, "deal" => deal.to_owned())
+        .increment(count(*joined));
+    metrics::counter!(telemetry::WAITING_ROOM_PASSES_EXPIRED_UNUSED, "deal" => deal.to_owned())
+        .increment(count(*expired));
+    if waits.is_empty() {
+        return;
+    }
+    let histogram = metrics::histogram!(telemetry::WAITING_ROOM_WAIT, "deal" => deal.to_owned());
+    for &ms in waits.iter().filter(|ms| **ms >= 0) {
+        histogram.record(ms as f64 / 1000.0);
     }
 }

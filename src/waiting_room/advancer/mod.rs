@@ -48,14 +48,16 @@ struct Step {
     skipped: i64,
     active: i64,
     waiting: i64,
+    /// The line queues newcomers (always, unless a `when_busy` line is calm).
+    line_active: bool,
 }
 
 impl Step {
     /// Nobody waits: nothing to do until someone joins. Passes still outstanding need no
     /// step: their slots matter only to someone waiting, and the step a join wakes frees
-    /// the expired ones first.
-    fn is_idle(&self) -> bool {
-        self.waiting == 0
+    /// the expired ones first. An active `when_busy` line is stepped until it turns calm.
+    fn is_idle(&self, when_busy: bool) -> bool {
+        self.waiting == 0 && !(when_busy && self.line_active)
     }
 }
 
@@ -220,7 +222,7 @@ impl Advancer {
                 match self.advance(line, line_sold_out, outflow.per_second).await {
                     Ok(Some(step)) => {
                         self.gauges.record(line, step, line_sold_out, &outflow);
-                        if step.is_idle() {
+                        if step.is_idle(line.terms.when_busy()) {
                             self.idle.insert(line.id.clone());
                         }
                     }
@@ -269,18 +271,24 @@ impl Advancer {
             (s.keys_ttl_seconds * 1000).to_string(),
             s.stock_multiple.to_string(),
             s.stock_age_max_ms.to_string(),
+            u8::from(terms.when_busy()).to_string(),
+            (s.when_busy_calm_seconds * 1000).to_string(),
         ];
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let reply: Vec<i64> = self
             .room
             .eval(&self.room.scripts.advance, &line.id, &args)
             .await?;
-        let [admitted, skipped, active, waiting] = reply[..] else {
+        let [admitted, skipped, active, waiting, line_active, switched] =
+            reply.get(..6).unwrap_or_default()[..]
+        else {
             return Err(QueueError::Unexpected(format!("advance {reply:?}")));
         };
         if admitted < 0 {
             return Ok(None);
         }
+        super::busy::record_switches(&line.id, switched);
+        gauges::record_report(&line.id, reply.get(6..).unwrap_or_default());
         if admitted > 0 && active > i64::from(terms.max_active) {
             tracing::error!(
                 deal = line.id,
@@ -293,6 +301,7 @@ impl Advancer {
             skipped,
             active,
             waiting,
+            line_active: line_active == 1,
         }))
     }
 

@@ -1,0 +1,101 @@
+//! Who may join an invitation-only line (`waiting_room.invitation`): a buyer whose token
+//! claim holds one of the accepted values, or one who redeems an access code
+//! (`access_codes`). Checked before the line's script runs, so a refused buyer takes no
+//! place and reserves nothing. The claim is read in memory; PostgreSQL is asked only for a
+//! code, or whether the buyer redeemed one before.
+
+use serde_json::Value;
+use sqlx::PgPool;
+
+use super::access_codes::{self, Redeemed};
+use crate::admission::ClaimSet;
+use crate::deals::{Deal, Invitation};
+use crate::store::StoreError;
+
+/// Why a buyer may not join.
+#[derive(Debug, thiserror::Error)]
+pub enum InvitationError {
+    /// Neither the claim nor a code: the line is by invitation.
+    #[error("this line is by invitation: the token's claim or an access code is required")]
+    Required,
+    /// The code shown is no code of this deal.
+    #[error("no such access code for this deal")]
+    CodeInvalid,
+    /// The code shown was redeemed by another buyer.
+    #[error("this access code was redeemed by another buyer")]
+    CodeUsed,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Whether the claims let the buyer in: the claim holds one of the values (a list holds
+/// one of them; a number or boolean is compared as written in JSON).
+pub fn claim_admits(invitation: &Invitation, claims: &ClaimSet) -> bool {
+    let Some(name) = &invitation.claim else {
+        return false;
+    };
+    let accepted = |held: &Value| match held {
+        Value::String(text) => invitation.values.contains(text),
+        Value::Number(_) | Value::Bool(_) => invitation.values.contains(&held.to_string()),
+        _ => false,
+    };
+    match claims.get(name) {
+        Some(Value::Array(items)) => items.iter().any(accepted),
+        Some(held) => accepted(held),
+        None => false,
+    }
+}
+
+/// Lets `user` into the deal's line or says why not; `code` is the access code the join
+/// shows, if any.
+pub async fn check(
+    pool: &PgPool,
+    deal: &Deal,
+    user: &str,
+    claims: &ClaimSet,
+    code: Option<&str>,
+) -> Result<(), InvitationError> {
+    let Some(invitation) = &deal.waiting_room.invitation else {
+        return Ok(());
+    };
+    if claim_admits(invitation, claims) {
+        return Ok(());
+    }
+    if !invitation.codes {
+        return Err(InvitationError::Required);
+    }
+    match code {
+        Some(code) => match access_codes::redeem(pool, &deal.id, user, code).await? {
+            Redeemed::Held => Ok(()),
+            Redeemed::Unknown => Err(InvitationError::CodeInvalid),
+            Redeemed::Taken => Err(InvitationError::CodeUsed),
+        },
+        None if access_codes::holds_one(pool, &deal.id, user).await? => Ok(()),
+        None => Err(InvitationError::Required),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claim_admits_by_value_or_list_member() {
+        let invitation = Invitation {
+            claim: Some("tier".into()),
+            values: vec!["gold".into(), "7".into()],
+            codes: false,
+        };
+        let with = |value: Value| {
+            let mut claims = serde_json::Map::new();
+            claims.insert("tier".into(), value);
+            claim_admits(&invitation, &ClaimSet::new(claims))
+        };
+        assert!(with("gold".into()));
+        assert!(with(serde_json::json!(["silver", "gold"])));
+        assert!(with(serde_json::json!(7)));
+        assert!(!with("silver".into()));
+        assert!(!with(serde_json::json!({"gold": true})));
+        assert!(!claim_admits(&invitation, &ClaimSet::default()));
+    }
+}
