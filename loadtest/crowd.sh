@@ -3,15 +3,18 @@
 # each waiting behind nginx with config/nginx/edge.conf, against a real gateway with a fresh
 # database and a private Redis (its own server, so its command counts are the gateway's
 # alone, and its own key prefix). For each size it runs `flashgate-loadtest crowd`, which
-# reports origin requests/s (public and personal), Redis commands/s and the edge's hit ratio
-# over a window after the line opens, and checks fairness, max_active and the stock. Then it
-# draws docs/images/crowd.svg and prints the table docs/SCALING.md shows.
+# reports origin requests/s (public and personal, the ticket polls answered from memory and
+# as check-ins), Redis commands/s and Redis CPU and the edge's hit ratio over a window after
+# the line opens, and checks fairness, max_active and the stock. Then it draws
+# docs/images/crowd.svg and prints the table docs/SCALING.md shows.
 #
 # Loopback only; every step is bounded (the 1,000,000 line takes about five minutes, most
 # of it taking the tickets). nginx and redis-server are installed from Debian when missing.
 #
 # Usage: loadtest/crowd.sh [SIZE ...]        (default: 10000 100000 1000000)
 #   CROWD_ORDER=random loadtest/crowd.sh 10000   the same with a random-order (lottery) line
+#   CROWD_IGNORE_WINDOW_PERCENT=25 loadtest/crowd.sh   a quarter of the crowd ignores the
+#       check-in window: it polls its ticket from the moment it joins (default 0)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -19,6 +22,7 @@ SIZES=("$@")
 ((${#SIZES[@]})) || SIZES=(10000 100000 1000000)
 ORDER=${CROWD_ORDER:-fifo}
 MEASURE_SECONDS=${CROWD_MEASURE_SECONDS:-30}
+IGNORE_PERCENT=${CROWD_IGNORE_WINDOW_PERCENT:-0}
 BASE_URL_DB=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
 DB_PREFIX=${BASE_URL_DB%/*}
 RUN_ID=$(date +%s)
@@ -111,13 +115,14 @@ CONF
     # taken by then: joins run at a few thousand a second).
     local open_after=20
     [ "$ORDER" = fifo ] || open_after=$((size / 2000 + 20))
-    log "$size tickets, $ORDER, opening after ${open_after}s, measuring ${MEASURE_SECONDS}s"
+    log "$size tickets, $ORDER, ${IGNORE_PERCENT} % ignoring the window, opening after ${open_after}s, measuring ${MEASURE_SECONDS}s"
     local rc=0
     target/release/flashgate-loadtest crowd --tickets "$size" --queue-order "$ORDER" \
         --edge-url "http://127.0.0.1:$edge_port" --origin-url "http://127.0.0.1:$gw_port" \
         --ops-url "http://127.0.0.1:$ops_port" --redis-url "redis://127.0.0.1:$redis_port" \
         --redis-key-prefix "crowd$RUN_ID:" --database-url "$DB_PREFIX/$db" \
         --open-after-seconds "$open_after" --grace-seconds 10 --measure-seconds "$MEASURE_SECONDS" \
+        --ignore-window-percent "$IGNORE_PERCENT" \
         --out "$WORK/crowd-$size.json" >"$dir/crowd.out" || rc=$?
     stop_all
     cp "$WORK/crowd-$size.json" "$WORK/result-$size.json" 2>/dev/null || true
@@ -135,15 +140,20 @@ target/release/flashgate-loadtest crowd-chart --out "$chart" "${results[@]}"
 python3 - "${results[@]}" <<'PY'
 import json, sys
 runs = sorted((json.load(open(p)) for p in sys.argv[1:]), key=lambda r: r["tickets"])
-print("| waiting | crowd's public polls/s (modelled) | edge requests/s | edge hit ratio | origin public/s | origin ticket polls/s | Redis commands/s (those in scripts too) | Redis scripts/s | fairness, max_active, stock |")
-print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+print("| waiting | ignoring the window | crowd's public polls/s (modelled) | edge requests/s | edge hit ratio | origin public/s | origin ticket polls/s | of which from memory/s | check-ins/s | Redis commands/s (those in scripts too) | Redis scripts/s | Redis CPU | fairness, max_active, stock |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 for r in runs:
     m, f = r["measured"], r["fairness"]
     checks = "ok" if r["ok"] else "FAILED " + json.dumps(f["checks"])
-    print(f"| {r['tickets']:,} | {m['crowd_public_polls_per_second_modelled']:,.0f} | {m['edge_public_requests_per_second']:,.0f} "
+    print(f"| {r['tickets']:,} | {r['ignore_window_percent']} % | {m['crowd_public_polls_per_second_modelled']:,.0f} | {m['edge_public_requests_per_second']:,.0f} "
           f"| {100 * m['edge_hit_ratio']:.2f} % | {m['origin_public_per_second']:.2f} | {m['origin_personal_per_second']:,.0f} "
+          f"| {m['ticket_polls_from_memory_per_second']:,.0f} | {m['ticket_polls_checked_in_per_second']:,.0f} "
           f"| {m['redis_commands_per_second']:,.0f} | {sum(c['per_second'] for c in m['redis_top_commands'] if c['command'].startswith('eval')):,.0f} "
+          f"| {m['redis_cpu_percent']:.1f} % ({m['redis_cpu_seconds']:.2f} s) "
           f"| {checks}: {f['admitted']} admitted in order, {f['abandoned_skipped']} abandoned skipped, max {f['max_active_seen']}/{r['max_active']} active, {f['orders']} orders/{r['stock']} units |")
+for r in runs:
+    top = ", ".join(f"{c['command']} {c['per_second']:,.0f}" for c in r["measured"]["redis_top_commands"])
+    print(f"redis commands/s at {r['tickets']:,}: {top}", file=sys.stderr)
 for r in runs:
     print(f"joins: {r['tickets']:,} in {r['join_seconds']:.0f} s ({r['joins_per_second']:,.0f}/s)", file=sys.stderr)
 PY

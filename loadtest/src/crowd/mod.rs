@@ -9,12 +9,17 @@
 //! client's check-in comes at its own timer's next tick once the line is within the
 //! check-in window of its signed position, and from then on it polls its ticket through the
 //! edge at the pace the gateway asks, collects its pass and orders with it. A share of the
-//! crowd abandons (never checks in). Over a measurement window after the line opens it
-//! reports origin requests per second (public and personal, from the gateway's own
-//! counters), Redis commands per second (`INFO commandstats`), the edge's hit ratio, and
-//! then checks fairness from Redis and the stock from PostgreSQL (`fairness`).
+//! crowd abandons (never checks in), and a share ignores the window (`impatient`): it polls
+//! its ticket from the moment it joined, at the interval each answer gives, showing its
+//! position token. Over a measurement window after the line opens it reports origin
+//! requests per second (public and personal, from the gateway's own counters), Redis
+//! commands per second (`INFO commandstats`) and Redis CPU (`INFO cpu`), the ticket polls
+//! answered from memory and as check-ins, the edge's hit ratio, and then checks fairness
+//! from Redis and the stock from PostgreSQL (`fairness`).
 
 mod fairness;
+mod impatient;
+mod join;
 mod probes;
 mod timers;
 
@@ -62,6 +67,11 @@ pub struct CrowdConfig {
     /// Share of the crowd that never checks in (it closed the page).
     #[arg(long, default_value_t = 0.05)]
     pub abandon_fraction: f64,
+    /// Share of the crowd (in %, of those who do not abandon) that ignores the check-in
+    /// window: it polls its own ticket from the moment it joins, at the interval each
+    /// answer gives, showing its position token, and never reads the public line state.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub ignore_window_percent: u32,
     /// How often each waiting client reads the public line state.
     #[arg(long, default_value_t = 5.0)]
     pub public_poll_seconds: f64,
@@ -115,7 +125,9 @@ pub async fn run(config: &CrowdConfig) -> Result<Value, String> {
     if !random {
         admin(&http, config, &deal_id, "pause").await?;
     }
-    let joined = timers::join_all(&http, config, &deal_id).await?;
+    let base = format!("{}/v1/deals/{deal_id}", config.edge_url);
+    let impatient = impatient::Impatient::start(http.clone(), base, config.poll_concurrency);
+    let joined = join::join_all(&http, config, &deal_id, &impatient.arrivals).await?;
     let join_seconds = joined.elapsed.as_secs_f64();
     let now = std::time::Instant::now();
     if random && now >= opens_at {
@@ -134,10 +146,14 @@ pub async fn run(config: &CrowdConfig) -> Result<Value, String> {
         config.clone(),
         deal_id.clone(),
         joined.clients,
+        impatient.counts.clone(),
     );
     let resume =
         (!random).then(|| resume_at(http.clone(), config.clone(), deal_id.clone(), opens_at));
-    let measured = run.run(opens_at).await?;
+    let measured = run.run(opens_at).await;
+    let counts = impatient.counts.clone();
+    impatient.stop().await;
+    let measured = measured?;
     if let Some(resume) = resume {
         resume.await.map_err(|e| e.to_string())??;
     }
@@ -152,6 +168,8 @@ pub async fn run(config: &CrowdConfig) -> Result<Value, String> {
         "stock": config.stock,
         "abandon_fraction": config.abandon_fraction,
         "public_poll_seconds": config.public_poll_seconds,
+        "ignore_window_percent": config.ignore_window_percent,
+        "impatient": counts.report(),
         "join_seconds": join_seconds,
         "joins_per_second": config.tickets as f64 / join_seconds.max(1e-9),
         "measured": measured.report(),

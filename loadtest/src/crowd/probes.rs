@@ -81,11 +81,13 @@ pub async fn watch_passes_active(
 }
 
 /// Redis's command counts: every command, those run inside scripts included
-/// (`INFO commandstats`), and the commands clients sent (`total_commands_processed`).
+/// (`INFO commandstats`), and the commands clients sent (`total_commands_processed`); and
+/// the CPU its server process used (`INFO cpu`: `used_cpu_sys` + `used_cpu_user`).
 #[derive(Debug, Clone, Default)]
 pub struct RedisCounts {
     pub by_command: HashMap<String, u64>,
     pub client_commands: u64,
+    pub cpu_seconds: f64,
 }
 
 impl RedisCounts {
@@ -123,14 +125,24 @@ pub async fn redis_counts(redis_url: &str) -> Result<RedisCounts, String> {
         .query_async(&mut conn)
         .await
         .map_err(|e| e.to_string())?;
+    let cpu: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
     Ok(RedisCounts {
         by_command: parse_commandstats(&stats),
-        client_commands: general
-            .lines()
-            .find_map(|l| l.strip_prefix("total_commands_processed:"))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or(0),
+        client_commands: field(&general, "total_commands_processed:").unwrap_or(0.0) as u64,
+        cpu_seconds: field(&cpu, "used_cpu_sys:").unwrap_or(0.0)
+            + field(&cpu, "used_cpu_user:").unwrap_or(0.0),
     })
+}
+
+/// The number after `name` (with its colon) on a line of an `INFO` section.
+fn field(info: &str, name: &str) -> Option<f64> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|n| n.trim().parse().ok())
 }
 
 /// `cmdstat_get:calls=12,usec=…` lines as command → calls.
@@ -178,5 +190,8 @@ mod tests {
         );
         assert_eq!(stats.get("evalsha"), Some(&5));
         assert_eq!(stats.get("hget"), Some(&40));
+        let cpu = "# CPU\r\nused_cpu_sys:1.250000\r\nused_cpu_user:2.500000\r\nused_cpu_sys_children:9.0\r\n";
+        assert_eq!(field(cpu, "used_cpu_sys:"), Some(1.25));
+        assert_eq!(field(cpu, "used_cpu_user:"), Some(2.5));
     }
 }

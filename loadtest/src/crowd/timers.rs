@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 use tokio::sync::{Mutex, Semaphore, mpsc};
 
 use super::CrowdConfig;
+use super::impatient::PollCounts;
 use super::probes::{self, Counts, Stop};
-use crate::line::signed_position;
 
 /// One waiting client.
 pub struct Client {
@@ -21,79 +21,13 @@ pub struct Client {
     /// the shuffle is published and recomputed from its seed.
     pub position: u64,
     pub abandoned: bool,
-}
-
-/// The line, filled.
-pub struct Joined {
-    pub clients: Vec<Client>,
-    pub elapsed: Duration,
+    /// Polls its ticket from the moment it joined, ignoring the check-in window
+    /// (`impatient`); it never reads the public line state.
+    pub ignores_window: bool,
 }
 
 pub fn user_id(user: u32) -> String {
     format!("crowd-{user}")
-}
-
-/// Takes `tickets` real tickets through the gateway, `join_concurrency` at a time.
-pub async fn join_all(
-    http: &reqwest::Client,
-    config: &CrowdConfig,
-    deal_id: &str,
-) -> Result<Joined, String> {
-    let started = Instant::now();
-    let url = Arc::new(format!("{}/v1/deals/{deal_id}/queue", config.origin_url));
-    let permits = Arc::new(Semaphore::new(config.join_concurrency.max(1)));
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    for user in 0..config.tickets as u32 {
-        let permit = permits
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|e| e.to_string())?;
-        let (http, url, tx) = (http.clone(), url.clone(), tx.clone());
-        let token = config.operator.token(&user_id(user), 7200);
-        tokio::spawn(async move {
-            let joined = join_one(&http, &url, &token).await;
-            let _ = tx.send((user, joined));
-            drop(permit);
-        });
-    }
-    drop(tx);
-    let abandon = config.abandon_fraction;
-    let mut clients = Vec::with_capacity(config.tickets);
-    while let Some((user, joined)) = rx.recv().await {
-        let (ticket, position) = joined.map_err(|e| format!("user {user} could not join: {e}"))?;
-        let abandoned = rand::random::<f64>() < abandon;
-        clients.push(Client {
-            ticket,
-            user,
-            position,
-            abandoned,
-        });
-    }
-    clients.sort_unstable_by_key(|c| c.position);
-    Ok(Joined {
-        clients,
-        elapsed: started.elapsed(),
-    })
-}
-
-/// One join, retried on 429/503 as a client would; the ticket and its signed position.
-async fn join_one(http: &reqwest::Client, url: &str, token: &str) -> Result<(String, u64), String> {
-    for _ in 0..20 {
-        let response = http.post(url).bearer_auth(token).send().await;
-        let Ok(response) = response else {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            continue;
-        };
-        if response.status().as_u16() == 201 {
-            let body: Value = response.json().await.map_err(|e| e.to_string())?;
-            let ticket = body["ticket"].as_str().ok_or("no ticket")?.to_owned();
-            let token = body["position_token"].as_str().ok_or("no position token")?;
-            return Ok((ticket, signed_position(token)?));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Err("the gateway kept refusing".into())
 }
 
 /// What a ticket poll or an order came back with.
@@ -110,10 +44,18 @@ pub struct Measured {
     pub modelled_public_polls: f64,
     pub edge: HashMap<String, u64>,
     pub personal_polls: u64,
+    /// The polls of the clients ignoring the window answered from memory.
+    pub far_polls: u64,
+    /// Their polls answered as check-ins (from Redis).
+    pub impatient_check_ins: u64,
+    /// Their polls due but not sent at the window's end (the load tester's own lag).
+    pub impatient_backlog: u64,
     pub origin: Counts,
     pub redis_calls: u64,
     pub redis_client_commands: u64,
     pub redis_by_command: Vec<(String, u64)>,
+    /// Redis's own CPU (user and system) over the window.
+    pub redis_cpu_seconds: f64,
     pub max_active_seen: u64,
     /// Clients that were handed a pass, by client index, with how many passes they saw.
     pub passes: HashMap<usize, u32>,
@@ -140,6 +82,12 @@ impl Measured {
             "origin_personal_per_second": per_s(self.origin.personal as f64),
             "origin_orders_per_second": per_s(self.origin.orders as f64),
             "client_personal_polls_per_second": per_s(self.personal_polls as f64),
+            "ticket_polls_from_memory_per_second": per_s(self.far_polls as f64),
+            "impatient_backlog_at_window_end": self.impatient_backlog,
+            "ticket_polls_checked_in_per_second":
+                per_s((self.personal_polls + self.impatient_check_ins) as f64),
+            "redis_cpu_seconds": self.redis_cpu_seconds,
+            "redis_cpu_percent": 100.0 * per_s(self.redis_cpu_seconds),
             "redis_commands_per_second": per_s(self.redis_calls as f64),
             "redis_client_commands_per_second": per_s(self.redis_client_commands as f64),
             "redis_top_commands": self.redis_by_command.iter().take(8)
@@ -166,6 +114,8 @@ pub struct Crowd {
     config: CrowdConfig,
     deal_id: String,
     clients: Vec<Client>,
+    /// The answers the clients ignoring the window got.
+    impatient: Arc<PollCounts>,
 }
 
 impl Crowd {
@@ -174,12 +124,14 @@ impl Crowd {
         config: CrowdConfig,
         deal_id: String,
         clients: Vec<Client>,
+        impatient: Arc<PollCounts>,
     ) -> Self {
         Self {
             http,
             config,
             deal_id,
             clients,
+            impatient,
         }
     }
 
@@ -187,7 +139,8 @@ impl Crowd {
     pub async fn run(mut self, opens_at: Instant) -> Result<Measured, String> {
         let line = Arc::new(Line::default());
         let edge_counts = Arc::new(std::sync::Mutex::new(HashMap::<String, u64>::new()));
-        let waiting = Arc::new(AtomicU64::new(self.clients.len() as u64));
+        let followers = self.clients.iter().filter(|c| !c.ignores_window).count();
+        let waiting = Arc::new(AtomicU64::new(followers as u64));
         let stop = Stop::default();
         let edge = tokio::spawn(edge_sampler(
             self.http.clone(),
@@ -228,7 +181,7 @@ impl Crowd {
             while let Ok((i, outcome)) = rx.try_recv() {
                 state.settle(i, outcome, now);
             }
-            waiting.store((self.clients.len() - state.done) as u64, Ordering::Relaxed);
+            waiting.store((followers - state.done) as u64, Ordering::Relaxed);
             for i in state.due(now) {
                 let permit = permits
                     .clone()
@@ -310,21 +263,31 @@ async fn poll_and_order(http: &reqwest::Client, base: &str, ticket: &str, token:
     };
     match (body["state"].as_str(), body["pass"].as_str()) {
         (Some("admitted"), Some(pass)) => {
-            let ordered = http
-                .post(format!("{base}/orders"))
-                .bearer_auth(token)
-                .header("Idempotency-Key", format!("crowd-{ticket}"))
-                .header("Flashgate-Pass", pass)
-                .json(&json!({"quantity": 1}))
-                .send()
-                .await;
-            let _created = ordered.is_ok_and(|r| r.status().as_u16() == 201);
+            order_with_pass(http, base, ticket, token, pass).await;
             Outcome::Admitted
         }
         (Some("expired"), _) => Outcome::Expired,
         (Some(_), _) => Outcome::Waiting(body["refresh_after_seconds"].as_f64().unwrap_or(1.0)),
         _ => Outcome::Failed,
     }
+}
+
+/// Orders one unit with the pass an admitted ticket collected (the gateway counts orders).
+pub(super) async fn order_with_pass(
+    http: &reqwest::Client,
+    base: &str,
+    ticket: &str,
+    token: &str,
+    pass: &str,
+) {
+    let _ordered = http
+        .post(format!("{base}/orders"))
+        .bearer_auth(token)
+        .header("Idempotency-Key", format!("crowd-{ticket}"))
+        .header("Flashgate-Pass", pass)
+        .json(&json!({"quantity": 1}))
+        .send()
+        .await;
 }
 
 /// The real public requests through the edge: the crowd's public polls, sampled at up to
@@ -437,7 +400,9 @@ impl Schedule {
             if random_unsettled && client.position as usize <= clients.len() {
                 break;
             }
-            if client.abandoned {
+            if client.ignores_window {
+                // Polls on its own timer already (`impatient`).
+            } else if client.abandoned {
                 self.done += 1;
             } else {
                 let phase =
@@ -486,6 +451,9 @@ struct Snapshot {
     origin: Counts,
     redis: probes::RedisCounts,
     personal_polls: u64,
+    far_polls: u64,
+    impatient_check_ins: u64,
+    impatient_backlog: u64,
 }
 
 impl Snapshot {
@@ -502,6 +470,9 @@ impl Snapshot {
             origin,
             redis,
             personal_polls: state.personal_polls,
+            far_polls: crowd.impatient.memory.load(Ordering::Relaxed),
+            impatient_check_ins: crowd.impatient.redis.load(Ordering::Relaxed),
+            impatient_backlog: crowd.impatient.backlog.load(Ordering::Relaxed),
         })
     }
 
@@ -524,10 +495,14 @@ impl Snapshot {
             modelled_public_polls: state.modelled_public,
             edge,
             personal_polls: end.personal_polls - self.personal_polls,
+            far_polls: end.far_polls - self.far_polls,
+            impatient_check_ins: end.impatient_check_ins - self.impatient_check_ins,
+            impatient_backlog: end.impatient_backlog,
             origin: end.origin.since(&self.origin),
             redis_calls,
             redis_client_commands: end.redis.client_commands - self.redis.client_commands,
             redis_by_command,
+            redis_cpu_seconds: end.redis.cpu_seconds - self.redis.cpu_seconds,
             max_active_seen,
             passes: state.passes,
             expired_checked_in: state.expired_checked_in,
