@@ -50,7 +50,6 @@ fn limiters(c: &mut Criterion) {
             instances_assumed: 1,
             user_batch_max: 64,
             user_queue_max: 4096,
-            user_local_share: true,
         },
     });
     let ips: Vec<IpAddr> = (0..1024u32)

@@ -118,7 +118,6 @@ impl Application {
         let provider = identity_provider(&settings, &clock).await?;
         let admission =
             Admission::new(settings.admission(), redis.clone(), clock.clone(), provider);
-        admission.global_limits().settle().await;
         let payments = build_payments(&settings, &clock)?;
         let stock_events = subscribe_stock_events(&admission, &pools);
         let state = State::new(

@@ -274,7 +274,7 @@ fn describe() {
     );
     describe_counter!(
         GLOBAL_LIMIT_CHECKS,
-        "Shared per-user and per-deal limit checks, by where they were decided: redis, local (this instance's share of the user's budget), a local slice of the deal's, or the local fallback share while Redis is down."
+        "Shared per-user and per-deal limit checks, by where they were decided: redis, a local slice, or the local fallback share while Redis is down."
     );
     describe_gauge!(
         DB_POOL_CONNECTIONS,

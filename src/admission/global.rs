@@ -5,12 +5,10 @@
 //! GCRA (generic cell rate algorithm) whose whole state is one timestamp per key, updated
 //! by one script on Redis's clock, so instances with skewed clocks still agree.
 //!
-//! - Per user an instance spends its share of every user's budget (1/N, N the live
-//!   instances) in memory, and asks Redis only for a user past it (`user_shares`); the
-//!   shares and the pool in Redis add up to the budget, exact to the request. Pool checks
-//!   waiting at once share one script call (group-commit style, no timer): while a call is
-//!   in flight new checks queue, and the next call takes all of them, at most
-//!   `user_batch_max`, their keys grouped so that one call touches one Redis Cluster slot.
+//! - Per user every check is exact to the request. Checks waiting at once share one script
+//!   call (group-commit style, no timer): while a call is in flight new checks queue, and
+//!   the next call takes all of them, at most `user_batch_max`, their keys grouped so that
+//!   one call touches one Redis Cluster slot.
 //! - Per deal an instance takes a slice of requests per call and spends it locally for up
 //!   to `slice_ttl_ms`; slices grow with local demand from one request up to `deal_slice`,
 //!   and what a slice leaves unspent goes back to the budget (`slices`). Requests are only
@@ -33,7 +31,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::limits::{Limited, Scope, SharedLimiter};
 use super::slices::{Need, Slices, shared_now_us};
-use super::user_shares::{Local, UserShares};
 use super::{GlobalLimitSettings, LimitSettings, RateSettings};
 use crate::clock::Clock;
 use crate::redis_link::{RedisError, RedisHandle, Script};
@@ -110,12 +107,6 @@ impl SharedScope {
         }
     }
 
-    /// The budget's window: burst / rate.
-    fn window(&self) -> Duration {
-        let rate = u64::from(self.rate.rate_per_second.max(1));
-        Duration::from_micros(u64::from(self.rate.burst) * 1_000_000 / rate)
-    }
-
     fn limited(&self, wait: Duration) -> Limited {
         Limited {
             scope: self.scope,
@@ -176,10 +167,6 @@ struct Inner {
     deal: SharedScope,
     /// This instance's slices of the per-deal budgets, and the clock of the limits.
     slices: Slices,
-    /// This instance's share of every user's budget, and its view of the pool.
-    shares: UserShares,
-    /// The first heartbeat, which a check waits for when none has run yet.
-    first_beat: tokio::sync::OnceCell<()>,
     /// Live instances, as last counted in Redis.
     instances: AtomicU32,
     /// This process in the instance count.
@@ -203,13 +190,6 @@ impl GlobalLimits {
                 user_checks: OnceLock::new(),
                 user: SharedScope::new(Scope::User, settings.per_user, n),
                 deal: SharedScope::new(Scope::Deal, settings.per_deal, n),
-                shares: UserShares::new(
-                    settings.per_user,
-                    g.user_local_share,
-                    Duration::from_millis(g.instance_ttl_ms),
-                    clock.clone(),
-                ),
-                first_beat: tokio::sync::OnceCell::new(),
                 slices: Slices::new(slice_max, Duration::from_millis(g.slice_ttl_ms), clock),
                 instances: AtomicU32::new(n),
                 id: hex::encode(rand::random::<[u8; 8]>()),
@@ -226,64 +206,13 @@ impl GlobalLimits {
         self.inner.instances.load(Ordering::Relaxed)
     }
 
-    /// Units of the user's budget this instance holds, then the pool in Redis for a user
-    /// past them.
     pub async fn check_user(&self, user_id: &str) -> Result<(), Limited> {
         if !self.enabled() {
             return Ok(());
         }
-        let first = || async {
-            self.heartbeat().await;
-        };
-        self.inner.first_beat.get_or_init(first).await;
-        let scope = &self.inner.user;
-        let local_wait = match self.inner.shares.take_local(user_id) {
-            Local::Granted => {
-                count(scope.scope, "local");
-                scope.spend_share(user_id, self.instances());
-                return Ok(());
-            }
-            Local::Spent { wait } => Some(wait),
-            Local::Unheld => None,
-        };
-        let answer = self.ask_pool(user_id, local_wait).await?;
-        if matches!(answer, Some((granted, _)) if granted > 0) {
-            self.inner.shares.pool_granted();
-        }
-        self.decide(scope, user_id, answer).map(drop)
-    }
-
-    /// One request of the user's pool, in the next call shared with the other checks
-    /// waiting: `(granted, wait_us)` (the sooner of the pool's and the local wait), or
-    /// `None` when Redis did not answer (the fallback share decides then). An empty pool
-    /// refuses without a call; a grant given under a view replaced meanwhile is asked again.
-    async fn ask_pool(
-        &self,
-        user_id: &str,
-        local_wait: Option<Duration>,
-    ) -> Result<Option<(u32, u64)>, Limited> {
-        let key = self.inner.redis.key(&format!("limit:pool:user:{user_id}"));
-        let local_us = local_wait.map_or(u64::MAX, |wait| {
-            u64::try_from(wait.as_micros()).unwrap_or(u64::MAX)
-        });
-        for _ in 0..2 {
-            let Some(view) = self.inner.shares.view() else {
-                return Ok(None);
-            };
-            if view.units == 0 {
-                count(Scope::User, "local");
-                let wait = local_wait.unwrap_or(self.inner.user.window());
-                return Err(self.inner.user.limited(wait));
-            }
-            match self.take_with_others(key.clone()).await {
-                Some(PoolAnswer::Given(granted, wait_us)) => {
-                    return Ok(Some((granted, wait_us.min(local_us))));
-                }
-                Some(PoolAnswer::Stale) => {}
-                None => return Ok(None),
-            }
-        }
-        Ok(None)
+        let key = self.inner.redis.key(&format!("limit:user:{user_id}"));
+        let answer = self.take_with_others(key).await;
+        self.decide(&self.inner.user, user_id, answer).map(drop)
     }
 
     /// Spends this instance's slice of the deal's budget, or asks Redis for a new one
@@ -370,9 +299,10 @@ impl GlobalLimits {
         }
     }
 
-    /// Queues a pool check of `key` for the next shared call (made under the view of the
-    /// pool current then); `None` when too many checks already wait or Redis did not answer.
-    async fn take_with_others(&self, key: String) -> Option<PoolAnswer> {
+    /// One request of the per-user budget at `key`, taken in the next call shared with the
+    /// other checks waiting: `(granted, wait_us)`, or `None` when Redis did not answer or
+    /// too many checks already wait (the local share decides then).
+    async fn take_with_others(&self, key: String) -> Option<(u32, u64)> {
         let queue = self
             .inner
             .user_checks
@@ -405,28 +335,10 @@ impl GlobalLimits {
         }
     }
 
-    /// Beats until this instance holds the share of the users' budgets it wants, so that it
-    /// serves with it from its first request: at most 24 beats an eighth of
-    /// `heartbeat_interval_ms` apart (the others grant it within a few of their own beats),
-    /// and none more once Redis fails to answer.
-    pub async fn settle(&self) {
+    /// One announcement; a failure keeps the last count.
+    pub async fn heartbeat(&self) {
         if !self.enabled() {
             return;
-        }
-        let pause = Duration::from_millis(self.inner.settings.heartbeat_interval_ms / 8);
-        for _ in 0..24 {
-            if !self.heartbeat().await || self.inner.shares.settled() {
-                break;
-            }
-            tokio::time::sleep(pause.max(Duration::from_millis(10))).await;
-        }
-        let _first_already_done = self.inner.first_beat.set(());
-    }
-
-    /// One announcement; a failure keeps the last count. True when Redis answered.
-    pub async fn heartbeat(&self) -> bool {
-        if !self.enabled() {
-            return false;
         }
         let keys = [self.inner.redis.key("instances")];
         let args = (&self.inner.id, self.inner.settings.instance_ttl_ms);
@@ -437,17 +349,11 @@ impl GlobalLimits {
         if let Ok(n) = counted.await {
             self.inner.instances.store(n.max(1), Ordering::Relaxed);
         }
-        let key = self.inner.redis.key("user_shares");
-        let shares = &self.inner.shares;
-        shares
-            .refresh(&self.inner.redis, key, &self.inner.id, self.instances())
-            .await
     }
 
     /// Drops spent and lapsed slices; run periodically.
     pub fn forget_idle(&self) {
         self.inner.slices.forget_idle();
-        self.inner.shares.forget_idle();
         for scope in [&self.inner.user, &self.inner.deal] {
             if let Ok(current) = scope.fallback.read() {
                 current.1.forget_idle();
@@ -456,18 +362,10 @@ impl GlobalLimits {
     }
 }
 
-/// A pool check waiting for the next shared script call.
+/// A per-user check waiting for the next shared script call.
 struct UserCheck {
     key: String,
-    answer: oneshot::Sender<Option<PoolAnswer>>,
-}
-
-/// The pool's answer to one check.
-enum PoolAnswer {
-    /// `(granted, wait_us)`.
-    Given(u32, u64),
-    /// Granted under a view of the pool replaced before the answer came: ask again.
-    Stale,
+    answer: oneshot::Sender<Option<(u32, u64)>>,
 }
 
 /// Answers the queued per-user checks: every round takes all that wait (at most
@@ -491,29 +389,18 @@ async fn run_user_checks(
     }
 }
 
-/// One call for `group` (keys of one script group) under the current view of the pool;
-/// every check gets its own answer. A failed call suspends the shares: Redis is down.
+/// One call for `group` (keys of one script group); every check gets its own answer.
 async fn answer_group(limits: &Inner, group: Vec<UserCheck>) {
     let keys: Vec<&str> = group.iter().map(|check| check.key.as_str()).collect();
-    let answers = match limits.shares.view() {
-        Some(view) => match limits.shares.take_pool(&limits.redis, &keys, view).await {
-            Ok(answers) => Some((answers, limits.shares.is_current(view))),
-            Err(_) => {
-                limits.shares.suspend();
-                None
-            }
-        },
-        None => None,
+    let call = Call {
+        rate: limits.user.rate,
+        want: 1,
+        give_back: 0,
+        now_us: shared_now_us(limits.slices.clock()),
     };
+    let answers = take(&limits.redis, &limits.gcra, &keys, call).await.ok();
     for (i, check) in group.into_iter().enumerate() {
-        let answer = answers.as_ref().and_then(|(answers, current)| {
-            let (granted, wait_us) = answers.get(i).copied()?;
-            Some(if granted > 0 && !current {
-                PoolAnswer::Stale
-            } else {
-                PoolAnswer::Given(granted, wait_us)
-            })
-        });
+        let answer = answers.as_ref().and_then(|answers| answers.get(i).copied());
         let _gone = check.answer.send(answer);
     }
 }

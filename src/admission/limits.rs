@@ -188,7 +188,6 @@ mod tests {
                 instances_assumed: 1,
                 user_batch_max: 64,
                 user_queue_max: 4096,
-                user_local_share: true,
             },
         }
     }

@@ -4,9 +4,8 @@
 //! rejection path: client address → per-IP limit → sold-out mirror (whose only exception,
 //! a user retrying an order of that deal, is known from memory) → deal settings (cached:
 //! unknown deal) → sale window → paused → token (HS256, or a provider's, see `oidc`) →
-//! per-user limit → per-deal limit → the shared per-user and per-deal budgets (`global`:
-//! per user this instance's share from memory, Redis only past it; per deal one script
-//! call, or none while a slice lasts) → waiting-room pass (an HMAC
+//! per-user limit → per-deal limit → the shared per-user and per-deal budgets in Redis
+//! (`global`, one script call, or none while a slice lasts) → waiting-room pass (an HMAC
 //! checked in memory) → per-user quantity.
 //! What passes is an `Admitted` order request, the only way into the order path.
 
@@ -19,7 +18,6 @@ pub mod slices;
 pub mod soldout;
 pub mod token;
 mod token_error;
-pub mod user_shares;
 
 use std::net::IpAddr;
 use std::sync::Arc;

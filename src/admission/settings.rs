@@ -127,8 +127,7 @@ pub struct GlobalLimitSettings {
     pub slice_ttl_ms: u64,
     /// How often each instance announces itself in Redis.
     pub heartbeat_interval_ms: u64,
-    /// An instance not heard from for this long no longer counts, and an instance spends
-    /// its share of the users' budgets for at most this long after its last heartbeat.
+    /// An instance not heard from for this long no longer counts.
     pub instance_ttl_ms: u64,
     /// Instances assumed until Redis has told how many run; while Redis is down each
     /// instance allows this share (1/N) of the per-user and per-deal budgets.
@@ -137,9 +136,6 @@ pub struct GlobalLimitSettings {
     pub user_batch_max: u32,
     /// Most per-user checks waiting for Redis; past it the local share decides.
     pub user_queue_max: u32,
-    /// Each instance spends its share (1/N) of every user's budget from memory and asks
-    /// Redis only past it; off, every per-user check asks Redis.
-    pub user_local_share: bool,
 }
 
 /// A token bucket: `rate_per_second` sustained, `burst` at once.

@@ -84,7 +84,6 @@ mod startup_errors;
 mod sweeper_crash;
 mod tiers;
 mod traces;
-mod user_shares;
 mod waiting_room;
 mod waiting_room_adaptive;
 mod waiting_room_busy;
