@@ -69,6 +69,7 @@ mod payments_soak;
 mod payments_tls;
 mod payments_webhooks;
 mod pipelining;
+mod pipelining_bodies;
 mod pooled_writes;
 mod postgres_read_only;
 mod problem_types;

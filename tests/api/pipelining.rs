@@ -2,12 +2,10 @@
 //! unless an earlier answer said `Connection: close`, however its bytes are cut into the
 //! gateway's reads (a read boundary inside a body, requests longer than one read, a byte
 //! at a time, a slow client) and whatever refuses it (the sold-out mirror, the per-IP
-//! limit, a paused deal). A body over `server.body_bytes_max` is refused and the answer
-//! says the connection closes.
+//! limit, a paused deal). Refused bodies on such a connection: `pipelining_bodies`.
 
 use std::time::Duration;
 
-use flashgate::config::Settings;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedReadHalf;
@@ -19,11 +17,11 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The gateway's own read size: requests are sized around it so that its boundaries fall
 /// in heads, in bodies and past a whole read.
-const READ_BYTES: usize = 2048;
+pub(crate) const READ_BYTES: usize = 2048;
 
 /// How a client cuts what it writes into `write` calls (each its own TCP segment).
 #[derive(Clone, Copy, Debug)]
-enum Cut {
+pub(crate) enum Cut {
     /// A window of requests in one write.
     Whole,
     /// Pieces of odd sizes, some longer than one of the gateway's reads.
@@ -40,7 +38,7 @@ const SLOW_PAUSE: Duration = Duration::from_millis(15);
 
 /// How the `i`-th order of a connection is framed.
 #[derive(Clone, Copy)]
-enum Framing {
+pub(crate) enum Framing {
     Length,
     Chunked,
 }
@@ -48,7 +46,7 @@ enum Framing {
 /// The `i`-th order of a connection tagged `tag`. Its header padding and body padding vary
 /// with `i` (0 to 2,600 and 0 to 300 bytes), so over a connection the gateway's read
 /// boundaries fall anywhere in heads and bodies, and some requests need two reads.
-fn order(deal: &str, token: &str, tag: &str, i: usize, framing: Framing) -> Vec<u8> {
+pub(crate) fn order(deal: &str, token: &str, tag: &str, i: usize, framing: Framing) -> Vec<u8> {
     let padding = "p".repeat((i * 211) % 2600);
     let body = format!("{{\"quantity\":1{}}}", " ".repeat((i * 29) % 300));
     let framed = match framing {
@@ -73,26 +71,26 @@ fn order(deal: &str, token: &str, tag: &str, i: usize, framing: Framing) -> Vec<
 
 /// One parsed answer.
 #[derive(Debug)]
-struct Answer {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Vec<u8>,
 }
 
 impl Answer {
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
     }
 
-    fn closes(&self) -> bool {
+    pub(crate) fn closes(&self) -> bool {
         self.header("connection")
             .is_some_and(|v| v.eq_ignore_ascii_case("close"))
     }
 
-    fn slug(&self) -> Option<String> {
+    pub(crate) fn slug(&self) -> Option<String> {
         let problem: serde_json::Value = serde_json::from_slice(&self.body).ok()?;
         let kind = problem["type"].as_str()?;
         kind.strip_prefix("https://flashgate.dev/problems/")
@@ -101,14 +99,14 @@ impl Answer {
 }
 
 /// Reads answers off a connection, one at a time.
-struct Answers {
-    reader: OwnedReadHalf,
-    buffer: Vec<u8>,
+pub(crate) struct Answers {
+    pub(crate) reader: OwnedReadHalf,
+    pub(crate) buffer: Vec<u8>,
 }
 
 impl Answers {
     /// The next answer, or `None` when the connection ended (or stayed silent) first.
-    async fn next(&mut self) -> Option<Answer> {
+    pub(crate) async fn next(&mut self) -> Option<Answer> {
         let head_end = self
             .fill_until(|b| find(b, b"\r\n\r\n").map(|at| at + 4))
             .await?;
@@ -151,7 +149,7 @@ impl Answers {
     }
 
     /// True when the gateway closes the connection with nothing more written.
-    async fn ended(&mut self) -> bool {
+    pub(crate) async fn ended(&mut self) -> bool {
         let mut chunk = [0u8; 64];
         matches!(
             tokio::time::timeout(ANSWER_TIMEOUT, self.reader.read(&mut chunk)).await,
@@ -165,7 +163,11 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 /// Writes `bytes` cut as `cut` says; false when the gateway closed the connection first.
-async fn write_cut(stream: &mut tokio::net::tcp::OwnedWriteHalf, bytes: &[u8], cut: Cut) -> bool {
+pub(crate) async fn write_cut(
+    stream: &mut tokio::net::tcp::OwnedWriteHalf,
+    bytes: &[u8],
+    cut: Cut,
+) -> bool {
     let mut rest = bytes;
     let mut piece = 0;
     while !rest.is_empty() {
@@ -193,7 +195,12 @@ async fn write_cut(stream: &mut tokio::net::tcp::OwnedWriteHalf, bytes: &[u8], c
 /// Sends `requests` on one connection, `depth` at a time written before their answers are
 /// read, and returns every answer it got before the connection ended. Each request
 /// carries `X-Request-Id: {tag}-{i}`; answers are checked to come back in order.
-async fn pipeline(app: &TestApp, requests: &[Vec<u8>], depth: usize, cut: Cut) -> Vec<Answer> {
+pub(crate) async fn pipeline(
+    app: &TestApp,
+    requests: &[Vec<u8>],
+    depth: usize,
+    cut: Cut,
+) -> Vec<Answer> {
     let stream = TcpStream::connect(app.addr).await.expect("connect");
     stream.set_nodelay(true).unwrap();
     let (reader, mut writer) = stream.into_split();
@@ -244,7 +251,13 @@ fn assert_all_answered(what: &str, tag: &str, sent: usize, got: &[Answer], statu
 }
 
 /// The orders of one connection tagged `tag`.
-fn orders(deal: &str, token: &str, tag: &str, count: usize, framing: Framing) -> Vec<Vec<u8>> {
+fn orders(
+    deal: &str,
+    token: &str,
+    tag: &str,
+    count: usize,
+    framing: Framing,
+) -> Vec<Vec<u8>> {
     (0..count)
         .map(|i| order(deal, token, tag, i, framing))
         .collect()
@@ -304,7 +317,7 @@ pub(crate) async fn sold_out_deal(app: &TestApp) -> String {
     deal
 }
 
-fn rand_id() -> String {
+pub(crate) fn rand_id() -> String {
     crate::helpers::unique_suffix()[..12].to_owned()
 }
 
@@ -430,211 +443,5 @@ async fn a_paused_deal_answers_every_pipelined_order() {
             .iter()
             .all(|a| a.slug().as_deref() == Some("sale-not-open"))
     );
-    app.cleanup().await;
-}
-
-/// An order whose declared body is `length` bytes, of which only `sent` are written.
-fn oversized_order(deal: &str, token: &str, length: usize, sent: usize) -> Vec<u8> {
-    let mut request = format!(
-        "POST /v1/deals/{deal}/orders HTTP/1.1\r\nHost: gateway\r\n\
-         Authorization: Bearer {token}\r\nIdempotency-Key: oversized\r\n\
-         X-Request-Id: big-0\r\nContent-Type: application/json\r\n\
-         Content-Length: {length}\r\n\r\n"
-    )
-    .into_bytes();
-    request.extend(std::iter::repeat_n(b' ', sent));
-    request
-}
-
-#[tokio::test]
-async fn an_oversized_body_is_refused_and_the_answer_closes_the_connection() {
-    let app = spawn_app_with(|_| {}).await;
-    let sold_out = sold_out_deal(&app).await;
-    let open = app
-        .given_deal(&new_deal(&format!("pipe-{}", rand_id()), 1000, 4))
-        .await;
-    let token = app.token("pipelining-user");
-    let over = app.settings.server.body_bytes_max + 1;
-
-    for (deal, status) in [(&sold_out, 409), (&open, 413)] {
-        // The next request follows the part of the body written so far.
-        let mut requests = vec![oversized_order(deal, &token, over, 3 * READ_BYTES)];
-        requests.push(order(deal, &token, "big", 1, Framing::Length));
-        let stream = TcpStream::connect(app.addr).await.expect("connect");
-        let (reader, mut writer) = stream.into_split();
-        assert!(write_cut(&mut writer, &requests.concat(), Cut::Whole).await);
-        let mut answers = Answers {
-            reader,
-            buffer: Vec::new(),
-        };
-
-        let first = answers
-            .next()
-            .await
-            .expect("the oversized request is answered");
-
-        assert_eq!(
-            first.status,
-            status,
-            "{:?}",
-            String::from_utf8_lossy(&first.body)
-        );
-        assert!(
-            first.closes(),
-            "the {status} answer does not say the connection closes"
-        );
-        assert!(
-            answers.ended().await,
-            "the connection stays open after Connection: close"
-        );
-    }
-    app.cleanup().await;
-}
-
-/// An order on `deal` declaring a body of `length` bytes; the body is written separately.
-fn order_head(deal: &str, token: &str, tag: &str, length: usize) -> Vec<u8> {
-    format!(
-        "POST /v1/deals/{deal}/orders HTTP/1.1\r\nHost: gateway\r\n\
-         Authorization: Bearer {token}\r\nIdempotency-Key: {tag}-key\r\n\
-         X-Request-Id: {tag}\r\nContent-Type: application/json\r\n\
-         Content-Length: {length}\r\n\r\n"
-    )
-    .into_bytes()
-}
-
-/// Header and body timeouts short enough for a test to outlast them.
-const SHORT_HEADER_READ_MS: u64 = 150;
-const SHORT_BODY_READ_MS: u64 = 600;
-
-/// Short timeouts, and the deal cached for longer than the test: when a cached deal goes
-/// stale, the request that re-reads it reads its body first, and a stalled body would be
-/// a 408 rather than the refusal from memory under test.
-fn short_timeouts(s: &mut Settings) {
-    s.server.header_read_timeout_ms = SHORT_HEADER_READ_MS;
-    s.server.body_read_timeout_ms = SHORT_BODY_READ_MS;
-    s.deals.cache_ttl_ms = 60_000;
-}
-
-#[tokio::test]
-async fn a_refused_body_arriving_slowly_is_read_to_its_end_and_the_connection_kept() {
-    let app = spawn_app_with(short_timeouts).await;
-    let deal = sold_out_deal(&app).await;
-    let token = app.token("pipelining-user");
-    let body = br#"{"quantity":1}"#;
-    let stream = TcpStream::connect(app.addr).await.expect("connect");
-    stream.set_nodelay(true).unwrap();
-    let (reader, mut writer) = stream.into_split();
-    let mut answers = Answers {
-        reader,
-        buffer: Vec::new(),
-    };
-
-    // The body takes longer than the header read timeout, within the body read timeout.
-    writer
-        .write_all(&order_head(&deal, &token, "slow-0", body.len()))
-        .await
-        .unwrap();
-    for piece in body.chunks(5) {
-        // The slow client is the case under test.
-        crate::helpers::pace(Duration::from_millis(SHORT_HEADER_READ_MS)).await;
-        let sent = writer.write_all(piece).await;
-        sent.expect("the connection stays open while the body arrives");
-    }
-    let mut next = order_head(&deal, &token, "slow-1", body.len());
-    next.extend_from_slice(body);
-    writer.write_all(&next).await.unwrap();
-
-    for tag in ["slow-0", "slow-1"] {
-        let answer = answers.next().await.expect("answered");
-        assert_eq!(answer.status, 409);
-        assert_eq!(answer.header("x-request-id"), Some(tag));
-        assert!(!answer.closes(), "{tag} closes the connection");
-    }
-    app.cleanup().await;
-}
-
-#[tokio::test]
-async fn a_refused_body_that_stops_arriving_is_answered_and_the_connection_closed() {
-    let app = spawn_app_with(short_timeouts).await;
-    let deal = sold_out_deal(&app).await;
-    let token = app.token("pipelining-user");
-    let stream = TcpStream::connect(app.addr).await.expect("connect");
-    let (reader, mut writer) = stream.into_split();
-    let mut answers = Answers {
-        reader,
-        buffer: Vec::new(),
-    };
-
-    let mut request = order_head(&deal, &token, "stalled", 100);
-    request.extend_from_slice(br#"{"quantity""#);
-    writer.write_all(&request).await.unwrap();
-
-    let answer = answers.next().await.expect("the refusal is answered");
-    assert_eq!(answer.status, 409);
-    assert!(
-        answer.closes(),
-        "the answer does not say the connection closes"
-    );
-    assert!(
-        answers.ended().await,
-        "the connection stays open after Connection: close"
-    );
-    app.cleanup().await;
-}
-
-/// A request to cancel an order without a token, with a body of varying size: refused
-/// before the body is read, after the router has matched it.
-fn unauthorized_cancel(tag: &str, i: usize) -> Vec<u8> {
-    let padding = "p".repeat((i * 211) % 2600);
-    // Up to three of the gateway's reads: hyper itself drains at most one more.
-    let body = format!(
-        "{{\"reason\":\"{}\"}}",
-        "r".repeat((i * 797) % (3 * READ_BYTES))
-    );
-    format!(
-        "POST /v1/orders/{}/cancel HTTP/1.1\r\nHost: gateway\r\n\
-         X-Request-Id: {tag}-{i}\r\nX-Padding: {padding}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        uuid::Uuid::now_v7(),
-        body.len()
-    )
-    .into_bytes()
-}
-
-#[tokio::test]
-async fn a_request_refused_before_its_body_after_routing_is_answered_or_says_the_connection_closes()
-{
-    let app = spawn_app_with(|_| {}).await;
-
-    for (depth, count, cut) in [
-        (1, 100, Cut::Whole),
-        (10, 200, Cut::Whole),
-        (50, 200, Cut::Odd),
-        (5, 10, Cut::Slow),
-    ] {
-        let tag = format!("cancel-{depth}-{cut:?}");
-        let requests: Vec<Vec<u8>> = (0..count).map(|i| unauthorized_cancel(&tag, i)).collect();
-        let got = pipeline(&app, &requests, depth, cut).await;
-
-        // Answered in order, until an answer says the connection closes (then it ends).
-        for (i, answer) in got.iter().enumerate() {
-            assert_eq!(answer.status, 401, "answer {i}");
-            assert_eq!(
-                answer.header("x-request-id"),
-                Some(format!("{tag}-{i}").as_str())
-            );
-            assert!(
-                !answer.closes() || i + 1 == got.len(),
-                "answers after a close"
-            );
-        }
-        let closed = got.last().is_some_and(Answer::closes);
-        assert!(
-            got.len() == requests.len() || closed,
-            "depth {depth}: {} of {} answered, and no answer said the connection closes",
-            got.len(),
-            requests.len()
-        );
-    }
     app.cleanup().await;
 }

@@ -439,7 +439,6 @@ async fn flash_sale_of_500_units_to_5000_queued_users() {
     let deal = apis[0]
         .given_deal(&room_deal("flash", 500, room, json!({})))
         .await;
-    // Ten times the stock: most of the line must be told it sold out.
     const USERS: usize = 5_000;
 
     // Act 1: 5,000 users queue.
