@@ -93,8 +93,9 @@ finish_step() {
 
 print_timings() {
     local status=$?
-    stop_clippy
-    stop_alongside
+    # A step may fail before the helpers below are defined.
+    ! declare -F stop_clippy >/dev/null || stop_clippy
+    ! declare -F stop_alongside >/dev/null || stop_alongside
     [[ -z ${main_dir:-} ]] || bash scripts/scale.sh stop "$main_dir" 2>/dev/null
     finish_step
     ((${#step_names[@]})) || return "$status"

@@ -251,13 +251,7 @@ fn assert_all_answered(what: &str, tag: &str, sent: usize, got: &[Answer], statu
 }
 
 /// The orders of one connection tagged `tag`.
-fn orders(
-    deal: &str,
-    token: &str,
-    tag: &str,
-    count: usize,
-    framing: Framing,
-) -> Vec<Vec<u8>> {
+fn orders(deal: &str, token: &str, tag: &str, count: usize, framing: Framing) -> Vec<Vec<u8>> {
     (0..count)
         .map(|i| order(deal, token, tag, i, framing))
         .collect()
