@@ -24,15 +24,14 @@
 # at the end.
 #
 # A full run overlaps what waits: the steps mostly wait on timers, PostgreSQL and child
-# processes, not on the cores. After the build, clippy, the chaos seeds with schemathesis
-# (private PostgreSQL and Redis, one gateway on the shared ones), the PgBouncer pass and
-# the Redis Cluster pass run alongside the tests, each with its log in target/steps/;
-# both tiers run in one nextest run. Each pass has a private PostgreSQL (initdb, fsync
-# off, 300 connections): a test holds a dozen connections or more, and the machine's
-# PostgreSQL (100) would hold four tests at a time, not the main pass's six
-# (MAIN_PASS_THREADS) beside the others' two each. A failure does not stop the steps after
-# it: every verdict is awaited, the logs of failed steps are printed, and the run fails at
-# the end.
+# processes, not on the cores. After the build, clippy and the chaos seeds with
+# schemathesis (private PostgreSQL and Redis, one gateway on the shared ones) run alongside
+# the tests, each with its log in target/steps/; both tiers run in one nextest run (four at
+# a time, MAIN_PASS_THREADS), then the PgBouncer pass and the Redis Cluster pass side by
+# side. Each pass has a private PostgreSQL (initdb, fsync off, 300 connections), so their
+# connections never meet the machine's PostgreSQL's limit (100). A failure does not stop
+# the steps after it: every verdict is awaited, the logs of failed steps are printed, and
+# the run fails at the end.
 #
 # Tests read DATABASE_URL and REDIS_URL; each test creates its own database from that
 # base URL and uses its own Redis key prefix, so runs do not disturb one another.
@@ -58,8 +57,9 @@ full_run=0
 [[ $# -gt 0 ]] || full_run=1
 
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
-# Tests at once in a full run's main pass, on its private PostgreSQL (max_connections 300).
-MAIN_PASS_THREADS=${MAIN_PASS_THREADS:-6}
+# Tests at once in a full run's main pass, on its private PostgreSQL (max_connections 300):
+# more would only share the two cores thinner.
+MAIN_PASS_THREADS=${MAIN_PASS_THREADS:-4}
 export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 # Private engines (scripts/scale.sh) read this and refuse to install packages.
@@ -234,7 +234,7 @@ planned_steps() {
         ((skip_schemathesis)) || side+=" then schemathesis"
         ((skip_pgbouncer)) || passes="PgBouncer pass and $passes"
         steps+=("build once" "alongside the tests: clippy" "alongside the tests: $side"
-            "alongside the tests: $passes" "both tiers at once")
+            "both tiers at once" "$passes side by side")
     else
         steps+=("build once" "clippy alongside the tests" "tests matching: $*")
     fi
@@ -498,17 +498,9 @@ else
     if ((full_run)); then
         alongside "chaos: seeded fault schedules over whole sales (seeds ${CHAOS_SEEDS:-1 2 3}), then schemathesis" \
             chaos_and_schemathesis
-        # The PgBouncer and Redis Cluster passes, two tests at a time each on a PostgreSQL
-        # of their own, fill the slots the main pass leaves while its tests wait.
-        if ((skip_pgbouncer)); then
-            note "skipped: the PgBouncer pass (needs pgbouncer: scripts/scale.sh install)"
-        else
-            alongside "through PgBouncer (transaction pooling): oversell and payment tests" pgbouncer_pass
-        fi
-        alongside "on a Redis Cluster: waiting-room, sold-out and limit tests" redis_cluster_pass
         # Both tiers in one run, the slowest tests first (.config/nextest.toml, profile all),
-        # on a private PostgreSQL with room for six tests at a time (the machine's allows
-        # four): the pass is mostly tests waiting on timers and child processes.
+        # on a private PostgreSQL (MAIN_PASS_THREADS at a time): the pass is mostly tests
+        # waiting on timers and child processes.
         begin "both tiers at once: unit, in-process and process-starting tests (profile all)"
         main_dir=$(mktemp -d /tmp/flashgate-main-pass.XXXXXX)
         main_port=$(private_postgres "$main_dir")
@@ -516,6 +508,15 @@ else
             nextest --profile all --test-threads "$MAIN_PASS_THREADS" -E "$kept" || failed=1
         bash scripts/scale.sh stop "$main_dir"
         main_dir=""
+        # Then the PgBouncer and Redis Cluster passes side by side, two tests at a time
+        # each on a PostgreSQL of their own: beside the main pass they would starve its
+        # timed tests of the two cores.
+        if ((skip_pgbouncer)); then
+            note "skipped: the PgBouncer pass (needs pgbouncer: scripts/scale.sh install)"
+        else
+            alongside "through PgBouncer (transaction pooling): oversell and payment tests" pgbouncer_pass
+        fi
+        alongside "on a Redis Cluster: waiting-room, sold-out and limit tests" redis_cluster_pass
     else
         begin "cargo nextest run --workspace $*"
         nextest -E "$kept" "$@"

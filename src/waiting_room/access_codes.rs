@@ -43,14 +43,18 @@ pub async fn issue(pool: &PgPool, deal_id: &str, count: u32) -> Result<Vec<Strin
         .map(|_| hex::encode(rand::random::<[u8; 16]>()))
         .collect();
     let digests: Vec<Vec<u8>> = codes.iter().map(|code| digest(code)).collect();
+    // Each write in a transaction of its own: behind a transaction pooler, a write straight
+    // on the pool would be committed only once the connection went back.
+    let mut tx = pool.begin().await?;
     sqlx::query(
         "INSERT INTO access_codes (deal_id, code_sha256)
          SELECT $1, digest FROM UNNEST($2::bytea[]) AS digest",
     )
     .bind(deal_id)
     .bind(&digests)
-    .execute(pool)
+    .execute(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(codes)
 }
 
@@ -67,6 +71,7 @@ pub async fn redeem(
     if !well_formed {
         return Ok(Redeemed::Unknown);
     }
+    let mut tx = pool.begin().await?;
     let (held, known): (bool, bool) = sqlx::query_as(
         "WITH claimed AS (
              UPDATE access_codes
@@ -80,8 +85,9 @@ pub async fn redeem(
     .bind(deal_id)
     .bind(digest(&code.to_ascii_lowercase()))
     .bind(user)
-    .fetch_one(pool)
+    .fetch_one(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(match (held, known) {
         (true, _) => Redeemed::Held,
         (false, true) => Redeemed::Taken,

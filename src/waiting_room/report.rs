@@ -286,6 +286,9 @@ pub async fn record_order(
     user_id: &str,
     pass_id: &str,
 ) -> Result<(), StoreError> {
+    // In a transaction of its own: behind a transaction pooler, a write straight on the
+    // pool would be committed only once the connection went back.
+    let mut tx = pool.begin().await?;
     let inserted = sqlx::query(
         "INSERT INTO waiting_room_orders (order_id, deal_id, user_id, pass_id) \
          VALUES ($1, $2, $3, $4) ON CONFLICT (order_id) DO NOTHING",
@@ -294,9 +297,10 @@ pub async fn record_order(
     .bind(deal_id)
     .bind(user_id)
     .bind(pass_id)
-    .execute(pool)
+    .execute(&mut *tx)
     .await?
     .rows_affected();
+    tx.commit().await?;
     metrics::counter!(telemetry::WAITING_ROOM_ORDERS, "deal" => deal_id.to_owned())
         .increment(inserted);
     Ok(())
