@@ -386,10 +386,10 @@ async fn three_processes_share_one_fair_line() {
     })
     .await;
     let rate = rate_between(from, to);
-    // Within a fifth of the configured rate: on a busy runner the surviving advancer's
-    // steps come a little late, never early.
+    // As in assert 2, at most a quarter under the configured rate: on a busy runner the
+    // surviving advancer's steps come late, never early.
     assert!(
-        (160.0..=230.0).contains(&rate),
+        (150.0..=230.0).contains(&rate),
         "rate after takeover {rate:.1}/s"
     );
     eprintln!(
