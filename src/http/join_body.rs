@@ -1,5 +1,6 @@
-//! The body of a join (`POST /v1/deals/{id}/queue`): read only for a deal whose line takes
-//! access codes, so a join to any other line never waits for a body.
+//! The body of a join (`POST /v1/deals/{id}/queue`): empty, or the documented object with
+//! an access code. Every join's body is checked, so one that is not what the API documents
+//! is refused alike on every line; only a line that takes codes uses the code.
 
 use http::Request;
 use hyper::body::Incoming;
@@ -18,24 +19,23 @@ struct JoinBody {
     access_code: Option<String>,
 }
 
-/// The access code a join carries, read only for a deal whose line takes codes (any
-/// other ignores the body); an empty body carries none.
+/// The access code a join carries, for a deal whose line takes codes (any other line
+/// ignores it); an empty body carries none, and a body that is not the documented object
+/// is refused (400) on every line.
 pub(super) async fn access_code(
     state: &State,
     deal: &Deal,
     request: Request<Incoming>,
 ) -> Result<Option<String>, Problem> {
+    let (_, bytes) = body::split(request, &state.settings.server).await?;
+    if bytes.trim_ascii().is_empty() {
+        return Ok(None);
+    }
+    let code = body::json::<JoinBody>(&bytes)?.access_code;
     let takes_codes = deal
         .waiting_room
         .invitation
         .as_ref()
         .is_some_and(|i| i.codes);
-    if !takes_codes {
-        return Ok(None);
-    }
-    let (_, bytes) = body::split(request, &state.settings.server).await?;
-    if bytes.trim_ascii().is_empty() {
-        return Ok(None);
-    }
-    Ok(body::json::<JoinBody>(&bytes)?.access_code)
+    Ok(code.filter(|_| takes_codes))
 }
