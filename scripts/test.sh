@@ -18,13 +18,13 @@
 # printed first, and on a terminal the script waits for Enter. A filter (for example
 # `scripts/test.sh reservation`) runs only the matching tests after fmt, clippy and the build.
 #
-# Everything is compiled once, by the build step (the test binaries and, through them, the
-# `flashgate`, `flashgate-loadtest` and `flashgate-psp-sim` binaries); every later step
-# selects the same packages so cargo has nothing left to build. Each step's time is printed
-# at the end.
+# Everything is compiled once, by the build step (every target and, for the tests, the
+# `flashgate`, `flashgate-loadtest` and `flashgate-psp-sim` binaries), through clippy's
+# compiler, which is also the lint; every later step selects the same packages so cargo has
+# nothing left to build. Each step's time is printed at the end.
 #
 # A full run overlaps what waits: the steps mostly wait on timers, PostgreSQL and child
-# processes, not on the cores. After the build, clippy and the chaos seeds with
+# processes, not on the cores. After the build, the chaos seeds with
 # schemathesis (private PostgreSQL and Redis, one gateway on the shared ones) run alongside
 # the tests, each with its log in target/steps/; both tiers run in one nextest run (four at
 # a time, MAIN_PASS_THREADS), then the PgBouncer pass and the Redis Cluster pass side by
@@ -94,7 +94,6 @@ finish_step() {
 print_timings() {
     local status=$?
     # A step may fail before the helpers below are defined.
-    ! declare -F stop_clippy >/dev/null || stop_clippy
     ! declare -F stop_alongside >/dev/null || stop_alongside
     [[ -z ${main_dir:-} ]] || bash scripts/scale.sh stop "$main_dir" 2>/dev/null
     finish_step
@@ -233,10 +232,10 @@ planned_steps() {
         local side="chaos seeds ${CHAOS_SEEDS:-1 2 3}" passes="Redis Cluster pass"
         ((skip_schemathesis)) || side+=" then schemathesis"
         ((skip_pgbouncer)) || passes="PgBouncer pass and $passes"
-        steps+=("build once" "alongside the tests: clippy" "alongside the tests: $side"
+        steps+=("build once with clippy" "alongside the tests: $side"
             "both tiers at once" "$passes side by side")
     else
-        steps+=("build once" "clippy alongside the tests" "tests matching: $*")
+        steps+=("build once with clippy" "tests matching: $*")
     fi
     ((skip_promtool)) || steps+=(promtool)
     local IFS=,
@@ -290,40 +289,22 @@ cargo fmt --all -- --check
 
 # ------------------------------------------------------------------ clippy
 
-# Clippy checks every crate while the tests run: they mostly wait (on timers, PostgreSQL,
-# child processes) and leave the cores idle. It checks into a target directory of its own,
-# since cargo locks one for as long as a command uses it, and runs at the lowest priority
-# so that the tests' timing is not disturbed. Its verdict is awaited at the end.
+# Clippy lints while the build compiles: clippy-driver, the compiler clippy runs, compiles
+# the workspace's own crates (RUSTC_WORKSPACE_WRAPPER; dependencies go to rustc as usual)
+# and denies warnings, so the one build is also the lint and no second, check-mode build
+# of every dependency competes with the tests for the cores. Every later step runs with
+# the same environment, so cargo finds nothing to rebuild. Without cargo-nextest, clippy
+# runs on its own before `cargo test`.
 clippy_command=(cargo clippy --workspace --all-targets --target-dir target/clippy -- -D warnings)
-clippy_log=target/clippy.log
-clippy_pid=""
-clippy_started=0
 
-start_clippy() {
-    mkdir -p target
-    note "clippy runs alongside the tests at low priority (log: $clippy_log)"
-    clippy_started=$SECONDS
-    nice -n 19 "${clippy_command[@]}" >"$clippy_log" 2>&1 &
-    clippy_pid=$!
-}
-
-# Waits for clippy and fails the run when it found anything.
-finish_clippy() {
-    begin "cargo clippy --workspace --all-targets -- -D warnings (the rest of its time)"
-    local status=0
-    wait "$clippy_pid" || status=$?
-    clippy_pid=""
-    note "clippy took $((SECONDS - clippy_started)) s alongside the tests"
-    if ((status != 0)); then
-        cat "$clippy_log" >&2
-        note "clippy failed: ${clippy_command[*]}"
-        return "$status"
-    fi
-}
-
-# A run stopped early does not leave clippy running behind it.
-stop_clippy() {
-    [[ -z ${clippy_pid:-} ]] || kill "$clippy_pid" 2>/dev/null || true
+lint_while_building() {
+    local driver
+    driver=$(rustup which clippy-driver 2>/dev/null || command -v clippy-driver || true)
+    [[ -x $driver ]] ||
+        { note "clippy-driver was not found: rustup component add clippy"; exit 1; }
+    export RUSTC_WORKSPACE_WRAPPER=$driver
+    # cargo clippy's own way of handing arguments to the driver.
+    export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 }
 
 # Steps that run alongside the tests: `alongside NAME FUNCTION` runs FUNCTION in a
@@ -486,17 +467,18 @@ if ! have_nextest; then
     cargo test --workspace --no-fail-fast "$@"
     full_run=0
 else
-    begin "build: cargo nextest run --workspace --no-run"
-    note "building every test binary and, for them, the flashgate, flashgate-loadtest and"
-    note "flashgate-psp-sim binaries, once (its time: README.md, \"How long things take\")"
-    cargo nextest run --workspace --no-run
+    begin "build and clippy: cargo nextest run --workspace --all-targets --no-run"
+    note "building every target (benches included) and, for the tests, the flashgate,"
+    note "flashgate-loadtest and flashgate-psp-sim binaries, once, through clippy-driver"
+    note "(warnings are errors; its time: README.md, \"How long things take\")"
+    lint_while_building
+    cargo nextest run --workspace --all-targets --no-run
     # Cargo builds a package's binaries for its integration tests; schemathesis and chaos
     # run them from here rather than build them again with another feature set.
     for binary in flashgate flashgate-loadtest flashgate-psp-sim; do
         [[ -x target/debug/$binary ]] ||
             { note "target/debug/$binary was not built: its package needs an integration test"; exit 1; }
     done
-    start_clippy
 
     if ((full_run)); then
         alongside "chaos: seeded fault schedules over whole sales (seeds ${CHAOS_SEEDS:-1 2 3}), then schemathesis" \
@@ -546,7 +528,6 @@ else
 fi
 
 await_alongside || failed=1
-if [[ -n ${clippy_pid:-} ]]; then finish_clippy || failed=1; fi
 ((failed == 0)) || { note "a step failed (above)"; exit 1; }
 finish_step
 step "all checks passed"

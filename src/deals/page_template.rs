@@ -53,6 +53,9 @@ pub fn parse(template: &str) -> Result<Vec<Part<'_>>, String> {
             "waiting_room.page_template must be at most {PAGE_TEMPLATE_BYTES_MAX} bytes"
         ));
     }
+    if template.contains('\0') {
+        return Err("waiting_room.page_template must not hold a NUL character".into());
+    }
     let mut parts = Vec::new();
     let mut rest = template;
     while let Some(open) = rest.find("{{") {

@@ -49,8 +49,8 @@ impl TryFrom<String> for AdmissionMode {
     }
 }
 
-/// Longest invitation claim name, and longest value, in bytes.
-pub const INVITATION_CLAIM_BYTES_MAX: usize = 100;
+/// Longest invitation claim name, and longest value, in characters.
+pub const INVITATION_CLAIM_CHARS_MAX: usize = 100;
 /// Most values an invitation claim may hold.
 pub const INVITATION_VALUES_MAX: usize = 100;
 
@@ -71,22 +71,30 @@ pub struct Invitation {
 }
 
 impl Invitation {
+    /// Each field's bounds: a claim and values of 1-100 characters, none a control
+    /// character (the terms are stored as JSON, which cannot hold a NUL).
     fn validate(&self) -> Result<(), String> {
-        let bounded = |text: &str| (1..=INVITATION_CLAIM_BYTES_MAX).contains(&text.len());
-        match &self.claim {
-            None if !self.values.is_empty() => {
-                Err("waiting_room.invitation.values needs a claim".into())
-            }
-            None if !self.codes => {
+        let bounded = |text: &str| {
+            (1..=INVITATION_CLAIM_CHARS_MAX).contains(&text.chars().count())
+                && !text.chars().any(char::is_control)
+        };
+        if self.claim.as_deref().is_some_and(|claim| !bounded(claim))
+            || self.values.len() > INVITATION_VALUES_MAX
+            || !self.values.iter().all(|v| bounded(v))
+        {
+            return Err("waiting_room.invitation takes a claim and 1-100 values of 1-100 characters without control characters".into());
+        }
+        Ok(())
+    }
+
+    /// The rules between fields: a claim needs values and values a claim; without a
+    /// claim, codes are the only way in.
+    fn check_across_fields(&self) -> Result<(), String> {
+        match (&self.claim, self.values.is_empty()) {
+            (None, false) => Err("waiting_room.invitation.values needs a claim".into()),
+            (Some(_), true) => Err("waiting_room.invitation.claim needs values".into()),
+            (None, true) if !self.codes => {
                 Err("waiting_room.invitation needs a claim with values, or codes: true".into())
-            }
-            Some(claim)
-                if !bounded(claim)
-                    || self.values.is_empty()
-                    || self.values.len() > INVITATION_VALUES_MAX
-                    || !self.values.iter().all(|v| bounded(v)) =>
-            {
-                Err("waiting_room.invitation takes a claim of 1-100 bytes with 1-100 values of 1-100 bytes".into())
             }
             _ => Ok(()),
         }
@@ -293,6 +301,9 @@ impl WaitingRoomTerms {
     /// The rules between fields: the line's floor under its ceiling, and tickets not
     /// opening after the sale starts (`starts_at`).
     pub fn check_across_fields(&self, starts_at: Option<DateTime<Utc>>) -> Result<(), String> {
+        if let Some(invitation) = &self.invitation {
+            invitation.check_across_fields()?;
+        }
         let (min, max) = (self.admission.min_per_second, self.admission.max_per_second);
         if min > max {
             return Err(format!(
@@ -376,6 +387,41 @@ mod tests {
         for terms in bad {
             let checked = terms.validate().and(terms.check_across_fields(starts));
             assert!(checked.is_err(), "{terms:?}");
+        }
+    }
+
+    #[test]
+    fn an_invitation_breaks_a_bound_or_a_rule_between_its_fields() {
+        let invitation = |claim: Option<&str>, values: &[&str], codes: bool| Invitation {
+            claim: claim.map(str::to_owned),
+            values: values.iter().map(|v| (*v).to_owned()).collect(),
+            codes,
+        };
+        let long = "é".repeat(INVITATION_CLAIM_CHARS_MAX);
+        let fine = [
+            invitation(Some("tier"), &["gold", &long], false),
+            invitation(None, &[], true),
+        ];
+        for terms in fine {
+            assert_eq!(terms.validate().and(terms.check_across_fields()), Ok(()));
+        }
+        let out_of_bounds = [
+            invitation(Some("tier"), &["go\0ld"], false),
+            invitation(Some(""), &["gold"], false),
+            invitation(Some("tier"), &[&format!("{long}e")], false),
+        ];
+        for terms in out_of_bounds {
+            assert!(terms.validate().is_err(), "{terms:?}");
+            assert_eq!(terms.check_across_fields(), Ok(()), "{terms:?}");
+        }
+        let inconsistent = [
+            invitation(None, &["gold"], true),
+            invitation(Some("tier"), &[], true),
+            invitation(None, &[], false),
+        ];
+        for terms in inconsistent {
+            assert_eq!(terms.validate(), Ok(()), "{terms:?}");
+            assert!(terms.check_across_fields().is_err(), "{terms:?}");
         }
     }
 

@@ -15,8 +15,8 @@ use super::body::{self, Caching};
 use super::guard::{record, require_admin};
 use super::problem::Problem;
 use crate::deals::{
-    self, Activation, AdmissionMode, AdmissionTerms, Deal, Invitation, NewDeal, PaymentTerms,
-    WaitingRoomTerms,
+    self, Activation, AdmissionMode, AdmissionTerms, Deal, DealError, Invitation, NewDeal,
+    PaymentTerms, WaitingRoomTerms,
 };
 use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};
 use crate::inventory;
@@ -222,7 +222,7 @@ pub async fn report<B>(state: &State, request: &Request<B>, raw_id: &str) -> Rep
         .await?
         .ok_or_else(|| Problem::not_found("no such deal"))?;
     if !deal.waiting_room.enabled {
-        return Err(Problem::not_found("the deal has no waiting room"));
+        return Err(DealError::NoWaitingRoom(deal.id).into());
     }
     let room = state.admission.waiting_room();
     let report = room.report(&state.pools.admin, &deal.id).await?;

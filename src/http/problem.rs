@@ -276,6 +276,7 @@ impl From<StoreError> for Problem {
                 crate::store::failover::record("request", &error);
                 Problem::overloaded("the database is not accepting writes; retry shortly")
             }
+            StoreError::Unstorable(_) => Problem::invalid(error.to_string()),
             StoreError::Retryable(error) | StoreError::Unexpected(error) => {
                 tracing::error!(%error, "database error");
                 Problem::overloaded("temporarily unable to serve this request; retry shortly")
@@ -301,7 +302,8 @@ impl From<IssueError> for Problem {
         match error {
             IssueError::Store(error) => error.into(),
             IssueError::NotFound => Problem::not_found("no such deal"),
-            IssueError::Count(_) | IssueError::NoCodes => Problem::invalid(error.to_string()),
+            IssueError::Count(_) => Problem::invalid(error.to_string()),
+            IssueError::NoCodes => Problem::conflict(error.to_string()),
         }
     }
 }

@@ -489,6 +489,7 @@ pub async fn list(pool: &PgPool) -> Result<Vec<DealSummary>, sqlx::Error> {
             crate::store::StoreError::PoolExhausted => sqlx::Error::PoolTimedOut,
             crate::store::StoreError::Retryable(e)
             | crate::store::StoreError::Unavailable(e)
+            | crate::store::StoreError::Unstorable(e)
             | crate::store::StoreError::Unexpected(e) => {
                 // Just made from one sqlx error, so not shared.
                 std::sync::Arc::try_unwrap(e)

@@ -45,6 +45,10 @@ pub enum StoreError {
     /// The primary is read-only, shutting down or unreachable: a failover (see [`failover`]).
     #[error("PostgreSQL unavailable: {0}")]
     Unavailable(Arc<sqlx::Error>),
+    /// A value the database cannot store (a NUL in a text or JSON string): bad input that
+    /// got past validation, refused as such rather than blamed on the database.
+    #[error("a value holds a character the database cannot store")]
+    Unstorable(Arc<sqlx::Error>),
     #[error("database error: {0}")]
     Unexpected(Arc<sqlx::Error>),
 }
@@ -60,6 +64,12 @@ impl From<sqlx::Error> for StoreError {
                 if matches!(db.code().as_deref(), Some("40P01" | "40001")) =>
             {
                 Self::Retryable(Arc::new(error))
+            }
+            // untranslatable_character, character_not_in_repertoire
+            sqlx::Error::Database(db)
+                if matches!(db.code().as_deref(), Some("22P05" | "22021")) =>
+            {
+                Self::Unstorable(Arc::new(error))
             }
             _ if failover::is_failover(&error) => Self::Unavailable(Arc::new(error)),
             _ => Self::Unexpected(Arc::new(error)),

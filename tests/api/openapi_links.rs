@@ -329,6 +329,7 @@ fn body_for(target: &str) -> Option<Value> {
         "adjustStock" => Some(json!({"delta": 1})),
         "rebalanceDeal" => Some(json!({"buckets": 2})),
         "setAdmission" => Some(json!({"mode": "fixed"})),
+        "issueAccessCodes" => Some(json!({"count": 1})),
         "receiveWebhook" => Some(json!({})),
         "updateEventEndpoint" | "replayEventEndpoint" => Some(json!({})),
         "rotateEventEndpointSecret" => Some(json!({"overlap_seconds": 60})),

@@ -82,11 +82,11 @@ async fn only_the_claim_or_a_code_joins_and_a_refusal_takes_no_place() {
     ] {
         app.create_deal(&room_deal("invbad", 10, invite_room(invalid), json!({})))
             .await
-            .expect_problem(400, "invalid-request");
+            .expect_problem(422, "invalid-request");
     }
     issue_codes(&app, &gold_only, 1)
         .await
-        .expect_problem(400, "invalid-request");
+        .expect_problem(409, "invalid-request");
     issue_codes(&app, &deal, 51)
         .await
         .expect_problem(400, "invalid-request");
@@ -146,6 +146,27 @@ async fn only_the_claim_or_a_code_joins_and_a_refusal_takes_no_place() {
     let room = admin_room(&app, &deal).await;
     assert_eq!(room["access_codes"], json!({"issued": 3, "redeemed": 1}));
     assert_eq!(room["invitation"]["claim"], "tier");
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_invitation_value_with_a_nul_is_refused_and_nothing_is_stored() {
+    // Arrange
+    let app = app().await;
+    let invitation = json!({"claim": "tier", "values": ["go\u{0}ld"]});
+
+    // Act
+    let refused = app
+        .create_deal(&room_deal("invnul", 10, invite_room(invitation), json!({})))
+        .await;
+
+    // Assert: a bound broken is 400 (the terms are stored as JSON, which holds no NUL).
+    refused.expect_problem(400, "invalid-request");
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM deals WHERE id = 'invnul'")
+        .fetch_one(&app.db)
+        .await
+        .expect("deals read");
+    assert_eq!(stored, 0);
     app.cleanup().await;
 }
 

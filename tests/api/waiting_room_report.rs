@@ -184,7 +184,7 @@ async fn a_report_needs_a_known_deal_with_a_waiting_room() {
     let url = |deal: &str| app.url(&format!("/admin/deals/{deal}/report"));
     send(app.client.get(url(&plain)).bearer_auth(&app.admin_token))
         .await
-        .expect_problem(404, "not-found");
+        .expect_problem(409, "invalid-request");
     send(
         app.client
             .get(url("nosuchdeal"))
