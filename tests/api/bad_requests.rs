@@ -406,3 +406,32 @@ async fn another_authorization_scheme_is_named_as_the_wrong_scheme() {
     );
     app.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn text_the_database_cannot_store_is_bad_input_not_an_outage() {
+    // Arrange
+    let app = spawn_app().await;
+    let statements = [
+        ("SELECT $1::text", "a\u{0}b"),
+        ("SELECT $1::jsonb", r#"["a\u0000b"]"#),
+    ];
+
+    for (sql, value) in statements {
+        // Act
+        let error = sqlx::query(sql)
+            .bind(value)
+            .execute(&app.db)
+            .await
+            .expect_err("PostgreSQL stores no NUL");
+        let error = flashgate::store::StoreError::from(error);
+
+        // Assert: refused as the caller's input (400), not a 503 that invites a retry.
+        assert!(
+            matches!(error, flashgate::store::StoreError::Unstorable(_)),
+            "{sql}: {error:?}"
+        );
+        let problem = flashgate::http::problem::Problem::from(error);
+        assert_eq!(problem.status(), 400, "{sql}");
+    }
+    app.cleanup().await;
+}
