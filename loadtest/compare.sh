@@ -33,7 +33,8 @@
 #   docs report are the defaults'.
 #   --tokens: RS256 provider tokens against HS256 ones on one gateway (shipped settings plus
 #   the load tester's JWKS and lifted rate limits), alternated ROUNDS_TOKENS times (default
-#   3): purchases/s and a sold-out deal's flood requests/s, with the gateway's CPU per
+#   5): purchases/s and a sold-out deal's flood requests/s (its buyers over and over for
+#   the whole run), with the gateway's CPU per
 #   request; printed, not written. Every buyer has a token of its own, TOKENS_USERS
 #   (default 30000) per run, all signed before the run's clock starts.
 #   --bin DIR: run the flashgate and flashgate-loadtest binaries found in DIR instead of
@@ -356,7 +357,7 @@ MACHINE_SHORT="$(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc
 # set of distinct buyers (the token cache never helps); the gateway's CPU per answered
 # request comes from /proc, read once the client has signed its tokens.
 tokens() {
-    local users=${TOKENS_USERS:-30000} rounds=${ROUNDS_TOKENS:-3} jwks_port db pid port ops
+    local users=${TOKENS_USERS:-30000} rounds=${ROUNDS_TOKENS:-5} jwks_port db pid port ops
     jwks_port=$(free_port)
     "$BIN/flashgate-loadtest" provider --listen "127.0.0.1:$jwks_port" 2>>"$WORK/provider.log" &
     PIDS+=("$!")
@@ -378,7 +379,9 @@ tokens() {
                 log "tokens round $round, $kind, $what: $users buyers, ${SECONDS_EACH}s at most"
                 checkpoint
                 local extra=(--stock 10000000 --buckets 32 --per-user-limit 1)
-                [ "$what" = flood ] && extra=(--stock 0 --settle-seconds 0 --gateway-pid "$pid")
+                # The flood goes round its buyers for the whole run: they would last a
+                # fraction of a second, too short a span to read a rate from.
+                [ "$what" = flood ] && extra=(--stock 0 --settle-seconds 0 --gateway-pid "$pid" --repeat)
                 "$BIN/flashgate-loadtest" "$what" "${common[@]}" --token-kind "$kind" "${extra[@]}" \
                     --out "$WORK/tok-$what-$kind-$round.json" >/dev/null 2>"$WORK/tok-$what-$kind-$round.err" &
                 local client=$! before

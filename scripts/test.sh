@@ -131,6 +131,7 @@ machine_changes() {
         have_pg_auto_failover || apt+=(pg-auto-failover-cli "postgresql-<version>-auto-failover")
     fi
     have promtool || apt+=(prometheus)
+    if ((full_run)) && ! have mold; then apt+=(mold); fi
     ((${#apt[@]} == 0)) || printf 'apt-get install (as root or through sudo): %s\n' "${apt[*]}"
     if ! python3 -c 'import opentelemetry.proto, prometheus_client' 2>/dev/null; then
         printf "pip install opentelemetry-proto==1.27.0 prometheus-client==0.21.1 (python3 -m pip, for the tracing tests: scripts/otlp.sh)\n"
@@ -296,6 +297,24 @@ cargo fmt --all -- --check
 # the same environment, so cargo finds nothing to rebuild. Without cargo-nextest, clippy
 # runs on its own before `cargo test`.
 clippy_command=(cargo clippy --workspace --all-targets --target-dir target/clippy -- -D warnings)
+
+# Links with mold when it is installed (Debian package mold, installed on a full run that
+# may change the machine): GNU ld spends seconds on each large test binary.
+fast_linker() {
+    if ! have mold && ((full_run && !no_system)); then
+        local sudo=()
+        [[ $(id -u) -eq 0 ]] || sudo=(sudo)
+        install_mold() {
+            DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
+                mold >/dev/null 2>&1
+        }
+        install_mold || { "${sudo[@]}" apt-get update -qq >/dev/null 2>&1 && install_mold; } ||
+            note "mold could not be installed; linking with the default linker"
+    fi
+    if have mold; then
+        export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C link-arg=-fuse-ld=mold"
+    fi
+}
 
 lint_while_building() {
     local driver
@@ -472,6 +491,7 @@ else
     note "flashgate-loadtest and flashgate-psp-sim binaries, once, through clippy-driver"
     note "(warnings are errors; its time: README.md, \"How long things take\")"
     lint_while_building
+    fast_linker
     cargo nextest run --workspace --all-targets --no-run
     # Cargo builds a package's binaries for its integration tests; schemathesis and chaos
     # run them from here rather than build them again with another feature set.

@@ -39,6 +39,10 @@ pub struct FloodConfig {
     /// Hard stop of the flood, whatever is left.
     #[arg(long, default_value_t = 300)]
     pub duration_max_seconds: u64,
+    /// After the last user, start again from the first until `--duration-max-seconds`:
+    /// a refusal rate taken over a set time, not over however long the users last.
+    #[arg(long)]
+    pub repeat: bool,
     /// Each user sends `X-Forwarded-For` with an address of its own (the gateway must
     /// trust loopback as a proxy), so the per-address limiter meets a new key each time.
     #[arg(long)]
@@ -108,7 +112,8 @@ pub async fn run(config: &FloodConfig) -> Result<Value, String> {
     }))
 }
 
-/// Sends every user's order, `concurrency` at a time, until all are sent or time is up.
+/// Sends every user's order, `concurrency` at a time, until all are sent (with `repeat`,
+/// round after round) or time is up.
 /// Returns how many answers of each status came back ("error" for none).
 async fn flood(
     config: &FloodConfig,
@@ -131,10 +136,11 @@ async fn flood(
         workers.spawn(async move {
             let mut statuses = BTreeMap::<String, u64>::new();
             loop {
-                let user = next.fetch_add(1, Ordering::Relaxed);
-                if user >= config.users || Instant::now() >= deadline {
+                let sent = next.fetch_add(1, Ordering::Relaxed);
+                if (sent >= config.users && !config.repeat) || Instant::now() >= deadline {
                     return statuses;
                 }
+                let user = sent % config.users.max(1);
                 let outcome = one_user(
                     &orders,
                     premint.as_deref().map(Vec::as_slice),
