@@ -432,12 +432,13 @@ pgbouncer_pass() {
 
 # The tests of everything kept in Redis (waiting room, sold-out flags, limits) again, on a
 # private three-primary Redis Cluster (REDIS_URL listing its nodes selects cluster mode)
-# and a private PostgreSQL. Not these four, whose scripts and keys the others here run on
-# the cluster already: the idle test (it starts a Redis of its own, so it never reads
-# REDIS_URL), the two crowds (5,000 users in one flash sale, ten times the stock in
-# another: scale, not key placement), and three gateway processes sharing a 200/s line
-# (it measures the rate, which three processes beside the PgBouncer pass starve of the
-# cores). Runs in a subshell of its own (`alongside`), which stops the cluster and
+# and a private PostgreSQL. Not these, whose scripts and keys the others here run on the
+# cluster already: the idle test (it starts a Redis of its own, so it never reads
+# REDIS_URL), the crowds (5,000 users in one flash sale, ten times the stock in another, a
+# quarter polling from far back: scale and command counts, not key placement), three
+# gateway processes sharing a 200/s line (it measures the rate, which three processes
+# beside the PgBouncer pass starve of the cores), and the waiting pages (a browser's part
+# of the line, whose Redis side the others cover). Runs in a subshell of its own (`alongside`), which stops the cluster and
 # PostgreSQL on its way out.
 redis_cluster_pass() {
     cluster_dir=$(mktemp -d /tmp/flashgate-redis-cluster.XXXXXX)
@@ -452,7 +453,16 @@ redis_cluster_pass() {
         REDIS_URL=$(IFS=,; printf '%s' "${urls[*]}") nextest --test-threads 2 -E \
         "$kept & binary_id(flashgate::api) & (test(/^waiting_room/) | test(/^global_limits::/) | test(/^rate_limits::/) | test(/sold_out/)) \
          & not (test(/^waiting_room_idle::/) | test(/^waiting_room_multi::flash_sale/) | test(/^waiting_room_edge::a_crowd/) \
-                | test(/^waiting_room_multi::three_processes/))"
+                | test(/^waiting_room_multi::three_processes/) | test(/^waiting_room_crowd::/) | test(/^waiting_room_page/))"
+}
+
+# The two tests that hold PostgreSQL down for over a minute or fail it over twice, on
+# private engines of their own: nearly all of their minute and a half is waiting (on the
+# outage, on pg_auto_failover's monitor), so they run from the start beside the main pass
+# instead of holding two of its slots.
+long_outages='binary_id(flashgate::api) & (test(/^failover::/) | test(/^faults::postgres_down_for_over_a_minute/))'
+outage_pass() {
+    nextest --test-threads 2 -E "$kept & ($long_outages)"
 }
 
 
@@ -503,6 +513,7 @@ else
     if ((full_run)); then
         alongside "chaos: seeded fault schedules over whole sales (seeds ${CHAOS_SEEDS:-1 2 3}), then schemathesis" \
             chaos_and_schemathesis
+        alongside "PostgreSQL down for over a minute, and failed over (private engines)" outage_pass
         # Both tiers in one run, the slowest tests first (.config/nextest.toml, profile all),
         # on a private PostgreSQL (MAIN_PASS_THREADS at a time): the pass is mostly tests
         # waiting on timers and child processes.
@@ -510,7 +521,7 @@ else
         main_dir=$(mktemp -d /tmp/flashgate-main-pass.XXXXXX)
         main_port=$(private_postgres "$main_dir")
         DATABASE_URL="postgres://postgres@127.0.0.1:${main_port}/test" \
-            nextest --profile all --test-threads "$MAIN_PASS_THREADS" -E "$kept" || failed=1
+            nextest --profile all --test-threads "$MAIN_PASS_THREADS" -E "$kept & not ($long_outages)" || failed=1
         bash scripts/scale.sh stop "$main_dir"
         main_dir=""
         # Then the PgBouncer and Redis Cluster passes side by side, two tests at a time
