@@ -456,15 +456,6 @@ redis_cluster_pass() {
                 | test(/^waiting_room_multi::three_processes/) | test(/^waiting_room_crowd::/) | test(/^waiting_room_page/))"
 }
 
-# The two tests that hold PostgreSQL down for over a minute or fail it over twice, on
-# private engines of their own: nearly all of their minute and a half is waiting (on the
-# outage, on pg_auto_failover's monitor), so they run from the start beside the main pass
-# instead of holding two of its slots.
-long_outages='binary_id(flashgate::api) & (test(/^failover::/) | test(/^faults::postgres_down_for_over_a_minute/))'
-outage_pass() {
-    nextest --test-threads 2 -E "$kept & ($long_outages)"
-}
-
 
 # Whole sales under seeded fault schedules (private PostgreSQL and Redis; about 30 s a
 # seed): one line per seed, its report and its log under target/chaos/; a failure shows
@@ -513,7 +504,6 @@ else
     if ((full_run)); then
         alongside "chaos: seeded fault schedules over whole sales (seeds ${CHAOS_SEEDS:-1 2 3}), then schemathesis" \
             chaos_and_schemathesis
-        alongside "PostgreSQL down for over a minute, and failed over (private engines)" outage_pass
         # Both tiers in one run, the slowest tests first (.config/nextest.toml, profile all),
         # on a private PostgreSQL (MAIN_PASS_THREADS at a time): the pass is mostly tests
         # waiting on timers and child processes.
@@ -521,7 +511,7 @@ else
         main_dir=$(mktemp -d /tmp/flashgate-main-pass.XXXXXX)
         main_port=$(private_postgres "$main_dir")
         DATABASE_URL="postgres://postgres@127.0.0.1:${main_port}/test" \
-            nextest --profile all --test-threads "$MAIN_PASS_THREADS" -E "$kept & not ($long_outages)" || failed=1
+            nextest --profile all --test-threads "$MAIN_PASS_THREADS" -E "$kept" || failed=1
         bash scripts/scale.sh stop "$main_dir"
         main_dir=""
         # Then the PgBouncer and Redis Cluster passes side by side, two tests at a time
