@@ -13,8 +13,9 @@
 //! Everything is decided inside the line's Redis scripts, on the line's own keys, so every
 //! instance sees one state and two instances cannot both admit past the outflow. `meta`
 //! keeps `busy` (set while active), `over_at` (the last time arrivals went past the
-//! outflow), `arr_sec` and `arr_n` (arrivals counted in the current Redis second) and
-//! `admitted_at_once_total`. An admission at once also spends the advancer's budget
+//! outflow), `arr_sec`, `arr_n` and `arr_prev` (arrivals counted in the current Redis
+//! second and in the one before, weighed into a sliding second so that a burst across a
+//! second's boundary counts whole) and `admitted_at_once_total`. An admission at once also spends the advancer's budget
 //! (`budget`, `budget_at`), so the two together stay within the outflow when the line
 //! turns active mid-second.
 
@@ -71,11 +72,19 @@ end
 local function arrive(now)
   local limit = math.max(1, math.floor(busy_rate()))
   local sec = math.floor(now / 1000)
-  local m = redis.call('HMGET', KEYS[1], 'arr_sec', 'arr_n')
-  local n = 1
-  if tonumber(m[1] or '-1') == sec then n = tonumber(m[2] or '0') + 1 end
-  redis.call('HSET', KEYS[1], 'arr_sec', sec, 'arr_n', n)
-  if n > limit then return {0, go_busy(now) and 1 or 0} end
+  local m = redis.call('HMGET', KEYS[1], 'arr_sec', 'arr_n', 'arr_prev')
+  local last = tonumber(m[1] or '-1')
+  local n, prev = 1, 0
+  if last == sec then
+    n, prev = tonumber(m[2] or '0') + 1, tonumber(m[3] or '0')
+  elseif last == sec - 1 then
+    prev = tonumber(m[2] or '0')
+  end
+  redis.call('HSET', KEYS[1], 'arr_sec', sec, 'arr_n', n, 'arr_prev', prev)
+  -- Arrivals over the last second: this second's, and the share of the previous second's
+  -- that the window still covers, so a burst across a second's boundary counts whole.
+  local recent = n + prev * (1000 - now % 1000) / 1000
+  if recent > limit then return {0, go_busy(now) and 1 or 0} end
   local switched = 0
   if settle_calm(now, tonumber(ARGV[13])) then switched = 2 end
   if line_busy() then return {0, switched} end

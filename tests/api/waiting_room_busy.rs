@@ -10,7 +10,8 @@ use flashgate::config::Settings;
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    Api, TestApp, metric_value, send, spawn_app_with, spawn_sibling, unique_suffix, wait_until,
+    Api, TestApp, TestRedis, metric_value, redis_connection, send, spawn_app_with, spawn_sibling,
+    unique_suffix, wait_until,
 };
 use crate::waiting_room::{join, order_with_pass, poll, room_deal};
 
@@ -234,6 +235,64 @@ async fn a_burst_forms_a_line_in_arrival_order_that_turns_calm_once_drained() {
     assert_eq!(
         metric_value(&metrics, gauge, &format!("deal=\"{deal}\"")),
         0.0
+    );
+    app.cleanup().await;
+}
+
+/// Waits until Redis's clock, which counts the arrivals, is `within` milliseconds into a
+/// second.
+async fn redis_second_at(redis: &TestRedis, within: std::ops::Range<i64>) {
+    let what = format!("Redis's clock {within:?} ms into a second");
+    wait_until(&what, Duration::from_secs(5), || {
+        let (mut redis, within) = (redis.clone(), within.clone());
+        async move {
+            let (_, micros): (i64, i64) = redis::cmd("TIME")
+                .query_async(&mut redis)
+                .await
+                .expect("Redis answers TIME");
+            let millis = micros / 1000;
+            if within.contains(&millis) {
+                Ok(())
+            } else {
+                Err(millis)
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_across_a_seconds_boundary_counts_as_one_burst() {
+    // Arrange: five a second; Redis's clock, which the arrivals are counted on, read here.
+    let app = app().await;
+    let deal = app
+        .given_deal(&room_deal("wb5", 1000, busy_room(5, 1000), json!({})))
+        .await;
+    let redis = redis_connection(&app.settings.redis.url)
+        .await
+        .expect("redis");
+
+    // Act: four buyers late in one second of that clock, four more early in the next: no
+    // second holds more than five, the last second always does.
+    redis_second_at(&redis, 600..700).await;
+    let mut states = Vec::new();
+    for k in 0..4 {
+        let body = join(&app, &format!("edge{k}"), &deal).await.expect(201);
+        states.push(state(&body).to_owned());
+    }
+    redis_second_at(&redis, 0..200).await;
+    for k in 4..8 {
+        let body = join(&app, &format!("edge{k}"), &deal).await.expect(201);
+        states.push(state(&body).to_owned());
+    }
+
+    // Assert: five admitted at once (the outflow of a second), then the line formed.
+    assert_eq!(
+        states,
+        [
+            "admitted", "admitted", "admitted", "admitted", "admitted", "waiting", "waiting",
+            "waiting"
+        ]
     );
     app.cleanup().await;
 }
