@@ -45,25 +45,25 @@ pub fn table(report: &Report) -> String {
     let w = &report.wait_seconds;
     let rows: Vec<(&str, String)> = vec![
         ("deal", report.deal_id.clone()),
-        ("joined", report.joined.to_string()),
-        ("tickets issued", report.tickets_issued.to_string()),
-        ("still waiting", report.waiting.to_string()),
-        ("admitted", report.admitted.to_string()),
+        ("joined", report.line.joined.to_string()),
+        ("tickets issued", report.line.tickets_issued.to_string()),
+        ("still waiting", report.line.waiting.to_string()),
+        ("admitted", report.line.admitted.to_string()),
         ("wait p50", seconds(w.p50)),
         ("wait p90", seconds(w.p90)),
         ("wait p99", seconds(w.p99)),
         ("wait max", seconds(w.max)),
-        ("abandoned", report.abandoned.to_string()),
-        ("drained", report.drained.to_string()),
-        ("sessions ended", report.sessions_ended.to_string()),
-        ("passes active", report.passes_active.to_string()),
+        ("abandoned", report.line.abandoned.to_string()),
+        ("drained", report.line.drained.to_string()),
+        ("sessions ended", report.line.sessions_ended.to_string()),
+        ("passes active", report.line.passes_active.to_string()),
         (
             "passes expired unused",
-            report.passes_expired_unused.to_string(),
+            report.line.passes_expired_unused.to_string(),
         ),
         (
             "admitted who ordered",
-            share(report.admitted_who_ordered, report.admitted),
+            share(report.admitted_who_ordered, report.line.admitted),
         ),
         ("orders with a pass", report.orders_with_pass.to_string()),
         (
@@ -111,7 +111,7 @@ mod tests {
             orders: 6,
             paid: 3,
         };
-        let text = table(&Report::of("d1", &line, orders));
+        let text = table(&Report::of("d1", line, orders));
         assert!(text.contains("abandoned              2"), "{text}");
         assert!(text.contains("admitted who ordered   6 (75.0%)"), "{text}");
         assert!(text.contains("orders paid            3 (50.0%)"), "{text}");

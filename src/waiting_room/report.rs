@@ -143,18 +143,26 @@ impl From<&Waits> for WaitSeconds {
     }
 }
 
-/// The line's counts, from Redis.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// The line's counts, from Redis: the report's first fields.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct LineCounts {
+    /// Buyers who took a place in line (a buyer whose pass ran out unused and who queued
+    /// again counts once).
     pub joined: u64,
+    /// Places taken, requeues included.
     pub tickets_issued: u64,
     pub admitted: u64,
+    /// Tickets skipped at the front because their holder had stopped polling.
     pub abandoned: u64,
     pub passes_expired_unused: u64,
+    /// Sessions ended by an operator's revocation or by a paid or cancelled order.
     pub sessions_ended: u64,
+    /// Tickets still waiting when an operator drained the line.
     pub drained: u64,
     pub waiting: u64,
     pub passes_active: u64,
+    /// The wait histogram, reported as `wait_seconds`.
+    #[serde(skip)]
     pub waits: Waits,
 }
 
@@ -210,21 +218,8 @@ pub struct OrderCounts {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Report {
     pub deal_id: String,
-    /// Buyers who took a place in line (a buyer whose pass ran out unused and who queued
-    /// again counts once).
-    pub joined: u64,
-    /// Places taken, requeues included.
-    pub tickets_issued: u64,
-    pub admitted: u64,
-    /// Tickets skipped at the front because their holder had stopped polling.
-    pub abandoned: u64,
-    pub passes_expired_unused: u64,
-    /// Sessions ended by an operator's revocation or by a paid or cancelled order.
-    pub sessions_ended: u64,
-    /// Tickets still waiting when an operator drained the line.
-    pub drained: u64,
-    pub waiting: u64,
-    pub passes_active: u64,
+    #[serde(flatten)]
+    pub line: LineCounts,
     pub admitted_who_ordered: u64,
     pub orders_with_pass: u64,
     pub orders_paid: u64,
@@ -232,22 +227,14 @@ pub struct Report {
 }
 
 impl Report {
-    pub fn of(deal_id: &str, line: &LineCounts, orders: OrderCounts) -> Self {
+    pub fn of(deal_id: &str, line: LineCounts, orders: OrderCounts) -> Self {
         Self {
             deal_id: deal_id.to_owned(),
-            joined: line.joined,
-            tickets_issued: line.tickets_issued,
-            admitted: line.admitted,
-            abandoned: line.abandoned,
-            passes_expired_unused: line.passes_expired_unused,
-            sessions_ended: line.sessions_ended,
-            drained: line.drained,
-            waiting: line.waiting,
-            passes_active: line.passes_active,
+            wait_seconds: WaitSeconds::from(&line.waits),
+            line,
             admitted_who_ordered: orders.buyers,
             orders_with_pass: orders.orders,
             orders_paid: orders.paid,
-            wait_seconds: WaitSeconds::from(&line.waits),
         }
     }
 }
@@ -273,7 +260,7 @@ impl WaitingRoom {
     pub async fn report(&self, pool: &PgPool, deal_id: &str) -> Result<Report, ReportError> {
         let line = self.counts(deal_id).await?;
         let orders = order_counts(pool, deal_id).await?;
-        Ok(Report::of(deal_id, &line, orders))
+        Ok(Report::of(deal_id, line, orders))
     }
 }
 
