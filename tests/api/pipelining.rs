@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::OwnedReadHalf;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::helpers::{EVENTUALLY, TestApp, eventually, new_deal, send, spawn_app_with};
 
@@ -105,6 +105,19 @@ pub(crate) struct Answers {
 }
 
 impl Answers {
+    /// A connection to `addr` (Nagle off, so each write leaves at once): its answers, and
+    /// the half to write requests on.
+    pub(crate) async fn connect(addr: std::net::SocketAddr) -> (Self, OwnedWriteHalf) {
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        stream.set_nodelay(true).expect("nodelay");
+        let (reader, writer) = stream.into_split();
+        let answers = Self {
+            reader,
+            buffer: Vec::new(),
+        };
+        (answers, writer)
+    }
+
     /// The next answer, or `None` when the connection ended (or stayed silent) first.
     pub(crate) async fn next(&mut self) -> Option<Answer> {
         let head_end = self
@@ -163,11 +176,7 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 /// Writes `bytes` cut as `cut` says; false when the gateway closed the connection first.
-pub(crate) async fn write_cut(
-    stream: &mut tokio::net::tcp::OwnedWriteHalf,
-    bytes: &[u8],
-    cut: Cut,
-) -> bool {
+pub(crate) async fn write_cut(stream: &mut OwnedWriteHalf, bytes: &[u8], cut: Cut) -> bool {
     let mut rest = bytes;
     let mut piece = 0;
     while !rest.is_empty() {
@@ -201,13 +210,7 @@ pub(crate) async fn pipeline(
     depth: usize,
     cut: Cut,
 ) -> Vec<Answer> {
-    let stream = TcpStream::connect(app.addr).await.expect("connect");
-    stream.set_nodelay(true).unwrap();
-    let (reader, mut writer) = stream.into_split();
-    let mut answers = Answers {
-        reader,
-        buffer: Vec::new(),
-    };
+    let (mut answers, mut writer) = Answers::connect(app.addr).await;
     let mut got = Vec::new();
     for window in requests.chunks(depth) {
         // A refused write still leaves the answers the gateway wrote before it closed.

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use flashgate::config::Settings;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 
 use crate::helpers::{new_deal, spawn_app_with};
 use crate::pipelining::{
@@ -42,13 +41,8 @@ async fn an_oversized_body_is_refused_and_the_answer_closes_the_connection() {
         // The next request follows the part of the body written so far.
         let mut requests = vec![oversized_order(deal, &token, over, 3 * READ_BYTES)];
         requests.push(order(deal, &token, "big", 1, Framing::Length));
-        let stream = TcpStream::connect(app.addr).await.expect("connect");
-        let (reader, mut writer) = stream.into_split();
+        let (mut answers, mut writer) = Answers::connect(app.addr).await;
         assert!(write_cut(&mut writer, &requests.concat(), Cut::Whole).await);
-        let mut answers = Answers {
-            reader,
-            buffer: Vec::new(),
-        };
 
         let first = answers
             .next()
@@ -103,13 +97,7 @@ async fn a_refused_body_arriving_slowly_is_read_to_its_end_and_the_connection_ke
     let deal = sold_out_deal(&app).await;
     let token = app.token("pipelining-user");
     let body = br#"{"quantity":1}"#;
-    let stream = TcpStream::connect(app.addr).await.expect("connect");
-    stream.set_nodelay(true).unwrap();
-    let (reader, mut writer) = stream.into_split();
-    let mut answers = Answers {
-        reader,
-        buffer: Vec::new(),
-    };
+    let (mut answers, mut writer) = Answers::connect(app.addr).await;
 
     // The body takes longer than the header read timeout, within the body read timeout.
     writer
@@ -140,12 +128,7 @@ async fn a_refused_body_that_stops_arriving_is_answered_and_the_connection_close
     let app = spawn_app_with(short_timeouts).await;
     let deal = sold_out_deal(&app).await;
     let token = app.token("pipelining-user");
-    let stream = TcpStream::connect(app.addr).await.expect("connect");
-    let (reader, mut writer) = stream.into_split();
-    let mut answers = Answers {
-        reader,
-        buffer: Vec::new(),
-    };
+    let (mut answers, mut writer) = Answers::connect(app.addr).await;
 
     let mut request = order_head(&deal, &token, "stalled", 100);
     request.extend_from_slice(br#"{"quantity""#);
