@@ -117,6 +117,15 @@ have_pg_auto_failover() {
 }
 have_nextest() { cargo nextest --version >/dev/null 2>&1; }
 
+# Installs Debian packages as root or through sudo, reading the package lists first only
+# when they do not know the package yet (a fresh machine has none).
+apt_install() {
+    local sudo=()
+    [[ $(id -u) -eq 0 ]] || sudo=(sudo)
+    local install=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@")
+    "${install[@]}" >/dev/null 2>&1 || { "${sudo[@]}" apt-get update -qq && "${install[@]}" >/dev/null; }
+}
+
 # The changes a full run would make to this machine now, one per line (none: empty).
 machine_changes() {
     local apt=()
@@ -302,14 +311,7 @@ clippy_command=(cargo clippy --workspace --all-targets --target-dir target/clipp
 # may change the machine): GNU ld spends seconds on each large test binary.
 fast_linker() {
     if ! have mold && ((full_run && !no_system)); then
-        local sudo=()
-        [[ $(id -u) -eq 0 ]] || sudo=(sudo)
-        install_mold() {
-            DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
-                mold >/dev/null 2>&1
-        }
-        install_mold || { "${sudo[@]}" apt-get update -qq >/dev/null 2>&1 && install_mold; } ||
-            note "mold could not be installed; linking with the default linker"
+        apt_install mold || note "mold could not be installed; linking with the default linker"
     fi
     if have mold; then
         export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C link-arg=-fuse-ld=mold"
@@ -538,10 +540,7 @@ if ((skip_promtool)); then
 else
     if ! have promtool; then
         begin "installing promtool (Debian package prometheus)"
-        SUDO=""
-        [[ $(id -u) -eq 0 ]] || SUDO="sudo"
-        $SUDO apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+        apt_install prometheus
     fi
     begin "promtool check rules + test rules"
     promtool check rules config/prometheus/alerts.yml

@@ -15,9 +15,9 @@
 //! keeps `busy` (set while active), `over_at` (the last time arrivals went past the
 //! outflow), `arr_sec`, `arr_n` and `arr_prev` (arrivals counted in the current Redis
 //! second and in the one before, weighed into a sliding second so that a burst across a
-//! second's boundary counts whole) and `admitted_at_once_total`. An admission at once also spends the advancer's budget
-//! (`budget`, `budget_at`), so the two together stay within the outflow when the line
-//! turns active mid-second.
+//! second's boundary counts whole) and `admitted_at_once_total`. An admission at once
+//! also spends the advancer's budget (`budget`, `budget_at`), so the two together stay
+//! within the outflow when the line turns active mid-second.
 
 use redis::Value;
 
