@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # What order events cost a sale, measured side by side in one run: one gateway with the
 # shipped config/default.toml, and alternating 100,000-unit sales (200,000 users, 64 in
-# flight): one with no event endpoint, one with a receiver inside the load tester subscribed
-# to every event (`flashgate-loadtest sale --events-receiver`), which answers at once. For
-# each pair it prints purchases/s (orders created per second until sold out) of both and
-# their ratio, and, for the subscribed sale, the rate the sale's whole backlog drained at when
-# replayed to the receiver after the sale,
-# with the check that every order's events arrived in sequence; then the medians and the
-# ranges. The rate limits are lifted (the buyers share one address) and private targets are
-# allowed (the receiver is on loopback); nothing else is changed. Loopback only; every sale
-# is bounded in time.
+# flight): one with no event endpoint, one with a receiver inside the load tester (on a
+# thread of its own) subscribed to every event (`flashgate-loadtest sale --events-receiver`),
+# which answers at once. For each pair it prints purchases/s (orders created per second until
+# sold out) of both and their ratio, how many events were delivered while the sale ran, and,
+# for the subscribed sale, the rate the sale's whole backlog drained at when replayed to the
+# receiver after the sale, with the check that every order's events arrived in sequence; then
+# the medians and the ranges. The rate limits are lifted (the buyers share one address) and
+# private targets are allowed (the receiver is on loopback); nothing else is changed.
+# Loopback only; every sale is bounded in time.
 #
 # Usage: loadtest/events_cost.sh [--bin DIR] [pairs, default 3]
 set -euo pipefail
@@ -83,6 +83,7 @@ for pair in $(seq "$PAIRS"); do
     with=$(json "$WORK/subscribed-$pair.json" "$PURCHASES")
     drain=$(json "$WORK/subscribed-$pair.json" 'r["events"]["drain_events_per_second"]')
     echo "pair $pair: purchases/s none $(printf %.0f "$none"), subscribed $(printf %.0f "$with"), ratio $(python3 -c "print(f'{$with/$none:.3f}')");" \
+        "$(json "$WORK/subscribed-$pair.json" 'r["events"]["live_by_sale_end"]') delivered during the sale;" \
         "backlog $(json "$WORK/subscribed-$pair.json" 'r["events"]["replayed_backlog"]') events replayed, drained at $(printf %.0f "$drain")/s," \
         "$(json "$WORK/subscribed-$pair.json" 'r["events"]["violations"]') out of sequence," \
         "verdicts $(json "$WORK/none-$pair.json" 'r["verdict"]["ok"]')/$(json "$WORK/subscribed-$pair.json" 'r["verdict"]["ok"]')"

@@ -98,6 +98,7 @@ pub const REFUNDS_PENDING_OLDEST: &str = "flashgate_refunds_pending_oldest_secon
 pub const OUTBOX_OLDEST: &str = "flashgate_outbox_oldest_seconds";
 pub const EVENTS: &str = "flashgate_events_total";
 pub const EVENTS_OLDEST_KEPT: &str = "flashgate_events_oldest_kept_seconds";
+pub const EVENTS_FEED_RATE: &str = "flashgate_events_feed_per_second";
 pub const EVENT_DELIVERIES: &str = "flashgate_event_deliveries_total";
 pub const EVENT_DELIVERY_SECONDS: &str = "flashgate_event_delivery_seconds";
 pub const EVENT_ENDPOINT_PENDING: &str = "flashgate_event_endpoint_pending";

@@ -9,12 +9,14 @@
 //! - [`feed`] reads the feed for `GET /admin/events` and the deliveries, and expires it.
 //! - [`endpoints`] keeps the endpoints; [`delivery`] pushes to one; [`runner`] runs the
 //!   sequencer, one delivery task per endpoint and the retention on one instance at a time.
+//! - [`pace`] counts how fast the feed grows, so that deliveries give way to a hot sale.
 //! - [`target`] refuses endpoints pointing inwards; [`signing`] signs.
 
 pub mod delivery;
 pub mod endpoints;
 pub mod feed;
 pub mod manage;
+pub mod pace;
 pub mod runner;
 pub mod sequencer;
 mod settings;

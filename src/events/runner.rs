@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::endpoints::Endpoint;
+use super::pace::{self, Pace};
 use super::{EventError, EventSettings, delivery, endpoints, feed, sequencer, target};
 use crate::clock::{Clock, elapsed_since, monotonic};
 use crate::telemetry;
@@ -42,6 +43,8 @@ struct Context {
     clock: Clock,
     settings: EventSettings,
     wake: Arc<Notify>,
+    /// The feed's rate, for giving way to a sale.
+    pace: Arc<Pace>,
 }
 
 /// Runs until `shutdown`: takes the lead when free, and keeps it while its connection lives.
@@ -68,6 +71,7 @@ pub async fn run(
         clock,
         settings,
         wake: Arc::new(Notify::new()),
+        pace: Arc::new(Pace::default()),
     };
     while !shutdown.is_cancelled() {
         match lead(&leader_url).await {
@@ -145,7 +149,11 @@ async fn sequence(context: Context, stop: CancellationToken) {
     );
     let mut pause = min;
     loop {
-        match sequencer::round(&context.pool, context.settings.sequencer_batch_max).await {
+        let round = sequencer::round(&context.pool, context.settings.sequencer_batch_max).await;
+        let now = context.clock.instant();
+        context.pace.record(*round.as_ref().unwrap_or(&0), now);
+        metrics::gauge!(telemetry::EVENTS_FEED_RATE).set(context.pace.per_second(now) as f64);
+        match round {
             Ok(0) => pause = (pause * 2).min(max),
             Ok(_) => {
                 context.wake.notify_waiters();
@@ -218,6 +226,13 @@ async fn serve_endpoint(context: Context, id: Uuid, stop: CancellationToken) {
             }
             continue;
         }
+        if let Some(wait) = give_way(&context, &batch) {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = context.clock.sleep(wait) => {}
+            }
+            continue;
+        }
         let Some(failure) = deliver(&context, &endpoint, &batch, &mut accepted).await else {
             attempt = 0;
             continue;
@@ -233,6 +248,21 @@ async fn serve_endpoint(context: Context, id: Uuid, stop: CancellationToken) {
             () = context.clock.sleep(wait) => {}
         }
     }
+}
+
+/// How long to hold `batch` back while a sale fills the feed (see [`pace`]); the wait is
+/// on the application's clock, since it is a rule.
+fn give_way(context: &Context, batch: &[feed::Event]) -> Option<Duration> {
+    let oldest = batch.first()?.occurred_at;
+    let settings = &context.settings;
+    let recheck = Duration::from_millis(settings.poll_interval_max_ms);
+    pace::hold(
+        &context.pace,
+        settings.yield_rule(),
+        &context.clock,
+        oldest,
+        recheck,
+    )
 }
 
 /// The endpoint's next events after what it accepted (none when the feed cannot be read).

@@ -8,6 +8,9 @@ use crate::settings::require;
 /// Longest endpoint URL accepted, in bytes; a longer one is refused with 400.
 pub const URL_BYTES_CEILING: usize = 8192;
 
+/// Longest a delivery may give way to a sale: an hour.
+const YIELD_MAX_CEILING_MS: u64 = 3_600_000;
+
 /// How the feed is kept and how events are pushed.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -51,9 +54,23 @@ pub struct EventSettings {
     pub page_limit_max: i64,
     /// How often an instance that is not delivering asks again to take over.
     pub leader_retry_ms: u64,
+    /// While the sequencer positions more events a second than this (a sale under way),
+    /// deliveries give way to the sale; 0 never does.
+    pub yield_above_per_second: u64,
+    /// How far behind the feed a delivery that gives way may fall: an event this old is
+    /// sent whatever the feed's rate.
+    pub yield_max_ms: u64,
 }
 
 impl EventSettings {
+    /// When deliveries give way to a sale.
+    pub fn yield_rule(&self) -> super::pace::Yield {
+        super::pace::Yield {
+            above_per_second: self.yield_above_per_second,
+            max: std::time::Duration::from_millis(self.yield_max_ms),
+        }
+    }
+
     /// Checks every limit of the section; the message names the key.
     pub fn validate(&self) -> Result<(), String> {
         require(
@@ -81,6 +98,10 @@ impl EventSettings {
         ] {
             require(ok, &format!("events.{key} is below its minimum"))?;
         }
+        require(
+            self.yield_max_ms <= YIELD_MAX_CEILING_MS,
+            &format!("events.yield_max_ms must be at most {YIELD_MAX_CEILING_MS}"),
+        )?;
         require(
             self.poll_interval_min_ms <= self.poll_interval_max_ms,
             "events.poll_interval_min_ms must not exceed events.poll_interval_max_ms",

@@ -3,7 +3,8 @@
 
 use super::{
     EVENT_DELIVERIES, EVENT_DELIVERY_SECONDS, EVENT_ENDPOINT_FAILING,
-    EVENT_ENDPOINT_OLDEST_PENDING, EVENT_ENDPOINT_PENDING, EVENTS, EVENTS_OLDEST_KEPT,
+    EVENT_ENDPOINT_OLDEST_PENDING, EVENT_ENDPOINT_PENDING, EVENTS, EVENTS_FEED_RATE,
+    EVENTS_OLDEST_KEPT,
 };
 
 pub(super) fn describe() {
@@ -16,6 +17,10 @@ pub(super) fn describe() {
         EVENTS_OLDEST_KEPT,
         metrics::Unit::Seconds,
         "Age of the oldest event kept in the feed (events.retention_hours); 0 when none."
+    );
+    describe_gauge!(
+        EVENTS_FEED_RATE,
+        "Events the sequencer put in the feed a second, over the last second; deliveries give way to the sale above events.yield_above_per_second."
     );
     describe_counter!(
         EVENT_DELIVERIES,

@@ -13,7 +13,8 @@ use uuid::Uuid;
 
 use crate::events_api::pull_all;
 use crate::helpers::{
-    Api, PayApp, Receiver, TestApp, intent_id, new_deal, send, spawn_pay_app_with, wait_until,
+    Api, PayApp, Receiver, TestApp, intent_id, new_deal, send, spawn_app_with, spawn_pay_app_with,
+    wait_until,
 };
 
 /// Long enough for late payments (a one-second reservation, its expiry and the provider's
@@ -279,6 +280,41 @@ async fn a_whole_sale_reaches_the_receiver_once_per_committed_change_in_sequence
     assert_eq!(
         events, 28,
         "twelve changes of the first deal, sixteen of the late payments"
+    );
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deliveries_give_way_while_the_feed_is_hot_and_follow_once_it_cools() {
+    const ORDERS: usize = 30;
+    let app = spawn_app_with(|s| {
+        fast_events(s);
+        // Any steady run of orders is a hot feed here, and nothing gets old enough to be
+        // sent by age during the test.
+        s.events.yield_above_per_second = 1;
+        s.events.yield_max_ms = 600_000;
+    })
+    .await;
+    let receiver = Receiver::start(&[]).await;
+    subscribe(&app, &receiver).await;
+    let deal = app.given_deal(&new_deal("ev-hot", ORDERS as i64, 1)).await;
+
+    for user in 0..ORDERS {
+        app.order(&format!("hot-{user}"), &deal, 1)
+            .await
+            .expect(201);
+    }
+    let during = receiver.received().await.len();
+    assert!(
+        during < ORDERS / 3,
+        "only what came before the feed counted as hot was sent during the run: {during}"
+    );
+
+    let received = wait_delivered(&app, &receiver, SALE).await;
+    assert_eq!(
+        check_against_database(&app, &received).await,
+        ORDERS + 1,
+        "once the orders stopped, every event (each order's, then the sell-out) followed, in sequence"
     );
     app.cleanup().await;
 }

@@ -36,35 +36,40 @@ struct Delivery {
     body: Value,
 }
 
-/// A running receiver; what arrived, in order.
+/// A running receiver; what arrived, in order. Dropping it stops its thread.
 pub struct Receiver {
     pub addr: SocketAddr,
     key: Arc<Mutex<Vec<u8>>>,
     arrived: Arc<Mutex<Vec<Delivery>>>,
+    _stop: tokio::sync::oneshot::Sender<()>,
 }
 
 impl Receiver {
-    /// Listens on a loopback port; answers 204 to every delivery and records it.
+    /// Listens on a loopback port; answers 204 to every delivery and records it. It runs on
+    /// a thread and runtime of its own, as a shop's receiver runs apart from the buyers: on
+    /// the load generator's one thread it would take the time of the buyers' requests.
     pub async fn start() -> Result<Self, String> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| e.to_string())?;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+        listener.set_nonblocking(true).map_err(|e| e.to_string())?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
         let key = Arc::new(Mutex::new(Vec::new()));
         let arrived = Arc::new(Mutex::new(Vec::new()));
         let (k, a) = (key.clone(), arrived.clone());
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let (k, a) = (k.clone(), a.clone());
-                tokio::spawn(async move {
-                    let service = service_fn(move |request| record(request, k.clone(), a.clone()));
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        Ok(Self { addr, key, arrived })
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("events-receiver".to_owned())
+            .spawn(move || runtime.block_on(serve(listener, k, a, stopped)))
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            addr,
+            key,
+            arrived,
+            _stop: stop,
+        })
     }
 
     /// Subscribes the receiver to every event through the admin API at `ops`; the
@@ -129,6 +134,34 @@ impl Receiver {
         let since = arrived.get(from..).unwrap_or_default();
         let among = since.iter().filter(|d| objects.contains(&object(&d.body)));
         walk(among).violations
+    }
+}
+
+/// Accepts deliveries until `stopped` (the receiver was dropped).
+async fn serve(
+    listener: std::net::TcpListener,
+    key: Arc<Mutex<Vec<u8>>>,
+    arrived: Arc<Mutex<Vec<Delivery>>>,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+) {
+    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+        return;
+    };
+    loop {
+        let stream = tokio::select! {
+            _ = &mut stopped => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => return,
+            },
+        };
+        let (k, a) = (key.clone(), arrived.clone());
+        tokio::spawn(async move {
+            let service = service_fn(move |request| record(request, k.clone(), a.clone()));
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
     }
 }
 
