@@ -323,6 +323,12 @@ fn spawn_background(
         state.pools.background.clone(),
         shutdown.clone(),
     ));
+    tasks.spawn(crate::waiting_room::report::keep_paid_counted(
+        state.pools.background.clone(),
+        Duration::from_millis(settings.waiting_room.paid_sample_interval_ms),
+        settings.deals.metrics_retain_seconds,
+        shutdown.clone(),
+    ));
     tasks.spawn(crate::waiting_room::health::run(
         state.admission.waiting_room().clone(),
         shutdown.clone(),

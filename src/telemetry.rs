@@ -89,6 +89,7 @@ pub const WAITING_ROOM_WAIT: &str = "flashgate_waiting_room_wait_seconds";
 pub const WAITING_ROOM_PASSES_EXPIRED_UNUSED: &str =
     "flashgate_waiting_room_passes_expired_unused_total";
 pub const WAITING_ROOM_ORDERS: &str = "flashgate_waiting_room_orders_total";
+pub const WAITING_ROOM_ORDERS_PAID: &str = "flashgate_waiting_room_orders_paid";
 pub const BUILD_INFO: &str = "flashgate_build_info";
 pub const CAPACITY: &str = "flashgate_capacity";
 pub const RESERVATION_TRANSACTION: &str = "flashgate_reservation_transaction_seconds";
@@ -514,6 +515,10 @@ fn describe_report() {
         "Passes that expired without an order and without their session being ended, by deal."
     );
     describe_counter!(WAITING_ROOM_ORDERS, "Orders placed with a pass, by deal.");
+    metrics::describe_gauge!(
+        WAITING_ROOM_ORDERS_PAID,
+        "Orders placed with a pass and paid since, by deal (counted from PostgreSQL every waiting_room.paid_sample_interval_ms)."
+    );
 }
 
 /// Logs go to stderr, as text or as one JSON object per line (with the fields of the

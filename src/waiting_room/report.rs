@@ -11,8 +11,11 @@
 //! next is PostgreSQL's: each order placed with a pass is recorded in
 //! `waiting_room_orders` (this module is its only writer), joined with the order's status.
 
+use std::time::Duration;
+
 use serde::Serialize;
 use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
 
 use super::{Keys, QueueError, WaitingRoom};
 use crate::domain::OrderStatus;
@@ -290,6 +293,46 @@ pub async fn record_order(
     tx.commit().await?;
     metrics::counter!(telemetry::WAITING_ROOM_ORDERS, "deal" => deal_id.to_owned())
         .increment(inserted);
+    Ok(())
+}
+
+/// Counts, every `interval`, the orders placed with a pass and paid since, per deal on sale
+/// or ended within `retain_seconds`, into `flashgate_waiting_room_orders_paid`. Read from
+/// PostgreSQL, the truth of a payment: money is settled by webhooks and workers on any
+/// instance, long after the order, so no instance sees every payment happen.
+pub async fn keep_paid_counted(
+    pool: PgPool,
+    interval: Duration,
+    retain_seconds: u64,
+    shutdown: CancellationToken,
+) {
+    loop {
+        if let Err(error) = record_paid(&pool, retain_seconds).await {
+            tracing::debug!(%error, "paid orders of the lines not counted");
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+async fn record_paid(pool: &PgPool, retain_seconds: u64) -> Result<(), StoreError> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT w.deal_id, count(*) FILTER (WHERE o.status = $2) \
+           FROM deals d \
+           JOIN waiting_room_orders w ON w.deal_id = d.id \
+           JOIN orders o ON o.id = w.order_id \
+          WHERE d.ends_at IS NULL OR d.ends_at > now() - make_interval(secs => $1) \
+          GROUP BY w.deal_id",
+    )
+    .bind(retain_seconds as f64)
+    .bind(OrderStatus::Paid.as_str())
+    .fetch_all(pool)
+    .await?;
+    for (deal, paid) in rows {
+        metrics::gauge!(telemetry::WAITING_ROOM_ORDERS_PAID, "deal" => deal).set(paid as f64);
+    }
     Ok(())
 }
 

@@ -40,6 +40,10 @@ pub const STOCK_AGE_MAX_MS_CEILING: u64 = 600_000;
 /// minute.
 pub const IDLE_CHECK_MS_RANGE: RangeInclusive<u64> = 10..=60_000;
 
+/// The values `waiting_room.paid_sample_interval_ms` may take: a count at most ten minutes
+/// old, read at most once a second.
+pub const PAID_SAMPLE_INTERVAL_MS_RANGE: RangeInclusive<u64> = 1000..=600_000;
+
 /// The values `waiting_room.revocation_poll_ms` may take: a revoked pass stops working on
 /// every instance within a second.
 pub const REVOCATION_POLL_MS_RANGE: RangeInclusive<u64> = 1..=1000;
@@ -187,6 +191,9 @@ pub struct WaitingRoomSettings {
     /// Most access codes one call issues (`POST /admin/deals/{id}/access-codes`), so one
     /// request neither holds a transaction long nor answers megabytes.
     pub access_codes_per_request_max: u32,
+    /// How often the orders paid by buyers who got a turn are counted from PostgreSQL for
+    /// `flashgate_waiting_room_orders_paid` (one grouped read of the recent deals' lines).
+    pub paid_sample_interval_ms: u64,
 }
 
 /// The pass secret never reaches logs.
@@ -331,6 +338,12 @@ impl WaitingRoomSettings {
         require(
             IDLE_CHECK_MS_RANGE.contains(&self.idle_check_ms),
             &format!("waiting_room.idle_check_ms must be {IDLE_CHECK_MS_RANGE:?}"),
+        )?;
+        require(
+            PAID_SAMPLE_INTERVAL_MS_RANGE.contains(&self.paid_sample_interval_ms),
+            &format!(
+                "waiting_room.paid_sample_interval_ms must be {PAID_SAMPLE_INTERVAL_MS_RANGE:?}"
+            ),
         )?;
         require(
             REVOCATION_POLL_MS_RANGE.contains(&self.revocation_poll_ms),

@@ -337,6 +337,7 @@ pub(crate) async fn small_sale(app: &PayApp) -> String {
         "flashgate_waiting_room_passes_active",
         "flashgate_waiting_room_estimated_wait_seconds",
         "flashgate_waiting_room_admission_rate",
+        "flashgate_waiting_room_orders_paid",
         "flashgate_event_endpoint_pending",
         "flashgate_event_endpoint_oldest_pending_seconds",
         "flashgate_event_endpoint_failing",
@@ -379,6 +380,7 @@ pub(crate) async fn sale_app() -> PayApp {
         s.waiting_room.stock_refresh_ms = 100;
         s.waiting_room.abandon_after_seconds = 2;
         s.waiting_room.refresh_after_seconds_max = 1;
+        s.waiting_room.paid_sample_interval_ms = 1000;
         s.events.enabled = true;
         s.events.allow_private_targets = true;
         s.events.leader_retry_ms = 200;

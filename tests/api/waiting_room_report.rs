@@ -55,6 +55,7 @@ async fn a_finished_sale_reports_its_crowd_count_for_count() {
         s.waiting_room.stock_refresh_ms = 100;
         s.waiting_room.abandon_after_seconds = 2;
         s.waiting_room.refresh_after_seconds_max = 1;
+        s.waiting_room.paid_sample_interval_ms = 1000;
     })
     .await;
     let room = json!({"admit_per_second": 100, "max_active": 100, "pass_ttl_seconds": 2});
@@ -148,6 +149,16 @@ async fn a_finished_sale_reports_its_crowd_count_for_count() {
         let seen = crate::helpers::metric_value(&metrics, name, &label);
         assert_eq!(seen, value, "{name}");
     }
+    let paid = "flashgate_waiting_room_orders_paid";
+    wait_until(
+        "the paid orders counted from PostgreSQL",
+        EVENTUALLY,
+        || async {
+            let seen = crate::helpers::metric_value(&app.metrics().await, paid, &label);
+            if seen == 2.0 { Ok(seen) } else { Err(seen) }
+        },
+    )
+    .await;
 
     // Assert: the same report from another gateway once the first has stopped, and from
     // the CLI, as JSON and as a table.
