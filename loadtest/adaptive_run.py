@@ -4,11 +4,14 @@
 Two gateways on free loopback ports share a fresh database and a fresh Redis key prefix.
 Buyers (threads) join the line on either gateway, poll their ticket and order with the
 pass as soon as they are admitted (each order on its own thread, so the line keeps
-filling while orders wait). Part way through, the script starts a competing writer on
-PostgreSQL (pgbench holding the deal's stock rows locked --hold-ms at a time, which puts
-the back end's capacity below --max) and stops it later. The same run is made twice: the deal's waiting room `adaptive` between
+filling while orders wait). Part way through, the script slows the back end below --max
+and later lets it go: `--slowdown writer` starts a competing writer on PostgreSQL (pgbench
+holding the deal's stock rows locked --hold-ms at a time); `--slowdown serialize` makes
+every statement inserting orders wait for one lock and hold it --hold-ms (a trigger in the
+run's own database). The same run is made twice: the deal's waiting room `adaptive` between
 --min and --max per second with --target-ms, then `fixed` at --max. Every run is bounded
-(its phases' seconds) and stops by itself.
+(its phases' seconds) and stops by itself. The goal's figure is the p99 of every order the
+admitted buyers sent from 5 s into the slowdown to its end (an error counts as late).
 
 It prints the figures, draws the adaptive run's outflow, order p99 and stock over time
 as an SVG (--svg), and rewrites the section between the markers in --doc:
@@ -36,6 +39,8 @@ import threading
 import time
 
 ORDER_TIMEOUT_S = 30.0
+# The goal's span starts this long after the slowdown does.
+SETTLE_S = 5
 BEGIN = "<!-- adaptive-run:begin -->"
 END = "<!-- adaptive-run:end -->"
 
@@ -187,6 +192,36 @@ class Competitor:
             os.unlink(self.script.name)
 
 
+class Serializer:
+    """A slowdown of another kind: every statement inserting orders waits for one lock,
+    shared by both gateways, and holds it `hold_ms`, so the back end commits one batch per
+    hold whatever the rate it is sent (a trigger the run adds to its own database and
+    drops when the slowdown ends)."""
+
+    def __init__(self, db_url, _deal, hold_ms):
+        self.db_url = db_url
+        self.hold_ms = hold_ms
+
+    def start(self, _clients, _seconds):
+        psql(self.db_url, f"""
+            CREATE OR REPLACE FUNCTION adaptive_run_serialize() RETURNS trigger
+            LANGUAGE plpgsql AS $$
+            BEGIN
+              PERFORM pg_advisory_xact_lock(7351);
+              PERFORM pg_sleep({self.hold_ms / 1000.0});
+              RETURN NULL;
+            END $$;
+            CREATE TRIGGER adaptive_run_serialize BEFORE INSERT ON orders
+              FOR EACH STATEMENT EXECUTE FUNCTION adaptive_run_serialize();""")
+
+    def stop(self):
+        psql(self.db_url, "SET client_min_messages = warning; "
+                          "DROP TRIGGER IF EXISTS adaptive_run_serialize ON orders")
+
+
+SLOWDOWNS = {"writer": Competitor, "serialize": Serializer}
+
+
 class Record:
     """What the buyers met, shared by their threads."""
 
@@ -281,7 +316,7 @@ def one_run(args, mode):
         if status != 201:
             sys.exit(f"adaptive_run: deal not created: {status} {body}")
         deal = body["id"]
-        competitor = Competitor(fleet.db_url, deal, args.hold_ms)
+        competitor = SLOWDOWNS[args.slowdown](fleet.db_url, deal, args.hold_ms)
         total = args.before + args.slow + args.after
         t0 = time.monotonic()
         stop_at = t0 + total
@@ -356,6 +391,10 @@ def summarize(args, mode, record, samples, verdict):
         recovered = next((sec + 1 for sec in sorted(windows)
                           if sec > crossed and p99(windows[sec]) <= target), None)
     in_slow = [o for o in created if start <= o[0] < end]
+    # Every order an admitted buyer sent from 5 s into the slowdown to its end; one not
+    # answered 201 or 409 counts as late.
+    settled = [o[1] if o[2] in (201, 409) else float("inf")
+               for o in orders if start + SETTLE_S <= o[0] < end]
     return {
         "mode": mode, "orders": len(orders), "created": len(created), "errors": len(errors),
         "late": len(late), "hurt": len(hurt), "all_503": len(all_503),
@@ -364,6 +403,8 @@ def summarize(args, mode, record, samples, verdict):
         "rate_slow": len([o for o in created if start <= o[0] + o[1] < end]) / max(args.slow, 1),
         "p99_s": p99([o[1] for o in created]),
         "p99_slow_s": p99([o[1] for o in in_slow]),
+        "p99_settled_s": p99(settled), "settled_orders": len(settled),
+        "settled_late": len([x for x in settled if x > target]),
         "reference": reference,
         "cut_after_s": None if cut_at is None else cut_at - start,
         "cut_after_cross_s": None if cut_at is None or crossed is None else cut_at - crossed,
@@ -386,6 +427,8 @@ def fmt(value, unit="s"):
 def table(args, runs, command):
     a, f = runs
     ms = lambda run, key: f"{run[key] * 1000:.0f} ms"
+    settled = lambda run: ("an error" if run["p99_settled_s"] == float("inf")
+                           else ms(run, "p99_settled_s"))
     rows = [
         ("orders sent by admitted buyers", a["orders"], f["orders"]),
         ("201 created", a["created"], f["created"]),
@@ -400,6 +443,10 @@ def table(args, runs, command):
          f"{a['all_503']} / {a['held_503']}", f"{f['all_503']} / {f['held_503']}"),
         ("201 p99 over the run", ms(a, "p99_s"), ms(f, "p99_s")),
         ("201 p99 while slowed", ms(a, "p99_slow_s"), ms(f, "p99_slow_s")),
+        (f"**p99 of the orders sent from {SETTLE_S} s into the slowdown to its end** "
+         "(errors count as late; orders, late)",
+         f"**{settled(a)}** ({a['settled_orders']}, {a['settled_late']})",
+         f"**{settled(f)}** ({f['settled_orders']}, {f['settled_late']})"),
         ("outflow cut below 90% of its value at the slowdown's start, after that start / "
          "after the first 1 s window over the target began",
          f"{fmt(a['cut_after_s'])} / {fmt(a['cut_after_cross_s'])}", "fixed"),
@@ -424,9 +471,8 @@ def table(args, runs, command):
              f"Measured with `{command}` on {os.cpu_count()} CPUs shared with other work: "
              f"{args.lanes} buyer lanes, two gateways (request pool {args.pool}, "
              f"reservation batches of at most {args.batch_max}: a small back end on purpose), "
-             f"{args.before} s healthy, {args.slow} s with a competing writer holding the "
-             f"deal's stock rows {args.hold_ms} ms at a time ({args.load_clients} pgbench "
-             f"client), {args.after} s after; adaptive between {args.min} and {args.max}/s, "
+             f"{args.before} s healthy, {args.slow} s {slowdown(args)}, "
+             f"{args.after} s after; adaptive between {args.min} and {args.max}/s, "
              f"target p99 {args.target_ms} ms, "
              f"`waiting_room.adaptive_cut_to_percent` {args.cut_to_percent or 'at its default'}, "
              f"against fixed at {args.max}/s. "
@@ -434,6 +480,14 @@ def table(args, runs, command):
              "| | adaptive | fixed |", "|---|---|---|"]
     lines += [f"| {name} | {x} | {y} |" for name, x, y in rows]
     return "\n".join(lines + ["", END])
+
+
+def slowdown(args):
+    if args.slowdown == "serialize":
+        return (f"with every order statement serialized behind one lock held "
+                f"{args.hold_ms} ms")
+    return (f"with a competing writer holding the deal's stock rows {args.hold_ms} ms at a "
+            f"time ({args.load_clients} pgbench client)")
 
 
 def rewrite(doc, section):
@@ -526,6 +580,9 @@ def main():
     parser.add_argument("--batch-max", type=int, default=1)
     parser.add_argument("--load-clients", type=int, default=1)
     parser.add_argument("--hold-ms", type=int, default=80)
+    parser.add_argument("--slowdown", choices=sorted(SLOWDOWNS), default="writer",
+                        help="writer: a competing writer holds the deal's stock rows; "
+                             "serialize: every order statement waits for one lock")
     parser.add_argument("--cut-to-percent", type=int, default=None,
                         help="waiting_room.adaptive_cut_to_percent of the gateways, "
                              "else their default")

@@ -19,12 +19,14 @@ use super::{QueueError, WaitingRoom, line_key};
 use crate::clock::monotonic;
 use crate::shutdown::Every;
 
-/// ARGV: instance, p99 ms, orders timed, orders refused 503, breaker open (0/1), ttl ms.
-/// One field per instance: `redis ms,p99 ms,orders,refused,breaker`.
+/// ARGV: instance, p99 ms, orders timed, orders refused 503, breaker open (0/1), ttl ms,
+/// orders answered, the window's length in ms, orders under way. One field per instance:
+/// `redis ms,p99 ms,orders,refused,breaker,answered,window ms,under way`.
 pub(super) const REPORT: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', KEYS[1], ARGV[1], table.concat({now, ARGV[2], ARGV[3], ARGV[4], ARGV[5]}, ','))
+redis.call('HSET', KEYS[1], ARGV[1],
+  table.concat({now, ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[7], ARGV[8], ARGV[9]}, ','))
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
 return now
 "#;
@@ -51,6 +53,8 @@ return out
 #[derive(Default)]
 struct Window {
     latencies_ms: Vec<f64>,
+    /// Orders answered (every one, past `LATENCIES_MAX` too): the back end's throughput.
+    answered: u64,
     refused: u64,
     /// Orders under way, by the id `begin` gave them.
     in_flight: HashMap<u64, Instant>,
@@ -60,6 +64,8 @@ struct Window {
 #[derive(Default)]
 pub struct Recorder {
     windows: Mutex<HashMap<String, Window>>,
+    /// When the reports were last taken: the windows' start.
+    taken_at: Mutex<Option<Instant>>,
     next_id: std::sync::atomic::AtomicU64,
     breaker_open: std::sync::atomic::AtomicBool,
 }
@@ -88,10 +94,12 @@ impl Timing {
             .as_secs_f64()
             * 1000.0;
         self.recorder.with(&self.deal, |window| match served {
-            Served::Answered if window.latencies_ms.len() < LATENCIES_MAX => {
-                window.latencies_ms.push(elapsed_ms);
+            Served::Answered => {
+                window.answered += 1;
+                if window.latencies_ms.len() < LATENCIES_MAX {
+                    window.latencies_ms.push(elapsed_ms);
+                }
             }
-            Served::Answered => {}
             Served::Overloaded => window.refused += 1,
         });
     }
@@ -147,33 +155,60 @@ impl Recorder {
         }
     }
 
-    /// Each deal's report since the last call, as (deal, p99 ms, orders, refused); deals
-    /// with nothing under way and nothing seen are dropped.
-    fn take(&self) -> Vec<(String, f64, u64, u64)> {
-        let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
-        windows
-            .retain(|_, w| !w.in_flight.is_empty() || !w.latencies_ms.is_empty() || w.refused > 0);
+    /// Each deal's report since the last call; deals with nothing under way and nothing
+    /// seen are dropped.
+    fn take(&self) -> Vec<Taken> {
         let now = monotonic();
+        let since = self
+            .taken_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(now);
+        let window_ms = since.map_or(0, |at| {
+            u64::try_from(now.saturating_duration_since(at).as_millis()).unwrap_or(u64::MAX)
+        });
+        let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        windows.retain(|_, w| {
+            !w.in_flight.is_empty() || !w.latencies_ms.is_empty() || w.refused > 0 || w.answered > 0
+        });
         windows
             .iter_mut()
             .map(|(deal, window)| {
                 let mut samples = std::mem::take(&mut window.latencies_ms);
+                let under_way = window.in_flight.len() as u64;
                 samples.extend(
                     window
                         .in_flight
                         .values()
                         .map(|at| now.duration_since(*at).as_secs_f64() * 1000.0),
                 );
-                let refused = std::mem::take(&mut window.refused);
-                (
-                    deal.clone(),
-                    p99(&mut samples),
-                    samples.len() as u64,
-                    refused,
-                )
+                Taken {
+                    deal: deal.clone(),
+                    p99_ms: p99(&mut samples),
+                    orders: samples.len() as u64,
+                    refused: std::mem::take(&mut window.refused),
+                    answered: std::mem::take(&mut window.answered),
+                    window_ms,
+                    under_way,
+                }
             })
             .collect()
     }
+}
+
+/// One deal's window on this instance, as reported.
+#[derive(Debug, PartialEq)]
+struct Taken {
+    deal: String,
+    p99_ms: f64,
+    /// Orders timed: answered, and those still under way at their age.
+    orders: u64,
+    refused: u64,
+    answered: u64,
+    /// How long the window lasted; 0 for the first one (no rate can be told from it).
+    window_ms: u64,
+    /// Orders still under way when the window was taken.
+    under_way: u64,
 }
 
 /// The 99th percentile (nearest rank) of `samples`; 0 without any.
@@ -202,22 +237,25 @@ pub async fn report(room: &WaitingRoom) {
         .breaker_open
         .load(std::sync::atomic::Ordering::Relaxed);
     let ttl = (room.settings.health_stale_ms * 2).to_string();
-    for (deal, p99_ms, orders, refused) in room.health.take() {
-        let key = [line_key(&room.redis, &deal, "health")];
+    for taken in room.health.take() {
+        let key = [line_key(&room.redis, &taken.deal, "health")];
         let args = [
             room.instance.clone(),
-            format!("{p99_ms:.1}"),
-            orders.to_string(),
-            refused.to_string(),
+            format!("{:.1}", taken.p99_ms),
+            taken.orders.to_string(),
+            taken.refused.to_string(),
             u8::from(breaker).to_string(),
             ttl.clone(),
+            taken.answered.to_string(),
+            taken.window_ms.to_string(),
+            taken.under_way.to_string(),
         ];
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let written: Result<i64, _> = room
             .eval_keys(&room.scripts.health_report, &key, &args)
             .await;
         if let Err(error) = written {
-            tracing::debug!(%error, deal, "health not reported");
+            tracing::debug!(%error, deal = taken.deal, "health not reported");
         }
     }
 }
@@ -243,6 +281,13 @@ pub async fn read(room: &WaitingRoom, deal: &str) -> Result<Reading, QueueError>
     parse_reading(&reply).ok_or_else(|| QueueError::Unexpected(format!("health {reply:?}")))
 }
 
+/// Orders answered a second over a report's window; `None` for a window of no length.
+fn rate(answered: &str, window_ms: &str) -> Option<f64> {
+    let answered: f64 = answered.parse().ok()?;
+    let window_ms: f64 = window_ms.parse().ok()?;
+    (window_ms > 0.0).then(|| answered * 1000.0 / window_ms)
+}
+
 fn parse_reading(reply: &[String]) -> Option<Reading> {
     let [now, outflow, reports @ ..] = reply else {
         return None;
@@ -250,9 +295,34 @@ fn parse_reading(reply: &[String]) -> Option<Reading> {
     let mut health = Health::default();
     for report in reports {
         let fields: Vec<&str> = report.split(',').collect();
-        let [_, p99_ms, orders, refused, breaker] = fields[..] else {
-            continue;
+        // An instance of the version before reports no throughput: five fields.
+        let (p99_ms, orders, refused, breaker, served, under_way) = match fields[..] {
+            [
+                _,
+                p99_ms,
+                orders,
+                refused,
+                breaker,
+                answered,
+                window_ms,
+                under_way,
+            ] => (
+                p99_ms,
+                orders,
+                refused,
+                breaker,
+                rate(answered, window_ms),
+                under_way.parse::<u64>().ok(),
+            ),
+            [_, p99_ms, orders, refused, breaker] => (p99_ms, orders, refused, breaker, None, None),
+            _ => continue,
         };
+        if let Some(served) = served {
+            health.served_per_second = Some(health.served_per_second.unwrap_or(0.0) + served);
+        }
+        if let Some(under_way) = under_way {
+            health.under_way = Some(health.under_way.unwrap_or(0) + under_way);
+        }
         let orders: u64 = orders.parse().unwrap_or(0);
         if let Ok(p99_ms) = p99_ms.parse::<f64>()
             && orders > 0
@@ -287,8 +357,8 @@ mod tests {
         let reply: Vec<String> = [
             "1000",
             "42.5",
-            "990,120.0,10,0,0",
-            "995,800.0,3,2,0",
+            "990,120.0,10,0,0,8,250,2",
+            "995,800.0,3,2,0,2,250,1",
             "999,0.0,0,1,1",
         ]
         .map(String::from)
@@ -299,6 +369,12 @@ mod tests {
         assert_eq!(reading.health.p99_seconds, Some(0.8));
         assert_eq!(reading.health.overloaded, 3);
         assert!(reading.health.breaker_open);
+        assert_eq!(
+            reading.health.served_per_second,
+            Some(40.0),
+            "32 and 8 a second; the five-field report tells no rate"
+        );
+        assert_eq!(reading.health.under_way, Some(3));
         let none = parse_reading(&["5".into(), String::new()]).expect("parsed");
         assert_eq!((none.outflow, none.health), (None, Health::default()));
     }
@@ -314,8 +390,18 @@ mod tests {
         refused.finish(Served::Overloaded);
         let taken = recorder.take();
         assert_eq!(taken.len(), 1);
-        let (deal, p99_ms, orders, refused) = &taken[0];
-        assert_eq!((deal.as_str(), *orders, *refused), ("d", 2, 1));
+        let Taken {
+            deal,
+            p99_ms,
+            orders,
+            refused,
+            answered,
+            ..
+        } = &taken[0];
+        assert_eq!(
+            (deal.as_str(), *orders, *refused, *answered),
+            ("d", 2, 1, 1)
+        );
         assert!((*p99_ms - 700.0).abs() < 1.0, "{p99_ms}");
     }
 }

@@ -84,6 +84,9 @@ pub const ADAPTIVE_CUT_TO_PERCENT_RANGE: RangeInclusive<u32> = 10..=90;
 /// The values `waiting_room.adaptive_climb_percent_per_second` may take.
 pub const ADAPTIVE_CLIMB_PERCENT_PER_SECOND_RANGE: RangeInclusive<u32> = 1..=100;
 
+/// The values `waiting_room.adaptive_hold_percent` and `adaptive_probe_percent` may take.
+pub const ADAPTIVE_SHARE_PERCENT_RANGE: RangeInclusive<u32> = 5..=95;
+
 /// Longest `waiting_room.adaptive_cut_cooldown_ms`.
 pub const ADAPTIVE_CUT_COOLDOWN_MS_MAX: u64 = 30_000;
 
@@ -184,6 +187,12 @@ pub struct WaitingRoomSettings {
     /// After a cut, no other cut and no climb for this long: the next decision sees the
     /// lower rate's health, not the backlog the higher rate left.
     pub adaptive_cut_cooldown_ms: u64,
+    /// The hold line of an adaptive line, in percent of its target p99: above it the
+    /// outflow eases down instead of climbing, so the p99 settles under the target.
+    pub adaptive_hold_percent: u32,
+    /// How fast an adaptive line climbs near the rate its back end last gave out at, in
+    /// percent of its climb.
+    pub adaptive_probe_percent: u32,
     /// A `when_busy` line goes back to admitting joins at once only once it is empty and
     /// arrivals stayed below its outflow for this long, so a crowd arriving in waves is not
     /// let in at once between two waves.
@@ -240,6 +249,15 @@ impl WaitingRoomSettings {
                 "waiting_room.adaptive_climb_percent_per_second must be {ADAPTIVE_CLIMB_PERCENT_PER_SECOND_RANGE:?}"
             ),
         )?;
+        for (value, key) in [
+            (self.adaptive_hold_percent, "adaptive_hold_percent"),
+            (self.adaptive_probe_percent, "adaptive_probe_percent"),
+        ] {
+            require(
+                ADAPTIVE_SHARE_PERCENT_RANGE.contains(&value),
+                &format!("waiting_room.{key} must be {ADAPTIVE_SHARE_PERCENT_RANGE:?}"),
+            )?;
+        }
         require(
             self.adaptive_cut_cooldown_ms <= ADAPTIVE_CUT_COOLDOWN_MS_MAX,
             &format!(

@@ -26,6 +26,8 @@ pub(super) fn bounds(terms: &AdmissionTerms, settings: &WaitingRoomSettings) -> 
         cut_keep: f64::from(settings.adaptive_cut_to_percent) / 100.0,
         climb_share_per_second: f64::from(settings.adaptive_climb_percent_per_second) / 100.0,
         cut_cooldown_ms: i64::try_from(settings.adaptive_cut_cooldown_ms).unwrap_or(i64::MAX),
+        hold_share: f64::from(settings.adaptive_hold_percent) / 100.0,
+        probe_share: f64::from(settings.adaptive_probe_percent) / 100.0,
     }
 }
 
