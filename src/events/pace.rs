@@ -111,7 +111,7 @@ mod tests {
     #[test]
     fn the_rate_is_counted_over_whole_windows_and_forgotten_when_the_sequencer_goes_quiet() {
         let pace = Pace::default();
-        let start = Instant::now();
+        let start = ManualClock::starting_now().clock().instant();
         for tenth in 0..10 {
             pace.record(500, start + Duration::from_millis(100 * tenth));
         }
