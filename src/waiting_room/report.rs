@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Keys, QueueError, WaitingRoom};
 use crate::domain::OrderStatus;
+use crate::shutdown::Every;
 use crate::store::StoreError;
 use crate::telemetry;
 
@@ -306,13 +307,10 @@ pub async fn keep_paid_counted(
     retain_seconds: u64,
     shutdown: CancellationToken,
 ) {
-    loop {
+    let mut every = Every::new(interval, shutdown);
+    while every.tick().await {
         if let Err(error) = record_paid(&pool, retain_seconds).await {
             tracing::debug!(%error, "paid orders of the lines not counted");
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(interval) => {}
         }
     }
 }
