@@ -149,8 +149,7 @@ impl Metrics {
     pub fn render(&self) -> String {
         tally::drain_all();
         process::record();
-        self.retention.touch();
-        self.handle.render()
+        self.retention.rendered(|| self.handle.render())
     }
 
     /// Deals that have series on `/metrics`.

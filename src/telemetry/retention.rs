@@ -7,9 +7,14 @@
 //! moves without its value changing); keys of retired deals are forgotten, not touched,
 //! and the exporter's idle timeout drops them at the next render. Histograms carry no deal
 //! label and are never dropped.
+//!
+//! Renders take turns: the exporter drops a series whose generation did not move since the
+//! render before, so two scrapers at once (two Prometheus replicas, say) could otherwise
+//! touch, touch, render, render, and the second render would find every series unmoved
+//! since the first and drop them all, for good: their handles live on here, orphaned.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use dashmap::DashMap;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
@@ -28,11 +33,23 @@ enum Handle {
 #[derive(Default)]
 pub struct Retention {
     handles: DashMap<Key, Handle>,
+    /// Held from the touch to the end of the render it precedes.
+    rendering: Mutex<()>,
 }
 
 impl Retention {
+    /// Touches every remembered series, then runs `render`, one render at a time.
+    pub fn rendered(&self, render: impl FnOnce() -> String) -> String {
+        let _turn = self
+            .rendering
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.touch();
+        render()
+    }
+
     /// Moves every remembered series' generation, so the idle timeout spares it.
-    pub fn touch(&self) {
+    fn touch(&self) {
         for entry in &self.handles {
             match entry.value() {
                 Handle::Counter(counter) => counter.increment(0),
@@ -106,5 +123,70 @@ impl Recorder for Retaining {
 
     fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
         self.inner.register_histogram(key, metadata)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use metrics_exporter_prometheus::PrometheusBuilder;
+    use metrics_util::MetricKindMask;
+
+    use super::*;
+
+    /// Longer than the idle timeout below: the exporter's clock must see it pass.
+    const IDLE_MS: u64 = 1;
+    const PAST_IDLE: Duration = Duration::from_millis(3);
+    /// How long the first scraper waits for the second to finish before rendering anyway
+    /// (with renders taking turns the second cannot finish first).
+    const TURN_WAIT: Duration = Duration::from_millis(100);
+
+    #[test]
+    fn a_scrape_that_overtakes_another_drops_no_live_series() {
+        let inner = PrometheusBuilder::new()
+            .idle_timeout(
+                MetricKindMask::COUNTER | MetricKindMask::GAUGE,
+                Some(Duration::from_millis(IDLE_MS)),
+            )
+            .build_recorder();
+        let handle = inner.handle();
+        let retaining = Retaining {
+            inner,
+            retention: Arc::new(Retention::default()),
+        };
+        metrics::with_local_recorder(&retaining, || {
+            metrics::counter!("fg_sold_total").increment(1);
+        });
+        let (touched_tx, touched_rx) = mpsc::channel();
+        let (overtaken_tx, overtaken_rx) = mpsc::channel();
+
+        // The first scraper touches, then lingers; the second scrapes in full meanwhile if
+        // it may, and the first renders once the idle timeout has passed since.
+        let (retention, exporter) = (&retaining.retention, &handle);
+        let (first, second) = std::thread::scope(|scope| {
+            let first = scope.spawn(move || {
+                retention.rendered(|| {
+                    touched_tx.send(()).expect("the second scraper listens");
+                    let _ = overtaken_rx.recv_timeout(TURN_WAIT);
+                    std::thread::sleep(PAST_IDLE);
+                    exporter.render()
+                })
+            });
+            touched_rx.recv().expect("the first scraper touched");
+            let second = retaining.retention.rendered(|| handle.render());
+            let _ = overtaken_tx.send(());
+            (first.join().expect("the first scraper"), second)
+        });
+        std::thread::sleep(PAST_IDLE);
+        let third = retaining.retention.rendered(|| handle.render());
+
+        for (scrape, text) in [("first", first), ("second", second), ("third", third)] {
+            assert!(
+                text.contains("fg_sold_total 1"),
+                "the {scrape} scrape lost the series:\n{text}"
+            );
+        }
     }
 }
