@@ -16,7 +16,8 @@ use sqlx::{PgConnection, PgPool};
 pub use cache::DealCache;
 pub use settings::DealSettings;
 pub use waiting_room::{
-    ADMIT_PER_SECOND_MAX, Activation, AdmissionMode, AdmissionTerms, Invitation, WaitingRoomTerms,
+    ADMIT_PER_SECOND_MAX, Activation, AdmissionMode, AdmissionTerms, Invitation, Priority,
+    WaitingRoomTerms,
 };
 
 use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};
@@ -188,7 +189,8 @@ const SELECT_DEAL: &str = "SELECT id, name, stock_total, bucket_count, unit_pric
         per_user_limit, reservation_ttl_seconds, starts_at, ends_at, paused,
         late_payment_policy, capture_method, wr_enabled, wr_admit_per_second, wr_max_active,
         wr_pass_ttl_seconds, wr_queue_order, wr_prequeue_opens_at, wr_pow_bits, wr_checkout_url, wr_admission_mode, wr_min_per_second,
-        wr_max_per_second, wr_target_p99_ms, wr_activation, wr_invitation, wr_page_template
+        wr_max_per_second, wr_target_p99_ms, wr_activation, wr_invitation, wr_priority,
+        wr_page_template
     FROM deals WHERE id = $1";
 
 pub async fn load(pool: &PgPool, id: &str) -> Result<Option<Deal>, StoreError> {
@@ -218,9 +220,10 @@ pub async fn create(pool: &PgPool, new: &NewDeal) -> Result<Deal, DealError> {
              late_payment_policy, capture_method, wr_enabled, wr_admit_per_second,
              wr_max_active, wr_pass_ttl_seconds, wr_queue_order, wr_prequeue_opens_at,
              wr_pow_bits, wr_checkout_url, wr_admission_mode, wr_min_per_second,
-             wr_max_per_second, wr_target_p99_ms, wr_activation, wr_invitation, wr_page_template)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
-                 $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27)
+             wr_max_per_second, wr_target_p99_ms, wr_activation, wr_invitation, wr_priority,
+             wr_page_template)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
+                 $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28)
          ON CONFLICT (id) DO NOTHING",
     )
     .bind(new.id.as_str())
@@ -249,6 +252,7 @@ pub async fn create(pool: &PgPool, new: &NewDeal) -> Result<Deal, DealError> {
     .bind(new.waiting_room.admission.target_p99_ms)
     .bind(new.waiting_room.activation.as_str())
     .bind(new.waiting_room.invitation.as_ref().map(sqlx::types::Json))
+    .bind(new.waiting_room.priority.as_ref().map(sqlx::types::Json))
     .bind(&new.waiting_room.page_template)
     .execute(&mut *tx)
     .await

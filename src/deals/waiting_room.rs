@@ -101,6 +101,53 @@ impl Invitation {
     }
 }
 
+/// A group whose buyers get a share of the line's admissions: those whose token claim
+/// `claim` holds one of `values`, or (with `codes`) who redeemed an access code of the
+/// deal. Its buyers wait in a line of their own, which gets `share_percent` of the
+/// admissions while both lines have someone waiting, and every admission while only it
+/// does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Priority {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
+    #[serde(default)]
+    pub codes: bool,
+    /// The group's share of the admissions while both lines wait, 1-99.
+    pub share_percent: u8,
+}
+
+impl Priority {
+    /// Who is in the group, checked as an invitation's fields are.
+    pub fn members(&self) -> Invitation {
+        Invitation {
+            claim: self.claim.clone(),
+            values: self.values.clone(),
+            codes: self.codes,
+        }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if !(1..=99).contains(&self.share_percent) {
+            return Err("waiting_room.priority.share_percent must be 1-99".into());
+        }
+        self.members()
+            .validate()
+            .map_err(|e| e.replace("waiting_room.invitation", "waiting_room.priority"))
+    }
+
+    fn check_across_fields(&self, terms: &WaitingRoomTerms) -> Result<(), String> {
+        if terms.is_random() {
+            return Err("waiting_room.priority needs queue_order fifo: a random line's shuffle places one line only".into());
+        }
+        self.members()
+            .check_across_fields()
+            .map_err(|e| e.replace("waiting_room.invitation", "waiting_room.priority"))
+    }
+}
+
 /// When the line is in force.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -226,6 +273,10 @@ pub struct WaitingRoomTerms {
     /// Who may join; everyone when absent.
     #[sqlx(rename = "wr_invitation", json(nullable))]
     pub invitation: Option<Invitation>,
+    /// A group with a share of the admissions; none when absent.
+    #[sqlx(rename = "wr_priority", json(nullable))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<Priority>,
     /// The deal's own waiting page (`page_template`), in place of the standard one; read
     /// only where the page is served (a query without the column leaves it out).
     #[sqlx(rename = "wr_page_template", default)]
@@ -247,6 +298,7 @@ impl Default for WaitingRoomTerms {
             admission: AdmissionTerms::default(),
             activation: Activation::Always,
             invitation: None,
+            priority: None,
             page_template: None,
         }
     }
@@ -259,6 +311,14 @@ impl WaitingRoomTerms {
 
     pub fn when_busy(&self) -> bool {
         self.activation == Activation::WhenBusy
+    }
+
+    /// Whether access codes mean something on this line: they invite, or they place their
+    /// redeemers in the priority group.
+    pub fn takes_codes(&self) -> bool {
+        let invites = self.invitation.as_ref().is_some_and(|i| i.codes);
+        let prioritises = self.priority.as_ref().is_some_and(|p| p.codes);
+        self.enabled && (invites || prioritises)
     }
 
     /// Checks the bounds; the message names the offending field.
@@ -292,6 +352,9 @@ impl WaitingRoomTerms {
         if let Some(invitation) = &self.invitation {
             invitation.validate()?;
         }
+        if let Some(priority) = &self.priority {
+            priority.validate()?;
+        }
         if let Some(template) = &self.page_template {
             super::page_template::parse(template)?;
         }
@@ -303,6 +366,9 @@ impl WaitingRoomTerms {
     pub fn check_across_fields(&self, starts_at: Option<DateTime<Utc>>) -> Result<(), String> {
         if let Some(invitation) = &self.invitation {
             invitation.check_across_fields()?;
+        }
+        if let Some(priority) = &self.priority {
+            priority.check_across_fields(self)?;
         }
         let (min, max) = (self.admission.min_per_second, self.admission.max_per_second);
         if min > max {

@@ -16,7 +16,7 @@ use super::guard::{record, require_admin};
 use super::problem::Problem;
 use crate::deals::{
     self, Activation, AdmissionMode, AdmissionTerms, Deal, DealError, Invitation, NewDeal,
-    PaymentTerms, WaitingRoomTerms,
+    PaymentTerms, Priority, WaitingRoomTerms,
 };
 use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};
 use crate::inventory;
@@ -242,12 +242,7 @@ impl From<ReportError> for Problem {
 pub(super) async fn deal_reply(state: &State, deal: &Deal) -> Reply {
     let line = published_line(state, deal).await;
     let mut view = AdminDealView::new(deal, line.as_ref(), state.clock.now());
-    if deal
-        .waiting_room
-        .invitation
-        .as_ref()
-        .is_some_and(|i| i.codes)
-    {
+    if deal.waiting_room.takes_codes() {
         let counts = access_codes::counts(&state.pools.admin, &deal.id).await?;
         view.waiting_room.access_codes = Some(counts);
     }
@@ -508,6 +503,8 @@ struct WaitingRoomInput {
     #[serde(default)]
     invitation: Option<Invitation>,
     #[serde(default)]
+    priority: Option<PriorityInput>,
+    #[serde(default)]
     page_template: Option<String>,
 }
 
@@ -537,6 +534,31 @@ impl AdmissionInput {
     }
 }
 
+/// The `priority` object of a deal's `waiting_room`, its share read as any JSON integer.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PriorityInput {
+    #[serde(default)]
+    claim: Option<String>,
+    #[serde(default)]
+    values: Vec<String>,
+    #[serde(default)]
+    codes: bool,
+    #[serde(deserialize_with = "super::integer::exact")]
+    share_percent: u8,
+}
+
+impl PriorityInput {
+    fn into_terms(self) -> Priority {
+        Priority {
+            claim: self.claim,
+            values: self.values,
+            codes: self.codes,
+            share_percent: self.share_percent,
+        }
+    }
+}
+
 impl WaitingRoomInput {
     /// Terms to validate with the rest of the deal; an object without `enabled` enables.
     fn into_terms(self) -> WaitingRoomTerms {
@@ -552,6 +574,7 @@ impl WaitingRoomInput {
             checkout_url: self.checkout_url,
             activation: self.activation.unwrap_or_default(),
             invitation: self.invitation,
+            priority: self.priority.map(PriorityInput::into_terms),
             admission: self
                 .admission
                 .map_or(defaults.admission, AdmissionInput::into_terms),

@@ -11,7 +11,8 @@ use super::body;
 use super::problem::Problem;
 use crate::deals::Deal;
 
-/// The body a join may carry: an access code for an invitation-only line.
+/// The body a join may carry: an access code for a line that takes codes (to be invited,
+/// or placed in the priority group).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct JoinBody {
@@ -32,10 +33,6 @@ pub(super) async fn access_code(
         return Ok(None);
     }
     let code = body::json::<JoinBody>(&bytes)?.access_code;
-    let takes_codes = deal
-        .waiting_room
-        .invitation
-        .as_ref()
-        .is_some_and(|i| i.codes);
+    let takes_codes = deal.waiting_room.takes_codes();
     Ok(code.filter(|_| takes_codes))
 }

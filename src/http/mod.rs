@@ -32,6 +32,7 @@ mod routes;
 mod server;
 mod settings;
 mod stream;
+mod ticket_view;
 mod traced;
 mod wait_page;
 

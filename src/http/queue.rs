@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use http::header::{AUTHORIZATION, HeaderValue, RETRY_AFTER, VARY};
+use http::header::AUTHORIZATION;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -23,62 +23,19 @@ use serde::{Deserialize, Serialize};
 
 use super::State;
 use super::body::{self, Caching};
-use super::guard::{
-    POSITION_HEADER, POW_HEADER, check_ip, header, position_header, record, require_admin,
-};
+use super::guard::{POW_HEADER, check_ip, header, position_header, record, require_admin};
 use super::problem::Problem;
-use crate::deals::{Deal, WaitingRoomTerms, Window};
+use super::ticket_view::{far_reply, ticket_reply};
+use crate::deals::{Deal, Window};
 use crate::domain::{DealId, UserId};
-use crate::waiting_room::follow::{self, Far};
-use crate::waiting_room::invitation;
-use crate::waiting_room::{Position, Proof, QueueError, TicketState, TicketStatus};
+use crate::waiting_room::follow;
+use crate::waiting_room::{Position, Proof, QueueError};
+use crate::waiting_room::{invitation, priority};
 
 type Reply = Result<Response<Full<Bytes>>, Problem>;
 
 /// Longest ticket id accepted in a path; real ones are 32 hex digits.
 const TICKET_BYTES_MAX: usize = 64;
-
-#[derive(Serialize)]
-struct TicketView<'a> {
-    ticket: &'a str,
-    position: u64,
-    /// The position signed for this ticket, so the client follows the line on the public
-    /// state and cannot move itself forward.
-    position_token: String,
-    /// False while a random-order line's shuffle is still to move this pre-queue ticket.
-    position_final: bool,
-    /// Check in (poll this ticket) once `position - admitted_through` is at most this.
-    checkin_window_tickets: u64,
-    admitted_through: u64,
-    ahead: u64,
-    estimated_wait_seconds: u64,
-    state: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pass: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pass_expires_at: Option<DateTime<Utc>>,
-    /// Milliseconds the pass has left by Redis's clock, so a client counts down on its own
-    /// clock without trusting it to agree with ours.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pass_expires_in_ms: Option<i64>,
-    refresh_after_seconds: u64,
-    /// Units of the last stock snapshot not promised to an outstanding pass.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    units_left: Option<u64>,
-    /// `units_left / (ahead + 1)`, at most 1: the chance a unit is left at this ticket's
-    /// turn if everyone admitted before it buys one and nothing returns.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    chance_of_units: Option<f64>,
-    /// True when more people wait ahead than units are left.
-    likely_sold_out: bool,
-    /// Where an admitted buyer goes to order (the deal's checkout URL), when configured.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    checkout_url: Option<&'a str>,
-    /// False for a poll answered from far outside the check-in window (from the signed
-    /// position and the line in memory): not recorded as a sign of life; come back after
-    /// `refresh_after_seconds`.
-    checked_in: bool,
-}
 
 #[derive(Serialize)]
 struct LineView {
@@ -111,6 +68,18 @@ struct LineView {
     /// Units of the last stock snapshot not promised to an outstanding pass.
     #[serde(skip_serializing_if = "Option::is_none")]
     units_left: Option<u64>,
+    /// A line with a priority group: that group's line, apart from the rest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    priority: Option<PriorityLineView>,
+}
+
+/// The priority group's line in the public state: `admitted_through` and `waiting` above
+/// count the general group's places (`waiting`: both lines together).
+#[derive(Serialize)]
+struct PriorityLineView {
+    share_percent: u8,
+    admitted_through: u64,
+    waiting: u64,
 }
 
 impl From<QueueError> for Problem {
@@ -176,12 +145,15 @@ pub async fn join(
     let code = super::join_body::access_code(state, &deal, request).await?;
     let pool = &state.pools.request;
     invitation::check(pool, &deal, user.as_str(), &claims, code.as_deref()).await?;
+    let group = priority::group_of(pool, &deal, user.as_str(), &claims, code.as_deref()).await?;
     let proof = Proof {
         solution: solution.as_deref(),
         position: position.as_deref(),
     };
     let sold_out = state.admission.sold_out().is_sold_out(&deal.id);
-    let status = room.join(&deal, user.as_str(), proof, sold_out).await?;
+    let status = room
+        .join(&deal, user.as_str(), proof, sold_out, group)
+        .await?;
     Ok(ticket_reply(
         state,
         &deal,
@@ -245,57 +217,8 @@ fn shown_position(
     Ok(Some(shown))
 }
 
-/// A poll from far outside the check-in window: the ticket as the signed position and the
-/// line in memory show it, and when to come back (also as `Retry-After`).
-fn far_reply(
-    state: &State,
-    deal: &Deal,
-    shown: &Position,
-    far: &Far,
-    request: &Request<Incoming>,
-) -> Response<Full<Bytes>> {
-    let terms = &deal.waiting_room;
-    let room = state.admission.waiting_room();
-    let sold_out = far.line.sold_out || state.admission.sold_out().is_sold_out(&deal.id);
-    let ahead = far.behind.saturating_sub(1);
-    let units_left = far.line.units_left.filter(|_| !sold_out);
-    let refresh = follow_refresh(state, deal, far.behind);
-    let view = TicketView {
-        ticket: &shown.ticket,
-        position: shown.position,
-        position_token: String::from_utf8_lossy(
-            header(request, POSITION_HEADER).unwrap_or_default(),
-        )
-        .into_owned(),
-        position_final: shown.is_final,
-        checkin_window_tickets: room.checkin_window_tickets(terms),
-        admitted_through: far.line.admitted_through,
-        ahead,
-        estimated_wait_seconds: if sold_out {
-            0
-        } else {
-            wait_seconds(ahead, far.line.outflow_per_second, terms)
-        },
-        state: if sold_out { "sold_out" } else { "waiting" },
-        pass: None,
-        pass_expires_at: None,
-        pass_expires_in_ms: None,
-        refresh_after_seconds: refresh,
-        units_left,
-        chance_of_units: units_left.map(|left| (left as f64 / far.behind as f64).min(1.0)),
-        likely_sold_out: sold_out || units_left.is_some_and(|left| ahead >= left),
-        checkout_url: None,
-        checked_in: false,
-    };
-    let mut response = body::respond(StatusCode::OK, &view, Caching::Private);
-    response
-        .headers_mut()
-        .insert(RETRY_AFTER, HeaderValue::from(refresh));
-    response
-}
-
 /// How long a client `behind` tickets from the front waits before it reads the line again.
-fn follow_refresh(state: &State, deal: &Deal, behind: u64) -> u64 {
+pub(super) fn follow_refresh(state: &State, deal: &Deal, behind: u64) -> u64 {
     let terms = &deal.waiting_room;
     let settings = &state.settings.waiting_room;
     let min = u64::from(state.settings.server.public_cache_max_age_seconds.max(1));
@@ -337,6 +260,15 @@ pub async fn line(
         seed_sha256: line.seed_sha256,
         seed: line.seed,
         prequeue_size: line.prequeue_size.filter(|_| deal.waiting_room.is_random()),
+        priority: deal
+            .waiting_room
+            .priority
+            .as_ref()
+            .map(|p| PriorityLineView {
+                share_percent: p.share_percent,
+                admitted_through: line.priority_through,
+                waiting: line.priority_waiting,
+            }),
     };
     Ok(body::respond(
         StatusCode::OK,
@@ -367,15 +299,6 @@ fn behind(query: Option<&str>) -> Result<u64, Problem> {
     Ok(behind)
 }
 
-/// Seconds until `ahead + 1` tickets are admitted at the current outflow (the deal's
-/// `admit_per_second` before the advancer published one), so the promise moves with it.
-fn wait_seconds(ahead: u64, outflow: Option<f64>, terms: &WaitingRoomTerms) -> u64 {
-    let rate = outflow
-        .unwrap_or_else(|| f64::from(terms.admit_per_second))
-        .max(0.001);
-    ((ahead + 1) as f64 / rate).ceil() as u64
-}
-
 /// An outflow as shown: two decimals are all a person reads.
 pub(super) fn round_rate(rate: f64) -> f64 {
     (rate * 100.0).round() / 100.0
@@ -387,76 +310,6 @@ fn sale_not_open(detail: &str) -> Problem {
         StatusCode::CONFLICT,
         detail,
     )
-}
-
-/// A personal ticket answer, with a freshly signed pass when admitted.
-fn ticket_reply(
-    state: &State,
-    deal: &Deal,
-    user: &UserId,
-    status: &TicketStatus,
-    code: StatusCode,
-) -> Response<Full<Bytes>> {
-    let terms = &deal.waiting_room;
-    let mut ticket_state = status.state;
-    // The sold-out mirror knows before the advancer's next step.
-    if ticket_state == TicketState::Waiting && state.admission.sold_out().is_sold_out(&deal.id) {
-        ticket_state = TicketState::SoldOut;
-    }
-    let wait = if ticket_state == TicketState::Waiting {
-        wait_seconds(status.ahead, status.outflow_per_second, terms)
-    } else {
-        0
-    };
-    let refresh_max = state.settings.waiting_room.refresh_after_seconds_max.max(1);
-    let refresh = (wait / 4).clamp(1, refresh_max);
-    let room = state.admission.waiting_room();
-    let window = room.checkin_window_tickets(terms);
-    let admitted = ticket_state == TicketState::Admitted;
-    let expires_s = status.pass_expires_ms.div_euclid(1000);
-    let pass = admitted.then(|| {
-        room.passes()
-            .mint(&deal.id, user.as_str(), expires_s, &status.ticket)
-    });
-    let waiting = matches!(ticket_state, TicketState::Waiting);
-    let units_left = status.units_left.filter(|_| waiting);
-    let chance = units_left.map(|left| (left as f64 / (status.ahead + 1) as f64).min(1.0));
-    let likely_sold_out =
-        units_left.is_some_and(|left| status.ahead >= left) || ticket_state == TicketState::SoldOut;
-    let position_token = room.positions().sign(
-        &deal.id,
-        user.as_str(),
-        &status.ticket,
-        status.position,
-        status.position_final,
-    );
-    let view = TicketView {
-        ticket: &status.ticket,
-        position: status.position,
-        position_token,
-        position_final: status.position_final,
-        checkin_window_tickets: window,
-        admitted_through: status.admitted_through,
-        ahead: status.ahead,
-        estimated_wait_seconds: wait,
-        state: ticket_state.as_str(),
-        pass,
-        pass_expires_at: admitted
-            .then(|| DateTime::from_timestamp(expires_s, 0))
-            .flatten(),
-        pass_expires_in_ms: admitted.then(|| (expires_s * 1000 - status.now_ms).max(0)),
-        refresh_after_seconds: refresh,
-        units_left,
-        chance_of_units: chance,
-        likely_sold_out,
-        checkout_url: terms.checkout_url.as_deref().filter(|_| admitted),
-        checked_in: true,
-    };
-    let mut response = body::respond(code, &view, Caching::Private);
-    response
-        .headers_mut()
-        .insert(VARY, HeaderValue::from_static("authorization"));
-    response
 }
 
 /// `GET /v1/deals/{id}/queue/challenge`: a proof-of-work challenge for the user's join.
@@ -540,19 +393,6 @@ pub async fn revoke(state: &State, request: Request<Incoming>, raw_id: &str) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_estimated_wait_follows_the_published_outflow() {
-        let terms = WaitingRoomTerms {
-            admit_per_second: 100,
-            ..WaitingRoomTerms::default()
-        };
-        assert_eq!(wait_seconds(199, None, &terms), 2);
-        assert_eq!(wait_seconds(199, Some(100.0), &terms), 2);
-        assert_eq!(wait_seconds(199, Some(25.0), &terms), 8);
-        assert_eq!(wait_seconds(0, Some(0.5), &terms), 2);
-        assert_eq!(wait_seconds(9, Some(0.0), &terms), 10_000);
-    }
 
     #[test]
     fn behind_takes_one_spelling_of_a_power_of_two() {

@@ -43,12 +43,20 @@ pub async fn run(
 /// people waited, how many gave up, how many who got a turn bought) in that order.
 pub fn table(report: &Report) -> String {
     let w = &report.wait_seconds;
-    let rows: Vec<(&str, String)> = vec![
+    let mut rows: Vec<(&str, String)> = vec![
         ("deal", report.deal_id.clone()),
         ("joined", report.line.joined.to_string()),
         ("tickets issued", report.line.tickets_issued.to_string()),
         ("still waiting", report.line.waiting.to_string()),
         ("admitted", report.line.admitted.to_string()),
+    ];
+    if let Some(priority) = report.line.admitted_priority {
+        rows.push((
+            "admitted, priority group",
+            share(priority, report.line.admitted),
+        ));
+    }
+    rows.extend([
         ("wait p50", seconds(w.p50)),
         ("wait p90", seconds(w.p90)),
         ("wait p99", seconds(w.p99)),
@@ -70,7 +78,7 @@ pub fn table(report: &Report) -> String {
             "orders paid",
             share(report.orders_paid, report.orders_with_pass),
         ),
-    ];
+    ]);
     let width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
     let lines: Vec<String> = rows
         .iter()

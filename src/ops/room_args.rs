@@ -2,7 +2,9 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::deals::{Activation, AdmissionMode, AdmissionTerms, Invitation, WaitingRoomTerms};
+use crate::deals::{
+    Activation, AdmissionMode, AdmissionTerms, Invitation, Priority, WaitingRoomTerms,
+};
 
 /// The deal's waiting room; the tuning options need `--waiting-room`.
 #[derive(Debug, clap::Args)]
@@ -55,6 +57,19 @@ pub(super) struct WaitingRoomArgs {
     /// Buyers redeeming an access code (`flashgate deals access-codes`) may join.
     #[arg(long, requires = "waiting_room")]
     invitation_codes: bool,
+    /// A priority group's share of the admissions while both lines wait, 1-99; its members
+    /// by `--priority-claim` or `--priority-codes`.
+    #[arg(long, requires = "waiting_room", value_name = "PERCENT")]
+    priority_share_percent: Option<u8>,
+    /// Buyers whose token claim NAME holds one of `--priority-value` are the priority group.
+    #[arg(long, requires_all = ["priority_value", "priority_share_percent"], value_name = "NAME")]
+    priority_claim: Option<String>,
+    /// A value `--priority-claim` may hold (repeat for more).
+    #[arg(long, requires = "priority_claim", value_name = "VALUE")]
+    priority_value: Vec<String>,
+    /// Buyers who redeemed an access code are the priority group.
+    #[arg(long, requires = "priority_share_percent")]
+    priority_codes: bool,
 }
 
 impl WaitingRoomArgs {
@@ -97,6 +112,12 @@ impl WaitingRoomArgs {
                     .target_p99_ms
                     .unwrap_or(defaults.admission.target_p99_ms),
             },
+            priority: self.priority_share_percent.map(|share_percent| Priority {
+                claim: self.priority_claim,
+                values: self.priority_value,
+                codes: self.priority_codes,
+                share_percent,
+            }),
             page_template: None,
         }
     }

@@ -154,13 +154,7 @@ pub async fn issue_for(
     let deal = crate::deals::load(pool, deal_id)
         .await?
         .ok_or(IssueError::NotFound)?;
-    let takes_codes = deal.waiting_room.enabled
-        && deal
-            .waiting_room
-            .invitation
-            .as_ref()
-            .is_some_and(|i| i.codes);
-    if !takes_codes {
+    if !deal.waiting_room.takes_codes() {
         return Err(IssueError::NoCodes);
     }
     let codes = issue(pool, deal_id, count).await?;

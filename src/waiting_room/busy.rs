@@ -24,7 +24,7 @@ use redis::Value;
 use crate::deals::Deal;
 use crate::telemetry;
 
-use super::WaitingRoomSettings;
+use super::{STATUS_FIELDS, WaitingRoomSettings};
 
 /// The Lua helpers of the switch, prepended to `JOIN` and `ADVANCE` after the shared
 /// prelude and the report's (`expire_passes`, `record_wait`). `JOIN`'s ARGV 7.. are: when busy (0/1), the rate when none was published, use
@@ -98,8 +98,9 @@ local function admit_at_once(t, n, now)
   local exp = now + tonumber(ARGV[11])
   redis.call('HSET', KEYS[7], t, exp)
   redis.call('ZADD', KEYS[10], exp, t)
-  redis.call('HSET', KEYS[1], 'admitted_through', n)
+  redis.call('HSET', KEYS[1], through_field(t), n)
   redis.call('HINCRBY', KEYS[1], 'admitted_total', 1)
+  if is_priority(t) then redis.call('HINCRBY', KEYS[1], 'admitted_priority_total', 1) end
   redis.call('HINCRBY', KEYS[1], 'admitted_at_once_total', 1)
   record_wait(t, now)
   if redis.call('HEXISTS', KEYS[1], 'units_left') == 1 then
@@ -176,9 +177,6 @@ pub(super) fn split_switched(reply: Value) -> (Value, i64) {
         other => (other, 0),
     }
 }
-
-/// Fields of the scripts' `status` tuple.
-const STATUS_FIELDS: usize = 11;
 
 /// Logs and counts the switches one script made on `deal_id`'s line.
 pub(super) fn record_switches(deal_id: &str, switched: i64) {

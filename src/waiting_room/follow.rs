@@ -37,7 +37,7 @@ pub fn refresh_seconds(behind: u64, window: u64, fastest: u64, min: u64, max: u6
 pub struct Far {
     /// The line as this instance last read it.
     pub line: LineStatus,
-    /// `position - admitted_through`.
+    /// `position - admitted_through`, in the ticket's group's line.
     pub behind: u64,
 }
 
@@ -62,7 +62,11 @@ impl WaitingRoom {
             return Ok(None);
         }
         let line = self.line(deal_id).await?;
-        let behind = position.position.saturating_sub(line.admitted_through);
+        let through = match position.priority {
+            true => line.priority_through,
+            false => line.admitted_through,
+        };
+        let behind = position.position.saturating_sub(through);
         if line.closed || behind <= self.checkin_window_tickets(terms) {
             return Ok(None);
         }

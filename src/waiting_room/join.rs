@@ -7,6 +7,7 @@
 
 use redis::Value;
 
+use super::priority::Group;
 use super::{
     Challenge, ChallengeError, QueueError, TicketState, TicketStatus, WaitingRoom, advancer, busy,
     challenge, parse_status, shuffle,
@@ -27,7 +28,7 @@ pub struct Proof<'a> {
 enum Take<'a> {
     /// Issue one if the user holds none (or its pass ran out unused); `sold_out` as the
     /// sold-out mirror says.
-    Issue { sold_out: bool },
+    Issue { sold_out: bool, group: Group },
     /// Only return the one the user holds, and only if it is this ticket (empty: any).
     Held(&'a str),
 }
@@ -42,16 +43,17 @@ impl WaitingRoom {
     ///
     /// A `when_busy` deal's line may admit a new ticket at once (`busy`): the status is
     /// then `admitted`. `sold_out` is the sold-out mirror's word on the deal, which holds
-    /// that back.
+    /// that back. A new ticket waits in `group`'s line (`priority`).
     pub async fn join(
         &self,
         deal: &Deal,
         user: &str,
         proof: Proof<'_>,
         sold_out: bool,
+        group: Group,
     ) -> Result<TicketStatus, QueueError> {
         let Proof { solution, position } = proof;
-        let take = Take::Issue { sold_out };
+        let take = Take::Issue { sold_out, group };
         if let Some(floor) = pow_floor(deal) {
             let shown =
                 position.and_then(|token| self.positions.verify(token, &deal.id, user).ok());
@@ -84,9 +86,9 @@ impl WaitingRoom {
     ) -> Result<Option<TicketStatus>, QueueError> {
         // 128 random bits: a ticket cannot be guessed, and only its holder can poll it.
         let fresh = hex::encode(rand::random::<[u8; 16]>());
-        let (ticket, issue, sold_out) = match take {
-            Take::Issue { sold_out } => (fresh.as_str(), "1", sold_out),
-            Take::Held(ticket) => (ticket, "0", true),
+        let (ticket, issue, sold_out, group) = match take {
+            Take::Issue { sold_out, group } => (fresh.as_str(), "1", sold_out, group),
+            Take::Held(ticket) => (ticket, "0", true, Group::Only),
         };
         let (seed, hash) = if deal.waiting_room.is_random() {
             let seed = shuffle::new_seed();
@@ -101,6 +103,7 @@ impl WaitingRoom {
         let busy = busy::join_args(deal, &self.settings, may_admit);
         let mut args = vec![user, ticket, &seed, &hash, &keys_ttl, issue];
         args.extend(busy.iter().map(String::as_str));
+        args.push(group.as_arg());
         let reply: Value = self.eval(&self.scripts.join, &deal.id, &args).await?;
         if reply == Value::Int(0) {
             return Ok(None);

@@ -46,6 +46,7 @@ mod join;
 mod line_cache;
 pub mod pass;
 pub mod position;
+pub mod priority;
 pub mod report;
 pub mod revocation;
 mod scripts;
@@ -127,6 +128,10 @@ pub struct TicketStatus {
     /// The rate the advancer last admitted at (tickets per second); `None` before its first
     /// step.
     pub outflow_per_second: Option<f64>,
+    /// The ticket is the priority group's (its place and `ahead` count in that group's line).
+    pub priority: bool,
+    /// Tickets waiting in the other group's line (with no priority group: none).
+    pub other_waiting: u64,
 }
 
 /// A line as the public sees it.
@@ -150,6 +155,10 @@ pub struct LineStatus {
     pub closed: bool,
     /// A `when_busy` line is active: newcomers queue rather than being admitted at once.
     pub busy: bool,
+    /// The priority group's `admitted_through`, in its own places.
+    pub priority_through: u64,
+    /// Tickets of the priority group among `waiting`.
+    pub priority_waiting: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -186,7 +195,7 @@ fn line_key(redis: &RedisHandle, deal_id: &str, name: &str) -> String {
 }
 
 /// The Redis keys of one deal's line, in the order the scripts expect.
-struct Keys([String; 13]);
+struct Keys([String; 14]);
 
 impl Keys {
     fn of(redis: &RedisHandle, deal_id: &str) -> Self {
@@ -205,6 +214,7 @@ impl Keys {
             deal("issued"),
             deal("used"),
             deal("t_join"),
+            deal("t_grp"),
         ])
     }
 }
@@ -355,6 +365,8 @@ impl WaitingRoom {
             left,
             closed,
             busy,
+            priority_through,
+            priority_waiting,
         ] = m.as_slice()
         else {
             return Err(QueueError::Unexpected(format!("line status {m:?}")));
@@ -373,6 +385,8 @@ impl WaitingRoom {
             units_left: left.parse().ok(),
             closed: closed == "1",
             busy: busy == "1",
+            priority_through: priority_through.parse().unwrap_or(0),
+            priority_waiting: priority_waiting.parse().unwrap_or(0),
         })
     }
 
@@ -469,6 +483,9 @@ impl WaitingRoom {
     }
 }
 
+/// Fields of the scripts' `status` tuple.
+const STATUS_FIELDS: usize = 13;
+
 /// Reads the `status` tuple of the scripts (nil: no such ticket).
 fn parse_status(reply: Value) -> Result<Option<TicketStatus>, QueueError> {
     if matches!(reply, Value::Nil) {
@@ -487,8 +504,18 @@ fn parse_status(reply: Value) -> Result<Option<TicketStatus>, QueueError> {
         String,
         i64,
     );
-    let row: Row = redis::FromRedisValue::from_redis_value(reply)
-        .map_err(|e| QueueError::Unexpected(e.to_string()))?;
+    let unexpected = |e: redis::ParsingError| QueueError::Unexpected(e.to_string());
+    let Value::Array(mut items) = reply else {
+        return Err(QueueError::Unexpected(format!("status {reply:?}")));
+    };
+    if items.len() != STATUS_FIELDS {
+        return Err(QueueError::Unexpected(format!("status {items:?}")));
+    }
+    let groups = items.split_off(STATUS_FIELDS - 2);
+    let (priority, other_waiting): (i64, u64) =
+        redis::FromRedisValue::from_redis_value(Value::Array(groups)).map_err(unexpected)?;
+    let row: Row =
+        redis::FromRedisValue::from_redis_value(Value::Array(items)).map_err(unexpected)?;
     let (
         ticket,
         position,
@@ -513,5 +540,7 @@ fn parse_status(reply: Value) -> Result<Option<TicketStatus>, QueueError> {
         now_ms,
         units_left: u64::try_from(left).ok(),
         outflow_per_second: outflow.parse().ok().filter(|rate: &f64| *rate > 0.0),
+        priority: priority == 1,
+        other_waiting,
     }))
 }

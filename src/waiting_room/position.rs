@@ -13,7 +13,8 @@
 //! object binding the deal, the holder (a digest of the user id, so a token shown
 //! elsewhere names nobody), the ticket, the position and whether that position is final (a
 //! random-order line reorders the tickets taken before it opens, so a position read before
-//! the shuffle is provisional). The key is derived from `pass_secret`, apart from the
+//! the shuffle is provisional), and whether it is a place in the priority group's line,
+//! which counts its places apart (absent for the general group). The key is derived from `pass_secret`, apart from the
 //! passes' own.
 
 use hmac::{Hmac, KeyInit};
@@ -37,6 +38,9 @@ struct Payload {
     p: u64,
     /// Whether the position is final (false before a random-order line's shuffle).
     f: bool,
+    /// A place in the priority group's line.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    g: bool,
 }
 
 /// A verified position token.
@@ -46,6 +50,8 @@ pub struct Position {
     pub ticket: String,
     pub position: u64,
     pub is_final: bool,
+    /// The place is in the priority group's line.
+    pub priority: bool,
 }
 
 /// Why a position token was refused.
@@ -78,21 +84,15 @@ impl Positions {
         HmacSha256::new_from_slice(&self.key).expect("HMAC takes keys of any length")
     }
 
-    /// The token of `user`'s `ticket` at `position` in the line of `deal`.
-    pub fn sign(
-        &self,
-        deal: &str,
-        user: &str,
-        ticket: &str,
-        position: u64,
-        is_final: bool,
-    ) -> String {
+    /// The token of `user`'s place in the line of `deal`.
+    pub fn sign(&self, deal: &str, user: &str, place: &Position) -> String {
         let payload = Payload {
             d: deal.to_owned(),
             u: holder(user),
-            t: ticket.to_owned(),
-            p: position,
-            f: is_final,
+            t: place.ticket.clone(),
+            p: place.position,
+            f: place.is_final,
+            g: place.priority,
         };
         let json = serde_json::to_vec(&payload).expect("a payload of strings and numbers");
         super::pass::seal(self.mac(), &json)
@@ -116,6 +116,7 @@ impl Positions {
             ticket: payload.t,
             position: payload.p,
             is_final: payload.f,
+            priority: payload.g,
         })
     }
 }
@@ -133,19 +134,24 @@ mod tests {
     use base64::Engine;
     use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
+    fn place(position: u64, priority: bool) -> Position {
+        Position {
+            ticket: "ab12".into(),
+            position,
+            is_final: true,
+            priority,
+        }
+    }
+
     #[test]
     fn a_signed_position_verifies_for_its_ticket_only() {
         let positions = Positions::new("a pass secret of some length");
-        let token = positions.sign("deal-1", "alice", "ab12", 42, true);
+        let token = positions.sign("deal-1", "alice", &place(42, false));
         let verified = positions.verify(token.as_bytes(), "deal-1", "alice");
-        assert_eq!(
-            verified,
-            Ok(Position {
-                ticket: "ab12".into(),
-                position: 42,
-                is_final: true
-            })
-        );
+        assert_eq!(verified, Ok(place(42, false)));
+        let priority = positions.sign("deal-1", "alice", &place(3, true));
+        let verified = positions.verify(priority.as_bytes(), "deal-1", "alice");
+        assert_eq!(verified, Ok(place(3, true)));
         let other_user = positions.verify(token.as_bytes(), "deal-1", "bob");
         assert_eq!(other_user, Err(PositionError::OtherTicket));
         let other_deal = positions.verify(token.as_bytes(), "deal-2", "alice");
@@ -158,7 +164,7 @@ mod tests {
     #[test]
     fn a_client_cannot_move_itself_forward() {
         let positions = Positions::new("a pass secret of some length");
-        let token = positions.sign("deal-1", "alice", "ab12", 42, true);
+        let token = positions.sign("deal-1", "alice", &place(42, false));
         let (_, signature) = token.split_once('.').expect("two parts");
         let moved = Payload {
             d: "deal-1".into(),
@@ -166,11 +172,19 @@ mod tests {
             t: "ab12".into(),
             p: 1,
             f: true,
+            g: false,
         };
-        let moved = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&moved).expect("json"));
-        let edited = format!("{moved}.{signature}");
-        let refused = positions.verify(edited.as_bytes(), "deal-1", "alice");
-        assert_eq!(refused, Err(PositionError::Forged));
+        let promoted = Payload {
+            g: true,
+            p: 42,
+            ..moved.clone()
+        };
+        for edited in [moved, promoted] {
+            let edited = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&edited).expect("json"));
+            let edited = format!("{edited}.{signature}");
+            let refused = positions.verify(edited.as_bytes(), "deal-1", "alice");
+            assert_eq!(refused, Err(PositionError::Forged));
+        }
         let garbage = positions.verify(b"not a token", "deal-1", "alice");
         assert_eq!(garbage, Err(PositionError::Forged));
     }

@@ -156,6 +156,10 @@ pub struct LineCounts {
     /// Places taken, requeues included.
     pub tickets_issued: u64,
     pub admitted: u64,
+    /// Of `admitted`, the priority group's (`waiting_room.priority`); absent until the
+    /// group's first admission.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admitted_priority: Option<u64>,
     /// Tickets skipped at the front because their holder had stopped polling.
     pub abandoned: u64,
     pub passes_expired_unused: u64,
@@ -188,6 +192,7 @@ impl LineCounts {
                 "joined" => counts.joined = value,
                 "seq" => counts.tickets_issued = value,
                 "admitted_total" => counts.admitted = value,
+                "admitted_priority_total" => counts.admitted_priority = Some(value),
                 "abandoned_total" => counts.abandoned = value,
                 "expired_unused" => counts.passes_expired_unused = value,
                 "revoked_total" => counts.sessions_ended = value,

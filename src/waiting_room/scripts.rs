@@ -14,7 +14,14 @@
 //! 9 `line` sorted set of waiting tickets by position; 10 `active` sorted set of passes by
 //! expiry (ms); 11 `issued` list of tickets in issue order; 12 `used` sorted set of passes
 //! that placed an order, by the time they did (ms); 13 `t_join` ticket → when it was
-//! issued (ms), until its admission records its wait (`report`).
+//! issued (ms), until its admission records its wait (`report`); 14 `t_grp` ticket → 1
+//! for a ticket of the deal's priority group.
+//!
+//! A priority group's tickets wait in the same `line`, below zero: their own places
+//! (`p_seq`) less `PRIORITY_BASE`, so each group keeps its order and one `ZCARD` still
+//! counts everyone waiting. The general group's places then come from `g_seq`, so both are
+//! dense; `p_through` is the priority group's `admitted_through`, and `p_credit` carries
+//! the share between steps (see `ADVANCE`).
 //!
 //! The lease scripts (`RENEW`, `RESIGN`, `SLEEP`, `WAKE`) take the advancer's keys, of one
 //! slot of their own: 1 the lease; 2 the lines version, bumped when a new line takes its
@@ -36,6 +43,14 @@ use crate::redis_link::Script;
 
 /// Shared helpers, prepended to every script.
 const PRELUDE: &str = r#"
+local PRIORITY_BASE = 1099511627776
+local function is_priority(t)
+  return redis.call('HEXISTS', KEYS[14], t) == 1
+end
+local function through_field(t)
+  if is_priority(t) then return 'p_through' end
+  return 'admitted_through'
+end
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -62,7 +77,8 @@ local function settled(t)
 end
 local function status(t, now)
   local pos = tonumber(redis.call('HGET', KEYS[4], t))
-  local through = tonumber(redis.call('HGET', KEYS[1], 'admitted_through') or '0')
+  local priority = is_priority(t)
+  local through = tonumber(redis.call('HGET', KEYS[1], through_field(t)) or '0')
   local state, exp = 'waiting', 0
   local adm = redis.call('HGET', KEYS[7], t)
   if ended(t) then
@@ -75,12 +91,18 @@ local function status(t, now)
   end
   local ahead = 0
   if state == 'waiting' or state == 'sold_out' then
-    ahead = redis.call('ZCOUNT', KEYS[9], '-inf', '(' .. pos)
+    if priority then
+      ahead = redis.call('ZCOUNT', KEYS[9], '-inf', '(' .. (pos - PRIORITY_BASE))
+    else
+      ahead = redis.call('ZCOUNT', KEYS[9], '(0', '(' .. pos)
+    end
   end
   local left = tonumber(redis.call('HGET', KEYS[1], 'units_left') or '-1')
   local outflow = redis.call('HGET', KEYS[1], 'outflow') or ''
+  local other = redis.call('ZCOUNT', KEYS[9], '-inf', '(0')
+  if priority then other = redis.call('ZCARD', KEYS[9]) - other end
   return {t, pos, through, ahead, state, exp, now, redis.call('ZCARD', KEYS[9]), left, outflow,
-    settled(t)}
+    settled(t), priority and 1 or 0, other}
 end
 -- A pass that ran out unused: admitted, expired, and neither ordered with nor ended (both
 -- mark the ticket in `t_skip`). Its holder may take a new place at the back of the line.
@@ -108,7 +130,9 @@ end
 /// the back of the line, once its pass ran out unused (`lapsed`) while the line is open,
 /// when allowed (0 when not, or when the user's ticket is not the one shown: the caller
 /// checks a proof of work first); nil when the user has none and the line was closed
-/// (`DRAIN`). A `when_busy` line may admit a new ticket at once (ARGV 7.., see `busy`); the
+/// (`DRAIN`). A `when_busy` line may admit a new ticket at once (ARGV 7..14, see `busy`);
+/// ARGV 15 is the new ticket's group: empty on a line without a priority group, `1` for the
+/// priority group, `0` for the rest. The
 /// status then ends with the switches the join made, plus 4 when it admitted at once. Every join pushes the expiry of the
 /// line's keys out, so a finished line leaves Redis on its own. The caller bumps the lines
 /// version when the ticket is the line's first.
@@ -125,15 +149,24 @@ if not t and ARGV[6] ~= '1' then
   return 0
 end
 for i = 1, 10 do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
-redis.call('PEXPIRE', KEYS[11], ARGV[5])
-redis.call('PEXPIRE', KEYS[13], ARGV[5])
+for _, i in ipairs({11, 13, 14}) do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
 if not t then
   if closed then return false end
   t = ARGV[2]
   local n = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+  local pos, score = n, n
+  if ARGV[15] == '1' then
+    pos = redis.call('HINCRBY', KEYS[1], 'p_seq', 1)
+    score = pos - PRIORITY_BASE
+    redis.call('HSET', KEYS[14], t, 1)
+    redis.call('PEXPIRE', KEYS[14], ARGV[5])
+  elseif ARGV[15] == '0' then
+    pos = redis.call('HINCRBY', KEYS[1], 'g_seq', 1)
+    score = pos
+  end
   redis.call('HSET', KEYS[2], ARGV[1], t)
   redis.call('HSET', KEYS[3], t, ARGV[1])
-  redis.call('HSET', KEYS[4], t, n)
+  redis.call('HSET', KEYS[4], t, pos)
   redis.call('HSET', KEYS[5], t, n)
   redis.call('RPUSH', KEYS[11], t)
   record_join(t, now, known, ARGV[5])
@@ -141,7 +174,7 @@ if not t then
   local decided = {0, 0}
   if ARGV[7] == '1' then decided = arrive(now) end
   switched = decided[2] + 4 * decided[1]
-  if decided[1] == 1 then admit_at_once(t, n, now) else redis.call('ZADD', KEYS[9], n, t) end
+  if decided[1] == 1 then admit_at_once(t, pos, now) else redis.call('ZADD', KEYS[9], score, t) end
 end
 redis.call('HSET', KEYS[6], t, now)
 local s = status(t, now)
@@ -159,16 +192,18 @@ return status(ARGV[1], now)
 "#;
 
 /// No ARGV. The line as the public sees it (and `units_left`, empty until the advancer read
-/// the deal's stock, `1` when the line was drained, and `1` while a `when_busy` line is
-/// active).
+/// the deal's stock, `1` when the line was drained, `1` while a `when_busy` line is
+/// active, then the priority group's `p_through` and how many of it wait).
 const PUBLIC: &str = r#"
 local now = now_ms()
 expire_passes(now)
 local m = redis.call('HMGET', KEYS[1], 'admitted_through', 'state', 'seed_sha256', 'seed',
-  'shuffled', 'prequeue_size', 'admitted_total', 'outflow', 'units_left', 'closed_at', 'busy')
+  'shuffled', 'prequeue_size', 'admitted_total', 'outflow', 'units_left', 'closed_at', 'busy',
+  'p_through')
 return {m[1] or '0', tostring(redis.call('ZCARD', KEYS[9])), m[2] or '', m[3] or '',
   (m[5] == '1' and m[4]) or '', m[6] or '', tostring(redis.call('ZCARD', KEYS[10])),
-  m[7] or '0', m[8] or '', m[9] or '', (m[10] and '1') or '', (m[11] and '1') or ''}
+  m[7] or '0', m[8] or '', m[9] or '', (m[10] and '1') or '', (m[11] and '1') or '',
+  m[12] or '0', tostring(redis.call('ZCOUNT', KEYS[9], '-inf', '(0'))}
 "#;
 
 /// ARGV: pass id (its ticket), keys ttl ms. Frees the pass's active slot (it placed an
@@ -241,7 +276,13 @@ return {t, tostring(math.max(until_ms, now)), first}
 /// per second: `admit_per_second`, or the adaptive loop's; kept in `meta` as `outflow`), max_active, units available in the last
 /// stock snapshot (-1: unknown), pass ttl ms, abandon grace ms, when that snapshot was taken
 /// (Redis ms, read before the query), tickets max, burst ms, may admit (0/1), keys ttl ms,
-/// stock multiple, snapshot age max ms.
+/// stock multiple, snapshot age max ms; `busy` takes ARGV 15 and 16; ARGV 17 is the
+/// priority group's share of the admissions in percent (0: no group).
+///
+/// The share: while both groups wait, each admission adds the share to `p_credit`, and the
+/// priority group's head goes when the credit reaches 100 (which it then gives back), so
+/// after k admissions the priority group had the share of k to within one ticket. While
+/// only one group waits it takes every admission, and the credit stays where it was.
 ///
 /// The bound: a pass promises one unit, so outstanding passes plus the passes that ordered
 /// after the snapshot stay within `stock multiple ×` the snapshot's available units. Orders
@@ -306,16 +347,36 @@ if unsold then
 end
 local ttl, grace, seen_max = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[9])
 local admitted, skipped, seen, through, waits = 0, 0, 0, nil, {}
+local share = tonumber(ARGV[17] or '0')
+local credit = tonumber(redis.call('HGET', KEYS[1], 'p_credit') or '0')
+local p_admitted, p_through = 0, nil
+local function head_of(lower, upper)
+  return redis.call('ZRANGEBYSCORE', KEYS[9], lower, upper, 'WITHSCORES', 'LIMIT', 0, 1)
+end
+-- The next ticket to decide, whether it is the priority group's, and whether both groups
+-- were waiting (only then does the share count).
+local function next_head()
+  if share <= 0 then return redis.call('ZRANGE', KEYS[9], 0, 0, 'WITHSCORES'), false, false end
+  local p, g = head_of('-inf', '(0'), head_of('(0', '+inf')
+  if #p == 0 then return g, false, false end
+  if #g == 0 then return p, true, false end
+  if credit + share >= 100 then return p, true, true end
+  return g, false, true
+end
 -- A random line's pre-queue learns its places from the shuffle: its holders check in once
 -- it is published, so the shuffle counts as their last sign of life until they do.
 local sm = redis.call('HMGET', KEYS[1], 'shuffled_at', 'prequeue_size')
 local shuffled_at, prequeue = tonumber(sm[1] or '0'), tonumber(sm[2] or '0')
 while admitted < slots and seen < seen_max do
-  local head = redis.call('ZRANGE', KEYS[9], 0, 0, 'WITHSCORES')
+  local head, priority, contested = next_head()
   if #head == 0 then break end
   local t = head[1]
   redis.call('ZREM', KEYS[9], t)
-  through = head[2]
+  if tonumber(head[2]) < 0 then
+    p_through = tonumber(head[2]) + PRIORITY_BASE
+  else
+    through = head[2]
+  end
   seen = seen + 1
   local last = tonumber(redis.call('HGET', KEYS[6], t) or '0')
   if shuffled_at > last and tonumber(redis.call('HGET', KEYS[5], t) or '0') <= prequeue then
@@ -329,15 +390,23 @@ while admitted < slots and seen < seen_max do
     redis.call('ZADD', KEYS[10], now + ttl, t)
     admitted = admitted + 1
     waits[admitted] = record_wait(t, now)
+    if contested then credit = credit + share end
+    if priority then
+      p_admitted = p_admitted + 1
+      if contested then credit = credit - 100 end
+    end
   end
 end
 if through then redis.call('HSET', KEYS[1], 'admitted_through', through) end
+if p_through then redis.call('HSET', KEYS[1], 'p_through', string.format('%d', p_through)) end
+if share > 0 then redis.call('HSET', KEYS[1], 'p_credit', credit) end
+if p_admitted > 0 then redis.call('HINCRBY', KEYS[1], 'admitted_priority_total', p_admitted) end
 redis.call('HSET', KEYS[1], 'budget', tostring(budget - admitted), 'budget_at', now)
 if unsold then redis.call('HSET', KEYS[1], 'units_left', math.max(unsold - active - admitted, 0)) end
 if admitted > 0 then redis.call('HINCRBY', KEYS[1], 'admitted_total', admitted) end
 if skipped > 0 then redis.call('HINCRBY', KEYS[1], 'abandoned_total', skipped) end
 if admitted + skipped > 0 then
-  for _, i in ipairs({1, 7, 8, 10, 13}) do redis.call('PEXPIRE', KEYS[i], ARGV[12]) end
+  for _, i in ipairs({1, 7, 8, 10, 13, 14}) do redis.call('PEXPIRE', KEYS[i], ARGV[12]) end
 end
 local step = unpublished({admitted, skipped, active + admitted, waiting - seen})
 for _, ms in ipairs(waits) do step[#step + 1] = ms end

@@ -362,3 +362,74 @@ async fn access_codes_are_issued_once_for_an_invitation_only_line() {
     delete_redis_keys(&settings.redis.url, &settings.redis.key_prefix).await;
     database.drop_database().await;
 }
+
+#[tokio::test]
+async fn a_priority_group_is_created_from_flags_and_its_codes_issued() {
+    // Arrange
+    let database = TestDb::create().await;
+    let settings = test_settings(&database.url);
+    let migrated = flashgate_cli(&settings, &["migrate"]).await;
+    assert!(migrated.success, "{}", migrated.stderr);
+    let create = |id: &'static str, priority: &[&'static str]| {
+        let mut args = vec![
+            "deals",
+            "create",
+            "--id",
+            id,
+            "--name",
+            "Members first",
+            "--stock",
+            "5",
+            "--unit-price-minor",
+            "100",
+            "--waiting-room",
+        ];
+        args.extend_from_slice(priority);
+        let settings = settings.clone();
+        async move { flashgate_cli(&settings, &args).await }
+    };
+
+    // Act
+    let by_claim = create(
+        "members",
+        &[
+            "--priority-share-percent",
+            "30",
+            "--priority-claim",
+            "tier",
+            "--priority-value",
+            "member",
+        ],
+    )
+    .await;
+    let by_code = create(
+        "coded",
+        &["--priority-share-percent", "40", "--priority-codes"],
+    )
+    .await;
+    let no_share = create("noshare", &["--priority-codes"]).await;
+    let out_of_bounds = create(
+        "toomuch",
+        &["--priority-share-percent", "100", "--priority-codes"],
+    )
+    .await;
+    let issued = flashgate_cli(
+        &settings,
+        &["deals", "access-codes", "coded", "--count", "2"],
+    )
+    .await;
+
+    // Assert
+    assert!(by_claim.success, "{}", by_claim.stderr);
+    let expected =
+        json!({"claim": "tier", "values": ["member"], "codes": false, "share_percent": 30});
+    assert_eq!(by_claim.json()["waiting_room"]["priority"], expected);
+    assert!(by_code.success, "{}", by_code.stderr);
+    assert_eq!(by_code.json()["waiting_room"]["priority"]["codes"], true);
+    assert!(!no_share.success && no_share.stderr.contains("--priority-share-percent"));
+    assert!(!out_of_bounds.success && out_of_bounds.stderr.contains("share_percent must be 1-99"));
+    assert!(issued.success, "{}", issued.stderr);
+    assert_eq!(issued.json()["codes"].as_array().map(Vec::len), Some(2));
+    delete_redis_keys(&settings.redis.url, &settings.redis.key_prefix).await;
+    database.drop_database().await;
+}

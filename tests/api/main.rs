@@ -96,6 +96,7 @@ mod waiting_room_keys;
 mod waiting_room_multi;
 mod waiting_room_page;
 mod waiting_room_page_i18n;
+mod waiting_room_priority;
 mod waiting_room_report;
 mod waiting_room_revoke;
 mod waiting_room_template;

@@ -25,7 +25,13 @@ fn invite_room(invitation: Value) -> Value {
 }
 
 /// Joins as `user`, whose token carries `claims`, showing `body` (none when `Null`).
-async fn join_as(api: &Api, user: &str, claims: Value, deal: &str, body: Value) -> Reply {
+pub(crate) async fn join_as(
+    api: &Api,
+    user: &str,
+    claims: Value,
+    deal: &str,
+    body: Value,
+) -> Reply {
     let claims = claims.as_object().cloned().unwrap_or_default();
     let token = flashgate::auth::mint_token_with_claims(&api.jwt_secret, user, claims);
     let request = api
@@ -39,7 +45,7 @@ async fn join_as(api: &Api, user: &str, claims: Value, deal: &str, body: Value) 
     send(request).await
 }
 
-async fn issue_codes(api: &Api, deal: &str, count: i64) -> Reply {
+pub(crate) async fn issue_codes(api: &Api, deal: &str, count: i64) -> Reply {
     let request = api
         .client
         .post(api.url(&format!("/admin/deals/{deal}/access-codes")))
@@ -54,7 +60,7 @@ async fn admin_room(api: &Api, deal: &str) -> Value {
     send(request).await.expect(200)["waiting_room"].clone()
 }
 
-fn codes_of(reply: &Value) -> Vec<String> {
+pub(crate) fn codes_of(reply: &Value) -> Vec<String> {
     reply["codes"]
         .as_array()
         .expect("codes")

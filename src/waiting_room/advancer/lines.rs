@@ -47,7 +47,8 @@ pub(super) async fn read(
         "SELECT id, starts_at, ends_at, paused, wr_enabled, wr_admit_per_second,
                 wr_max_active, wr_pass_ttl_seconds, wr_queue_order, wr_prequeue_opens_at,
                 wr_pow_bits, wr_checkout_url, wr_admission_mode, wr_min_per_second,
-                wr_max_per_second, wr_target_p99_ms, wr_activation, wr_invitation
+                wr_max_per_second, wr_target_p99_ms, wr_activation, wr_invitation,
+                wr_priority
            FROM deals
           WHERE wr_enabled AND (ends_at IS NULL OR ends_at > now())
           ORDER BY id LIMIT $1",

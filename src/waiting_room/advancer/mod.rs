@@ -273,6 +273,11 @@ impl Advancer {
             s.stock_age_max_ms.to_string(),
             u8::from(terms.when_busy()).to_string(),
             (s.when_busy_calm_seconds * 1000).to_string(),
+            terms
+                .priority
+                .as_ref()
+                .map_or(0, |p| p.share_percent)
+                .to_string(),
         ];
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let reply: Vec<i64> = self
