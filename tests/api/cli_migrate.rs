@@ -7,7 +7,7 @@ use crate::startup_errors::flashgate;
 #[tokio::test]
 async fn migrate_lists_what_it_applied_and_then_that_nothing_was_pending() {
     // Arrange
-    let database = TestDb::create().await;
+    let database = TestDb::create_empty().await;
     let env = [("DATABASE_URL", database.url.as_str())];
 
     // Act

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::json;
+use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 use uuid::Uuid;
@@ -54,6 +55,97 @@ async fn drop_abandoned_databases(conn: &mut PgConnection) {
     }
 }
 
+/// Names the migrated template after the migrations it holds: a change to any of them
+/// makes a new one.
+fn template_name() -> String {
+    let dir = super::crate_root().join("migrations");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("the migrations directory reads")
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .collect();
+    files.sort();
+    let mut digest = Sha256::new();
+    for file in files {
+        digest.update(file.file_name().unwrap_or_default().as_encoded_bytes());
+        digest.update(std::fs::read(&file).expect("a migration reads"));
+    }
+    format!("{TEMPLATE_PREFIX}{}", &hex::encode(digest.finalize())[..16])
+}
+
+const TEMPLATE_PREFIX: &str = "fg_template_";
+/// Any key the tests' other advisory locks do not use: the template is built once.
+const TEMPLATE_LOCK: i64 = 0x0f1a_5467_a7e0;
+
+/// The migrated template's name, built on first use under an advisory lock (tests in other
+/// processes wait for it), with the templates of other migrations dropped.
+async fn migrated_template() -> String {
+    let name = template_name();
+    let mut conn = PgConnection::connect(&base_database_url())
+        .await
+        .expect("connect to the base test database (set DATABASE_URL)");
+    if database_exists(&mut conn, &name).await {
+        let _ = conn.close().await;
+        return name;
+    }
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(TEMPLATE_LOCK)
+        .execute(&mut conn)
+        .await
+        .expect("the template lock");
+    if !database_exists(&mut conn, &name).await {
+        build_template(&mut conn, &name).await;
+    }
+    let _ = conn.close().await;
+    name
+}
+
+async fn database_exists(conn: &mut PgConnection, name: &str) -> bool {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+        .bind(name)
+        .fetch_one(conn)
+        .await
+        .expect("pg_database reads")
+}
+
+/// Migrates a database under a building name and renames it once complete, so a test never
+/// copies a half-migrated template.
+async fn build_template(conn: &mut PgConnection, name: &str) {
+    let old: Vec<String> =
+        sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE $1")
+            .bind(format!("{}%", TEMPLATE_PREFIX.replace('_', "\\_")))
+            .fetch_all(&mut *conn)
+            .await
+            .expect("pg_database reads");
+    for stale in old {
+        let sql = format!("DROP DATABASE IF EXISTS \"{stale}\" WITH (FORCE)");
+        let _ = sqlx::query(AssertSqlSafe(sql)).execute(&mut *conn).await;
+    }
+    let building = format!("{name}_building");
+    for sql in [
+        format!("DROP DATABASE IF EXISTS \"{building}\" WITH (FORCE)"),
+        format!("CREATE DATABASE \"{building}\""),
+    ] {
+        sqlx::query(AssertSqlSafe(sql))
+            .execute(&mut *conn)
+            .await
+            .expect("the template's database");
+    }
+    let url = with_database(&base_database_url(), &building);
+    let mut migrating = PgConnection::connect(&url)
+        .await
+        .expect("connect to the template");
+    sqlx::migrate!("./migrations")
+        .run(&mut migrating)
+        .await
+        .expect("the migrations apply to the template");
+    let _ = migrating.close().await;
+    let sql = format!("ALTER DATABASE \"{building}\" RENAME TO \"{name}\"");
+    sqlx::query(AssertSqlSafe(sql))
+        .execute(&mut *conn)
+        .await
+        .expect("the template is named once migrated");
+}
+
 /// A database created for one test and dropped by `drop_database`.
 pub struct TestDb {
     pub name: String,
@@ -61,13 +153,25 @@ pub struct TestDb {
 }
 
 impl TestDb {
+    /// A database with every migration applied: a copy of the migrated template, so a
+    /// test pays for a copy rather than for running the migrations again.
     pub async fn create() -> TestDb {
+        let template = migrated_template().await;
+        Self::create_from(&template).await
+    }
+
+    /// A database with nothing in it, for the tests of migrating itself.
+    pub async fn create_empty() -> TestDb {
+        Self::create_from("template1").await
+    }
+
+    async fn create_from(template: &str) -> TestDb {
         let name = format!("fg_{}", unique_suffix());
         let mut conn = PgConnection::connect(&base_database_url())
             .await
             .expect("connect to the base test database (set DATABASE_URL)");
         // Parallel CREATE DATABASE can collide on the template; a retry settles it.
-        let sql = format!("CREATE DATABASE \"{name}\"");
+        let sql = format!("CREATE DATABASE \"{name}\" TEMPLATE \"{template}\"");
         wait_until(&sql, Duration::from_secs(2), || async {
             let mut conn = PgConnection::connect(&base_database_url()).await?;
             let created = sqlx::query(AssertSqlSafe(sql.clone()));
