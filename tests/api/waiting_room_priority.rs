@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use crate::helpers::{Api, EVENTUALLY, TestApp, send, spawn_app_with, spawn_sibling, wait_until};
 use crate::waiting_room::room_deal;
 use crate::waiting_room_invite::{codes_of, issue_codes, join_as};
+use crate::waiting_room_report::set_paused;
 
 /// The line's outflow in the share test: slow enough to watch it step by step.
 const ADMIT_PER_SECOND: u32 = 10;
@@ -30,14 +31,6 @@ async fn app() -> TestApp {
 fn priority_room(priority: Value) -> Value {
     json!({"admit_per_second": ADMIT_PER_SECOND, "max_active": 1000, "pass_ttl_seconds": 60,
            "priority": priority})
-}
-
-async fn set_paused(api: &Api, deal: &str, paused: bool) {
-    let action = if paused { "pause" } else { "resume" };
-    let url = api.url(&format!("/admin/deals/{deal}/{action}"));
-    send(api.client.post(url).bearer_auth(&api.admin_token))
-        .await
-        .expect(200);
 }
 
 /// (admitted, of them the priority group's) as the deal's report counts them.

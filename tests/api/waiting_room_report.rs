@@ -20,7 +20,7 @@ async fn report(api: &Api, deal: &str) -> Value {
         .expect(200)
 }
 
-async fn set_paused(api: &Api, deal: &str, paused: bool) {
+pub(crate) async fn set_paused(api: &Api, deal: &str, paused: bool) {
     let action = if paused { "pause" } else { "resume" };
     let url = api.url(&format!("/admin/deals/{deal}/{action}"));
     send(api.client.post(url).bearer_auth(&api.admin_token))
