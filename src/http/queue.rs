@@ -25,10 +25,9 @@ use super::State;
 use super::body::{self, Caching};
 use super::guard::{POW_HEADER, check_ip, header, position_header, record, require_admin};
 use super::problem::Problem;
-use super::ticket_view::{far_reply, ticket_reply};
+use super::ticket_view::{far_reply, follow_refresh, ticket_reply};
 use crate::deals::{Deal, Window};
 use crate::domain::{DealId, UserId};
-use crate::waiting_room::follow;
 use crate::waiting_room::{Position, Proof, QueueError};
 use crate::waiting_room::{invitation, priority};
 
@@ -215,20 +214,6 @@ fn shown_position(
         ));
     }
     Ok(Some(shown))
-}
-
-/// How long a client `behind` tickets from the front waits before it reads the line again.
-pub(super) fn follow_refresh(state: &State, deal: &Deal, behind: u64) -> u64 {
-    let terms = &deal.waiting_room;
-    let settings = &state.settings.waiting_room;
-    let min = u64::from(state.settings.server.public_cache_max_age_seconds.max(1));
-    follow::refresh_seconds(
-        behind,
-        state.admission.waiting_room().checkin_window_tickets(terms),
-        follow::fastest_per_second(terms),
-        min,
-        settings.follow_refresh_seconds_max,
-    )
 }
 
 /// `GET /v1/deals/{id}/queue`: the public line, cacheable for about a second.

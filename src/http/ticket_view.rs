@@ -15,9 +15,9 @@ use serde::Serialize;
 use super::State;
 use super::body::{self, Caching};
 use super::guard::{POSITION_HEADER, header};
-use super::queue::follow_refresh;
 use crate::deals::{Deal, WaitingRoomTerms};
 use crate::domain::UserId;
+use crate::waiting_room::follow;
 use crate::waiting_room::follow::Far;
 use crate::waiting_room::priority::{self, Group};
 use crate::waiting_room::{Position, TicketState, TicketStatus};
@@ -129,6 +129,20 @@ pub(super) fn far_reply(
         .headers_mut()
         .insert(RETRY_AFTER, HeaderValue::from(refresh));
     response
+}
+
+/// How long a client `behind` tickets from the front waits before it reads the line again.
+pub(super) fn follow_refresh(state: &State, deal: &Deal, behind: u64) -> u64 {
+    let terms = &deal.waiting_room;
+    let settings = &state.settings.waiting_room;
+    let min = u64::from(state.settings.server.public_cache_max_age_seconds.max(1));
+    follow::refresh_seconds(
+        behind,
+        state.admission.waiting_room().checkin_window_tickets(terms),
+        follow::fastest_per_second(terms),
+        min,
+        settings.follow_refresh_seconds_max,
+    )
 }
 
 /// Seconds until `ahead + 1` tickets are admitted at the current outflow (the deal's
