@@ -15,19 +15,11 @@ use crate::deals::{self, AdmissionMode, Deal, NewDeal, PaymentTerms};
 use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};
 use crate::inventory;
 use crate::operators::{self, Change, Operator};
-use crate::redis_link::{RedisHandle, RedisSettings};
-use crate::store::{DatabaseSettings, Pools};
-use crate::waiting_room::{WaitingRoom, WaitingRoomSettings};
+use crate::redis_link::RedisHandle;
+use crate::store::Pools;
+use crate::waiting_room::WaitingRoom;
 
-/// What the operator commands reach: the stores, the waiting room and the audit's options.
-pub struct CliSettings {
-    pub database: DatabaseSettings,
-    pub redis: RedisSettings,
-    pub waiting_room: WaitingRoomSettings,
-    pub audit: audit::Options,
-    /// The checks of endpoint URLs and rotation overlaps, and the feed's page limit.
-    pub events: crate::events::EventSettings,
-}
+pub use super::cli_settings::CliSettings;
 
 #[derive(Debug, Subcommand)]
 pub enum DealsCommand {

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::cli::CliSettings;
+use super::cli_settings::CliSettings;
 use crate::events::endpoints::{Endpoint, EndpointView};
 use crate::events::manage::{self, EndpointInput};
 use crate::events::{EventSettings, TYPES, signing};

@@ -16,6 +16,7 @@
 pub mod admission;
 pub mod audit;
 pub mod cli;
+mod cli_settings;
 pub mod events_cli;
 pub mod output;
 pub mod pause;

@@ -3,7 +3,7 @@
 
 use sqlx::PgPool;
 
-use super::cli::CliSettings;
+use super::cli_settings::CliSettings;
 use super::output;
 use crate::clock::Clock;
 use crate::deals;

@@ -8,8 +8,8 @@ use serde_json::Value;
 use sqlx::PgPool;
 
 use super::access_codes::{self, Redeemed};
-use crate::admission::ClaimSet;
 use crate::deals::{Deal, Invitation};
+use crate::domain::ClaimSet;
 use crate::store::StoreError;
 
 /// Why a buyer may not join.

@@ -12,8 +12,8 @@ use sqlx::PgPool;
 
 use super::access_codes::{self, Redeemed};
 use super::invitation::{InvitationError, claim_admits};
-use crate::admission::ClaimSet;
 use crate::deals::Deal;
+use crate::domain::ClaimSet;
 
 /// Which of a line's groups a ticket waits in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

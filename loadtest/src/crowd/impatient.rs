@@ -22,8 +22,8 @@ use serde_json::Value;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
 
+use super::order::order_with_pass;
 use super::probes::Stop;
-use super::timers::order_with_pass;
 
 /// A client that just took its ticket.
 pub struct Arrival {

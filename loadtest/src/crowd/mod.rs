@@ -20,6 +20,7 @@
 mod fairness;
 mod impatient;
 mod join;
+mod order;
 mod probes;
 mod timers;
 

@@ -11,6 +11,7 @@ use tokio::sync::{Mutex, Semaphore, mpsc};
 
 use super::CrowdConfig;
 use super::impatient::PollCounts;
+use super::order::order_with_pass;
 use super::probes::{self, Counts, Stop};
 
 /// One waiting client.
@@ -270,24 +271,6 @@ async fn poll_and_order(http: &reqwest::Client, base: &str, ticket: &str, token:
         (Some(_), _) => Outcome::Waiting(body["refresh_after_seconds"].as_f64().unwrap_or(1.0)),
         _ => Outcome::Failed,
     }
-}
-
-/// Orders one unit with the pass an admitted ticket collected (the gateway counts orders).
-pub(super) async fn order_with_pass(
-    http: &reqwest::Client,
-    base: &str,
-    ticket: &str,
-    token: &str,
-    pass: &str,
-) {
-    let _ordered = http
-        .post(format!("{base}/orders"))
-        .bearer_auth(token)
-        .header("Idempotency-Key", format!("crowd-{ticket}"))
-        .header("Flashgate-Pass", pass)
-        .json(&json!({"quantity": 1}))
-        .send()
-        .await;
 }
 
 /// The real public requests through the edge: the crowd's public polls, sampled at up to

@@ -9,10 +9,7 @@ use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
 
-use crate::domain::UserId;
-
-/// A verified token's claims, for rules that read one (a waiting room's invitation).
-pub type ClaimSet = std::sync::Arc<serde_json::Map<String, serde_json::Value>>;
+use crate::domain::{ClaimSet, UserId};
 
 /// Who a verified token names.
 #[derive(Clone, Debug, PartialEq, Eq)]

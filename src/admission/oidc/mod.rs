@@ -28,7 +28,8 @@ use crate::clock::{Clock, elapsed_since, monotonic};
 use crate::domain::UserId;
 use crate::telemetry;
 
-pub use cache::{ClaimSet, Identity};
+pub use crate::domain::ClaimSet;
+pub use cache::Identity;
 pub use jws::Compact;
 pub use settings::OidcSettings;
 
