@@ -173,8 +173,11 @@ async fn a_quarter_of_the_crowd_polling_from_far_back_leaves_the_lines_redis_loa
     let small = line_load(SMALL).await;
     let large = line_load(LARGE).await;
 
-    // Assert: flat per second, and in all (a larger crowd's far polls may take longer than
-    // the window, which would thin its rates out).
+    // Assert: flat per second, and the commands in all too (a larger crowd's far polls may
+    // take longer than the window, which would thin its rates out; a far poll that reached
+    // Redis would add commands whatever the window). Redis's CPU is compared per second
+    // only: it includes Redis's own housekeeping, which goes on for as long as the window
+    // lasts (the incremental rehashing of the line's larger hashes, expiry).
     let ratio = |of: fn(&Load) -> f64| of(&large) / of(&small);
     let per_second =
         |of: fn(&Load) -> f64| (of(&large) / large.seconds) / (of(&small) / small.seconds);
@@ -186,7 +189,6 @@ async fn a_quarter_of_the_crowd_polling_from_far_back_leaves_the_lines_redis_loa
     for (what, grew) in [
         ("commands", commands),
         ("commands/s", commands_rate),
-        ("CPU", cpu),
         ("CPU/s", cpu_rate),
     ] {
         assert!(grew <= 2.0, "Redis {what} grew ×{grew:.2}");
