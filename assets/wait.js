@@ -43,11 +43,28 @@
   const position = () => current.token || sessionStorage.getItem(kept);
   const shown = () => position() ? { "Flashgate-Position": position() } : {};
   // The position the ticket's signed token carries (the page only reads it; the gateway
-  // checks the signature), and whether the shuffle of a random-order line can still move it.
+  // checks the signature), whether the shuffle of a random-order line can still move it,
+  // and whether it is a place in the priority group's line, which counts its places apart.
   function signed(token) {
     const body = token.split(".")[0].replace(/-/g, "+").replace(/_/g, "/");
     const p = JSON.parse(atob(body));
-    return { position: p.p, final: p.f };
+    return { position: p.p, final: p.f, priority: p.g === true };
+  }
+  // The line the signed place is in, as the public state shows it: `admitted_through` of
+  // the ticket's group, and how many wait in the other group's line (none without groups).
+  function group(mine, line) {
+    const p = line.priority;
+    if (!p) return { through: line.admitted_through, share: 0, other: 0 };
+    return mine.priority
+      ? { through: p.admitted_through, share: p.share_percent, other: line.waiting - p.waiting }
+      : { through: line.admitted_through, share: 100 - p.share_percent, other: p.waiting };
+  }
+  // The tickets admitted before this one: those ahead in its line, and the other line's
+  // share of the admissions until its turn, at most those waiting there now (as the
+  // gateway counts them for a ticket answer).
+  function before(ahead, g) {
+    if (g.share === 0) return ahead;
+    return ahead + Math.min(g.other, Math.ceil((ahead + 1) * (100 - g.share) / g.share));
   }
   function minutes(s) { return s < 60 ? t("eta_under_minute") : t("eta_minutes", { n: Math.round(s / 60) }); }
   function clock(ms) {
@@ -121,17 +138,19 @@
     if (!r || !r.ok) { say(t("lost_contact")); current.timer = setTimeout(follow, 2000); return; }
     const line = await r.json();
     const mine = signed(current.token);
-    current.through = line.admitted_through;
-    const behind = mine.position - line.admitted_through;
+    const g = group(mine, line);
+    current.through = g.through;
+    const behind = mine.position - g.through;
     if (mine.final ? behind <= line.checkin_window_tickets : Boolean(line.seed)) { poll(); return; }
     const ahead = Math.max(behind - 1, 0);
+    const first = before(ahead, g);
     const rate = Math.max(line.admit_per_second, 1);
     const left = line.units_left;
     render({ ticket: current.ticket, position: mine.position, ahead: ahead,
       state: line.state === "sold_out" ? "sold_out" : "waiting",
-      estimated_wait_seconds: Math.ceil((ahead + 1) / rate), units_left: left,
-      chance_of_units: left === undefined ? undefined : Math.min(left / (ahead + 1), 1),
-      likely_sold_out: left !== undefined && ahead >= left });
+      estimated_wait_seconds: Math.ceil((first + 1) / rate), units_left: left,
+      chance_of_units: left === undefined ? undefined : Math.min(left / (first + 1), 1),
+      likely_sold_out: left !== undefined && first >= left });
     current.timer = setTimeout(follow, line.refresh_after_seconds * 1000);
   }
   function render(t_) {

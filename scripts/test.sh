@@ -184,7 +184,7 @@ decide_skips() {
         skipped_reasons+=("oidc tests (need node and npm: scripts/oidc.sh)")
     fi
     if ! have_browser; then
-        skipped_tests+=('test(/^waiting_room_page::/)')
+        skipped_tests+=('test(/^waiting_room_page/)')
         skipped_reasons+=("waiting_room_page tests (need /usr/bin/chromium and /usr/bin/chromedriver: scripts/browser.sh)")
     fi
     if ! have_pg_auto_failover; then

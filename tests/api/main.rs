@@ -95,6 +95,7 @@ mod waiting_room_invite;
 mod waiting_room_keys;
 mod waiting_room_multi;
 mod waiting_room_page;
+mod waiting_room_page_groups;
 mod waiting_room_page_i18n;
 mod waiting_room_priority;
 mod waiting_room_report;

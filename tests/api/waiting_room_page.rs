@@ -227,7 +227,7 @@ impl Browser {
     /// The page's requests to the line so far (Resource Timing): the public state read
     /// (`…/queue?behind=…`, the join's POST to `…/queue` counted among them) and the
     /// ticket's own polls.
-    async fn line_requests(&self) -> (u64, u64) {
+    pub(crate) async fn line_requests(&self) -> (u64, u64) {
         let script = "const names = performance.getEntriesByType('resource').map(e => e.name); \
             return [names.filter(n => /\\/queue(\\?behind=\\d+)?$/.test(n)).length, \
                     names.filter(n => /\\/queue\\/[0-9a-f]+$/.test(n)).length];";
