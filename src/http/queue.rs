@@ -28,8 +28,8 @@ use super::problem::Problem;
 use super::ticket_view::{far_reply, follow_refresh, ticket_reply};
 use crate::deals::{Deal, Window};
 use crate::domain::{DealId, UserId};
+use crate::waiting_room::priority;
 use crate::waiting_room::{Position, Proof, QueueError};
-use crate::waiting_room::{invitation, priority};
 
 type Reply = Result<Response<Full<Bytes>>, Problem>;
 
@@ -143,8 +143,7 @@ pub async fn join(
     let position = position_header(&request)?.map(<[u8]>::to_vec);
     let code = super::join_body::access_code(state, &deal, request).await?;
     let pool = &state.pools.request;
-    invitation::check(pool, &deal, user.as_str(), &claims, code.as_deref()).await?;
-    let group = priority::group_of(pool, &deal, user.as_str(), &claims, code.as_deref()).await?;
+    let group = priority::admit(pool, &deal, user.as_str(), &claims, code.as_deref()).await?;
     let proof = Proof {
         solution: solution.as_deref(),
         position: position.as_deref(),

@@ -98,9 +98,10 @@ local function admit_at_once(t, n, now)
   local exp = now + tonumber(ARGV[11])
   redis.call('HSET', KEYS[7], t, exp)
   redis.call('ZADD', KEYS[10], exp, t)
-  redis.call('HSET', KEYS[1], through_field(t), n)
+  local priority = is_priority(t)
+  redis.call('HSET', KEYS[1], priority and 'p_through' or 'admitted_through', n)
   redis.call('HINCRBY', KEYS[1], 'admitted_total', 1)
-  if is_priority(t) then redis.call('HINCRBY', KEYS[1], 'admitted_priority_total', 1) end
+  if priority then redis.call('HINCRBY', KEYS[1], 'admitted_priority_total', 1) end
   redis.call('HINCRBY', KEYS[1], 'admitted_at_once_total', 1)
   record_wait(t, now)
   if redis.call('HEXISTS', KEYS[1], 'units_left') == 1 then

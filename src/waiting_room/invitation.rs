@@ -46,14 +46,54 @@ pub fn claim_admits(invitation: &Invitation, claims: &ClaimSet) -> bool {
     }
 }
 
-/// Lets `user` into the deal's line or says why not; `code` is the access code the join
-/// shows, if any.
+/// Whether a joining user holds an access code of the deal: the code the join shows,
+/// redeemed now, or one redeemed before. PostgreSQL is asked at most once per join, however
+/// many of the line's rules (the invitation, the priority group) read the answer.
+pub struct CodeHolding<'a> {
+    pool: &'a PgPool,
+    deal_id: &'a str,
+    user: &'a str,
+    code: Option<&'a str>,
+    known: Option<bool>,
+}
+
+impl<'a> CodeHolding<'a> {
+    pub fn new(pool: &'a PgPool, deal_id: &'a str, user: &'a str, code: Option<&'a str>) -> Self {
+        Self {
+            pool,
+            deal_id,
+            user,
+            code,
+            known: None,
+        }
+    }
+
+    /// True when the user holds a code; a code shown that is no code of the deal, or
+    /// another user's, is refused rather than read as none.
+    pub async fn holds(&mut self) -> Result<bool, InvitationError> {
+        if let Some(known) = self.known {
+            return Ok(known);
+        }
+        let held = match self.code {
+            Some(code) => {
+                match access_codes::redeem(self.pool, self.deal_id, self.user, code).await? {
+                    Redeemed::Held => true,
+                    Redeemed::Unknown => return Err(InvitationError::CodeInvalid),
+                    Redeemed::Taken => return Err(InvitationError::CodeUsed),
+                }
+            }
+            None => access_codes::holds_one(self.pool, self.deal_id, self.user).await?,
+        };
+        self.known = Some(held);
+        Ok(held)
+    }
+}
+
+/// Lets the user into the deal's line or says why not.
 pub async fn check(
-    pool: &PgPool,
     deal: &Deal,
-    user: &str,
     claims: &ClaimSet,
-    code: Option<&str>,
+    codes: &mut CodeHolding<'_>,
 ) -> Result<(), InvitationError> {
     let Some(invitation) = &deal.waiting_room.invitation else {
         return Ok(());
@@ -61,18 +101,10 @@ pub async fn check(
     if claim_admits(invitation, claims) {
         return Ok(());
     }
-    if !invitation.codes {
-        return Err(InvitationError::Required);
+    if invitation.codes && codes.holds().await? {
+        return Ok(());
     }
-    match code {
-        Some(code) => match access_codes::redeem(pool, &deal.id, user, code).await? {
-            Redeemed::Held => Ok(()),
-            Redeemed::Unknown => Err(InvitationError::CodeInvalid),
-            Redeemed::Taken => Err(InvitationError::CodeUsed),
-        },
-        None if access_codes::holds_one(pool, &deal.id, user).await? => Ok(()),
-        None => Err(InvitationError::Required),
-    }
+    Err(InvitationError::Required)
 }
 
 #[cfg(test)]

@@ -10,8 +10,7 @@
 
 use sqlx::PgPool;
 
-use super::access_codes::{self, Redeemed};
-use super::invitation::{InvitationError, claim_admits};
+use super::invitation::{self, CodeHolding, InvitationError, claim_admits};
 use crate::deals::Deal;
 use crate::domain::ClaimSet;
 
@@ -53,38 +52,27 @@ impl Group {
     }
 }
 
-/// The group `user` joins: the priority group when the token's claim or a code of the deal
-/// puts them in it. A code the join shows is redeemed here if the invitation did not
-/// already; an unknown or someone else's code is refused, not quietly ignored.
-pub async fn group_of(
+/// Whether `user` may join the deal's line (`invitation`), and in which group: the priority
+/// group when the token's claim or a code of the deal puts them in it. `code` is the access
+/// code the join shows, if any; PostgreSQL is asked about codes at most once, and an
+/// unknown or someone else's code is refused, not quietly ignored.
+pub async fn admit(
     pool: &PgPool,
     deal: &Deal,
     user: &str,
     claims: &ClaimSet,
     code: Option<&str>,
 ) -> Result<Group, InvitationError> {
+    let mut codes = CodeHolding::new(pool, &deal.id, user, code);
+    invitation::check(deal, claims, &mut codes).await?;
     let Some(priority) = &deal.waiting_room.priority else {
         return Ok(Group::Only);
     };
-    if claim_admits(&priority.members(), claims) {
+    let by_claim = claim_admits(&priority.members(), claims);
+    if by_claim || (priority.codes && codes.holds().await?) {
         return Ok(Group::Priority);
     }
-    if !priority.codes {
-        return Ok(Group::General);
-    }
-    let holds = match code {
-        Some(code) => match access_codes::redeem(pool, &deal.id, user, code).await? {
-            Redeemed::Held => true,
-            Redeemed::Unknown => return Err(InvitationError::CodeInvalid),
-            Redeemed::Taken => return Err(InvitationError::CodeUsed),
-        },
-        None => access_codes::holds_one(pool, &deal.id, user).await?,
-    };
-    Ok(if holds {
-        Group::Priority
-    } else {
-        Group::General
-    })
+    Ok(Group::General)
 }
 
 /// The tickets admitted before a ticket `ahead` places from the front of its group's line:

@@ -47,10 +47,6 @@ local PRIORITY_BASE = 1099511627776
 local function is_priority(t)
   return redis.call('HEXISTS', KEYS[14], t) == 1
 end
-local function through_field(t)
-  if is_priority(t) then return 'p_through' end
-  return 'admitted_through'
-end
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -78,7 +74,8 @@ end
 local function status(t, now)
   local pos = tonumber(redis.call('HGET', KEYS[4], t))
   local priority = is_priority(t)
-  local through = tonumber(redis.call('HGET', KEYS[1], through_field(t)) or '0')
+  local through_at = priority and 'p_through' or 'admitted_through'
+  local through = tonumber(redis.call('HGET', KEYS[1], through_at) or '0')
   local state, exp = 'waiting', 0
   local adm = redis.call('HGET', KEYS[7], t)
   if ended(t) then
