@@ -31,12 +31,18 @@ pub enum InvitationError {
 /// Whether the claims let the buyer in: the claim holds one of the values (a list holds
 /// one of them; a number or boolean is compared as written in JSON).
 pub fn claim_admits(invitation: &Invitation, claims: &ClaimSet) -> bool {
-    let Some(name) = &invitation.claim else {
+    claim_holds(invitation.claim.as_deref(), &invitation.values, claims)
+}
+
+/// Whether the token's claim `name` holds one of `values`; the rule of an invitation's and
+/// of a priority group's claim.
+pub fn claim_holds(name: Option<&str>, values: &[String], claims: &ClaimSet) -> bool {
+    let Some(name) = name else {
         return false;
     };
     let accepted = |held: &Value| match held {
-        Value::String(text) => invitation.values.contains(text),
-        Value::Number(_) | Value::Bool(_) => invitation.values.contains(&held.to_string()),
+        Value::String(text) => values.contains(text),
+        Value::Number(_) | Value::Bool(_) => values.contains(&held.to_string()),
         _ => false,
     };
     match claims.get(name) {

@@ -10,7 +10,7 @@
 
 use sqlx::PgPool;
 
-use super::invitation::{self, CodeHolding, InvitationError, claim_admits};
+use super::invitation::{self, CodeHolding, InvitationError, claim_holds};
 use crate::deals::Deal;
 use crate::domain::ClaimSet;
 
@@ -68,7 +68,7 @@ pub async fn admit(
     let Some(priority) = &deal.waiting_room.priority else {
         return Ok(Group::Only);
     };
-    let by_claim = claim_admits(&priority.members(), claims);
+    let by_claim = claim_holds(priority.claim.as_deref(), &priority.values, claims);
     if by_claim || (priority.codes && codes.holds().await?) {
         return Ok(Group::Priority);
     }
