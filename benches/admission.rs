@@ -11,6 +11,7 @@ use flashgate::admission::client_ip::ClientIp;
 use flashgate::admission::limits::RateLimits;
 use flashgate::admission::soldout::SoldOut;
 use flashgate::admission::token::{TokenVerifier, mint_token};
+use flashgate::admission::user_share::UserShares;
 use flashgate::admission::{LimitSettings, RateSettings};
 use flashgate::clock::Clock;
 use flashgate::domain::{OrderEvent, OrderStatus};
@@ -50,6 +51,7 @@ fn limiters(c: &mut Criterion) {
             instances_assumed: 1,
             user_batch_max: 64,
             user_queue_max: 4096,
+            user_share_percent: 50,
         },
     });
     let ips: Vec<IpAddr> = (0..1024u32)
@@ -67,6 +69,23 @@ fn limiters(c: &mut Criterion) {
     });
     c.bench_function("limits/per_deal", |b| {
         b.iter(|| limits.check_deal(black_box("concert")))
+    });
+    // A buyer's request decided from this instance's share of its budget, in memory: what
+    // the shared per-user limit costs a purchase instead of a Redis script call.
+    let shares = UserShares::new(
+        generous,
+        50,
+        Duration::from_secs(1),
+        Duration::from_secs(5),
+        1,
+        Clock::system(),
+    );
+    let users: Vec<String> = (0..1024).map(|n| format!("buyer-{n}")).collect();
+    c.bench_function("limits/user_share_1024_users", |b| {
+        b.iter(|| {
+            i = (i + 1) % users.len();
+            shares.take(black_box(&users[i]), 1)
+        })
     });
 }
 

@@ -118,6 +118,9 @@ impl Application {
         let provider = identity_provider(&settings, &clock).await?;
         let admission =
             Admission::new(settings.admission(), redis.clone(), clock.clone(), provider);
+        // Counted once before serving, so that users' budgets are split by a real count of
+        // the instances from the first request.
+        admission.global_limits().heartbeat().await;
         let payments = build_payments(&settings, &clock)?;
         let stock_events = subscribe_stock_events(&admission, &pools);
         let state = State::new(

@@ -275,7 +275,7 @@ fn describe() {
     );
     describe_counter!(
         GLOBAL_LIMIT_CHECKS,
-        "Shared per-user and per-deal limit checks, by where they were decided: redis, a local slice, or the local fallback share while Redis is down."
+        "Shared per-user and per-deal limit checks, by where they were decided: redis, slice (a deal's slice held here), share (this instance's share of a user's budget) or fallback (the local share while Redis is down)."
     );
     describe_gauge!(
         DB_POOL_CONNECTIONS,

@@ -5,10 +5,13 @@
 //! GCRA (generic cell rate algorithm) whose whole state is one timestamp per key, updated
 //! by one script on Redis's clock, so instances with skewed clocks still agree.
 //!
-//! - Per user every check is exact to the request. Checks waiting at once share one script
-//!   call (group-commit style, no timer): while a call is in flight new checks queue, and
-//!   the next call takes all of them, at most `user_batch_max`, their keys grouped so that
-//!   one call touches one Redis Cluster slot.
+//! - Per user each instance first spends its share of the user's budget in memory
+//!   (`user_share`: `user_share_percent` of it, divided among the live instances), so a
+//!   buyer's few requests in a sale cost no Redis round trip. Beyond it a check takes from
+//!   the rest of the budget in Redis, exact to the request. Checks waiting at once share
+//!   one script call (group-commit style, no timer): while a call is in flight new checks
+//!   queue, and the next call takes all of them, at most `user_batch_max`, their keys
+//!   grouped so that one call touches one Redis Cluster slot.
 //! - Per deal an instance takes a slice of requests per call and spends it locally for up
 //!   to `slice_ttl_ms`; slices grow with local demand from one request up to `deal_slice`,
 //!   and what a slice leaves unspent goes back to the budget (`slices`). Requests are only
@@ -31,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::limits::{Limited, Scope, SharedLimiter};
 use super::slices::{Need, Slices, shared_now_us};
+use super::user_share::{Budget, UserShares};
 use super::{GlobalLimitSettings, LimitSettings, RateSettings};
 use crate::clock::Clock;
 use crate::redis_link::{RedisError, RedisHandle, Script};
@@ -165,6 +169,8 @@ struct Inner {
     user_checks: OnceLock<mpsc::Sender<UserCheck>>,
     user: SharedScope,
     deal: SharedScope,
+    /// This instance's share of every user's budget.
+    user_shares: UserShares,
     /// This instance's slices of the per-deal budgets, and the clock of the limits.
     slices: Slices,
     /// Live instances, as last counted in Redis.
@@ -190,6 +196,14 @@ impl GlobalLimits {
                 user_checks: OnceLock::new(),
                 user: SharedScope::new(Scope::User, settings.per_user, n),
                 deal: SharedScope::new(Scope::Deal, settings.per_deal, n),
+                user_shares: UserShares::new(
+                    settings.per_user,
+                    g.user_share_percent,
+                    Duration::from_millis(g.heartbeat_interval_ms),
+                    Duration::from_millis(g.instance_ttl_ms),
+                    n,
+                    clock.clone(),
+                ),
                 slices: Slices::new(slice_max, Duration::from_millis(g.slice_ttl_ms), clock),
                 instances: AtomicU32::new(n),
                 id: hex::encode(rand::random::<[u8; 8]>()),
@@ -206,13 +220,24 @@ impl GlobalLimits {
         self.inner.instances.load(Ordering::Relaxed)
     }
 
+    /// Spends this instance's share of the user's budget, or asks Redis for one request of
+    /// the rest. A request of the share also drains the fallback share, and is taken only
+    /// while that has room, so an outage starts from what this instance already allowed.
     pub async fn check_user(&self, user_id: &str) -> Result<(), Limited> {
         if !self.enabled() {
             return Ok(());
         }
+        let scope = &self.inner.user;
+        let instances = self.instances();
+        if self.inner.user_shares.take(user_id, instances)
+            && scope.fallback(instances).check(&user_id.to_owned()).is_ok()
+        {
+            count(scope.scope, "share");
+            return Ok(());
+        }
         let key = self.inner.redis.key(&format!("limit:user:{user_id}"));
         let answer = self.take_with_others(key).await;
-        self.decide(&self.inner.user, user_id, answer).map(drop)
+        self.decide(scope, user_id, answer).map(drop)
     }
 
     /// Spends this instance's slice of the deal's budget, or asks Redis for a new one
@@ -267,7 +292,7 @@ impl GlobalLimits {
     async fn take_for_deal(&self, deal_id: &str, want: u32, give_back: u32) -> Option<(u32, u64)> {
         let key = self.inner.redis.key(&format!("limit:deal:{deal_id}"));
         let call = Call {
-            rate: self.inner.deal.rate,
+            budget: Budget::whole(self.inner.deal.rate),
             want,
             give_back,
             now_us: shared_now_us(self.inner.slices.clock()),
@@ -347,13 +372,16 @@ impl GlobalLimits {
             .redis
             .eval::<u32, _, _>(&self.inner.heartbeat, &keys, &args);
         if let Ok(n) = counted.await {
-            self.inner.instances.store(n.max(1), Ordering::Relaxed);
+            let n = n.max(1);
+            self.inner.instances.store(n, Ordering::Relaxed);
+            self.inner.user_shares.counted(n);
         }
     }
 
     /// Drops spent and lapsed slices; run periodically.
     pub fn forget_idle(&self) {
         self.inner.slices.forget_idle();
+        self.inner.user_shares.forget_idle();
         for scope in [&self.inner.user, &self.inner.deal] {
             if let Ok(current) = scope.fallback.read() {
                 current.1.forget_idle();
@@ -392,8 +420,9 @@ async fn run_user_checks(
 /// One call for `group` (keys of one script group); every check gets its own answer.
 async fn answer_group(limits: &Inner, group: Vec<UserCheck>) {
     let keys: Vec<&str> = group.iter().map(|check| check.key.as_str()).collect();
+    let instances = limits.instances.load(Ordering::Relaxed);
     let call = Call {
-        rate: limits.user.rate,
+        budget: limits.user_shares.pool(instances),
         want: 1,
         give_back: 0,
         now_us: shared_now_us(limits.slices.clock()),
@@ -407,7 +436,7 @@ async fn answer_group(limits: &Inner, group: Vec<UserCheck>) {
 
 /// One GCRA call's arguments besides its keys.
 struct Call {
-    rate: RateSettings,
+    budget: Budget,
     /// Requests wanted per key.
     want: u32,
     /// Unspent requests returned per key first.
@@ -425,17 +454,14 @@ async fn take<K: redis::ToRedisArgs>(
     call: Call,
 ) -> Result<Vec<(u32, u64)>, RedisError> {
     let Call {
-        rate,
+        budget,
         want,
         give_back,
         now_us,
     } = call;
-    let interval_us = 1_000_000u64
-        .div_ceil(u64::from(rate.rate_per_second))
-        .max(1);
     let args = (
-        interval_us,
-        rate.burst,
+        budget.interval_us,
+        budget.burst,
         want,
         give_back,
         now_us.unwrap_or(0),

@@ -188,6 +188,7 @@ mod tests {
                 instances_assumed: 1,
                 user_batch_max: 64,
                 user_queue_max: 4096,
+                user_share_percent: 50,
             },
         }
     }

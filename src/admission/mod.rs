@@ -5,7 +5,8 @@
 //! a user retrying an order of that deal, is known from memory) → deal settings (cached:
 //! unknown deal) → sale window → paused → token (HS256, or a provider's, see `oidc`) →
 //! per-user limit → per-deal limit → the shared per-user and per-deal budgets in Redis
-//! (`global`, one script call, or none while a slice lasts) → waiting-room pass (an HMAC
+//! (`global`: none while this instance's share of the user's budget and the deal's slice
+//! last, else one script call) → waiting-room pass (an HMAC
 //! checked in memory) → per-user quantity.
 //! What passes is an `Admitted` order request, the only way into the order path.
 
@@ -18,6 +19,7 @@ pub mod slices;
 pub mod soldout;
 pub mod token;
 mod token_error;
+pub mod user_share;
 
 use std::net::IpAddr;
 use std::sync::Arc;

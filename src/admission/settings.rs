@@ -16,6 +16,9 @@ pub const ADMIN_TOKEN_BYTES_MIN: usize = 16;
 
 /// The values `limits.global.user_batch_max` may take: one script call answers a batch.
 pub const USER_BATCH_MAX_RANGE: RangeInclusive<u32> = 1..=1024;
+/// Most of a user's budget spent in memory: the rest, taken through Redis, is what lets a
+/// user reach more than one instance's share through a single instance.
+pub const USER_SHARE_PERCENT_MAX: u32 = 90;
 
 /// The values `soldout.refresh_interval_ms` may take: a cleared flag spreads within a second.
 pub const REFRESH_INTERVAL_MS_RANGE: RangeInclusive<u64> = 1..=1000;
@@ -136,6 +139,9 @@ pub struct GlobalLimitSettings {
     pub user_batch_max: u32,
     /// Most per-user checks waiting for Redis; past it the local share decides.
     pub user_queue_max: u32,
+    /// Percent of each user's budget the live instances spend in memory, in equal shares;
+    /// the rest is taken through Redis. 0: every per-user check asks Redis.
+    pub user_share_percent: u32,
 }
 
 /// A token bucket: `rate_per_second` sustained, `burst` at once.
@@ -182,6 +188,10 @@ impl GlobalLimitSettings {
         require(
             self.instance_ttl_ms > 2 * self.heartbeat_interval_ms,
             "limits.global.instance_ttl_ms must exceed twice heartbeat_interval_ms",
+        )?;
+        require(
+            self.user_share_percent <= USER_SHARE_PERCENT_MAX,
+            &format!("limits.global.user_share_percent must be at most {USER_SHARE_PERCENT_MAX}"),
         )?;
         require(
             USER_BATCH_MAX_RANGE.contains(&self.user_batch_max)

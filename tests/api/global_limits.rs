@@ -487,3 +487,47 @@ async fn a_flood_or_a_mix_uses_the_deal_budget_and_never_exceeds_it() {
     .await;
     assert_budget_used("crowd over three instances", passed, budget);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_buyer_costs_no_redis_round_trip_and_the_rest_of_the_budget_is_shared() {
+    // Arrange: one gateway, so it is alone and its share of each user's budget (half of
+    // a burst of 10, refilling at half of 1 a second) is usable from the start.
+    let app = crate::helpers::spawn_app_with(|s| {
+        s.limits.global.enabled = true;
+        s.limits.per_user.rate_per_second = 1;
+        s.limits.per_user.burst = 10;
+    })
+    .await;
+    let mut deal = new_deal("global-share", 1_000, 8);
+    deal["per_user_limit"] = json!(1_000);
+    let deal = app.given_deal(&deal).await;
+    let checks = |source: &'static str| {
+        let app = &app;
+        async move {
+            let label = format!("scope=\"per_user\",source=\"{source}\"");
+            crate::helpers::metric_value(
+                &app.metrics().await,
+                "flashgate_global_limit_checks_total",
+                &label,
+            )
+        }
+    };
+
+    // Act: twenty buyers with one order each, then one buyer with twelve.
+    for n in 0..20 {
+        app.order(&format!("buyer-{n}"), &deal, 1).await.expect(201);
+    }
+    let (share_first, redis_first) = (checks("share").await, checks("redis").await);
+    let mut greedy = 0;
+    for _ in 0..12 {
+        greedy += usize::from(app.order("greedy", &deal, 1).await.status == 201);
+    }
+
+    // Assert: the buyers were decided in memory; the greedy one spent its share there and
+    // the rest of its budget through Redis (a second's refill at most on a slow runner).
+    assert_eq!((share_first, redis_first), (20.0, 0.0));
+    assert!((10..=11).contains(&greedy), "{greedy} of 12 passed");
+    assert_eq!(checks("share").await - share_first, 5.0);
+    assert!(checks("redis").await >= 5.0);
+    app.cleanup().await;
+}
