@@ -37,6 +37,10 @@
 #   the whole run), with the gateway's CPU per
 #   request; printed, not written. Every buyer has a token of its own, TOKENS_USERS
 #   (default 30000) per run, all signed before the run's clock starts.
+#   --gateways N: with --purchases, N gateways on the one database and Redis, the load
+#   tester's requests spread over them (a buyer's successive attempts on successive
+#   gateways), their CPU summed; then every one of 2,000 buyers tries 10 times through them
+#   with a per-user limit of 1, and the database must show each holding exactly one order.
 #   --bin DIR: run the flashgate and flashgate-loadtest binaries found in DIR instead of
 #   building this tree's, to alternate two builds side by side (a copy of an earlier
 #   target/release, say). Only with --purchases, --refusals, --flood or --tokens: the full run writes the docs
@@ -47,8 +51,13 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 MODE=all
 BIN=target/release
 BIN_GIVEN=
+GATEWAYS=1
 while [ $# -gt 0 ]; do
     case "$1" in
+        --gateways)
+            GATEWAYS=${2:?--gateways needs a number}
+            shift 2
+            ;;
         --refusals | --purchases | --flood | --tokens)
             MODE=${1#--}
             shift
@@ -63,6 +72,10 @@ while [ $# -gt 0 ]; do
 done
 if [ -n "$BIN_GIVEN" ] && [ "$MODE" = all ]; then
     echo "compare: --bin goes with --purchases, --refusals, --flood or --tokens" >&2
+    exit 64
+fi
+if [ "$GATEWAYS" != 1 ] && [ "$MODE" != purchases ]; then
+    echo "compare: --gateways goes with --purchases" >&2
     exit 64
 fi
 SECONDS_EACH=${1:-10}
@@ -492,17 +505,22 @@ fi
 # ones it chooses from the cores (config/default.toml). Only the rate limits are lifted, as
 # 400,000 buyers come from one address.
 GW_URL=$(fresh_db gateway)
-GW_PORT=$(free_port)
-OPS_PORT=$(free_port)
-DATABASE_URL=$GW_URL FLASHGATE_LISTEN=127.0.0.1:$GW_PORT FLASHGATE_OPS_LISTEN=127.0.0.1:$OPS_PORT RUST_LOG=warn \
-FLASHGATE__REDIS__KEY_PREFIX="cmp${RUN_ID}:" \
-FLASHGATE__LIMITS__PER_IP__RATE_PER_SECOND=1000000 FLASHGATE__LIMITS__PER_IP__BURST=1000000 \
-FLASHGATE__LIMITS__PER_USER__RATE_PER_SECOND=1000000 FLASHGATE__LIMITS__PER_USER__BURST=1000000 \
-FLASHGATE__LIMITS__PER_DEAL__RATE_PER_SECOND=1000000 FLASHGATE__LIMITS__PER_DEAL__BURST=1000000 \
-    "$BIN/flashgate" serve >"$WORK/gateway.log" 2>&1 &
-GW_PID=$!
-PIDS+=("$GW_PID")
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$GW_PORT/healthz" >/dev/null && break; sleep 0.1; done
+GW_PIDS=()
+OPS_PORTS=()
+BASE_URLS=
+for _ in $(seq "$GATEWAYS"); do
+    read -r pid port ops < <(start_gateway "$GW_URL" \
+        FLASHGATE__LIMITS__PER_IP__RATE_PER_SECOND=1000000 FLASHGATE__LIMITS__PER_IP__BURST=1000000 \
+        FLASHGATE__LIMITS__PER_USER__RATE_PER_SECOND=1000000 FLASHGATE__LIMITS__PER_USER__BURST=1000000 \
+        FLASHGATE__LIMITS__PER_DEAL__RATE_PER_SECOND=1000000 FLASHGATE__LIMITS__PER_DEAL__BURST=1000000)
+    PIDS+=("$pid")
+    GW_PIDS+=("$pid")
+    OPS_PORTS+=("$ops")
+    BASE_URLS+="${BASE_URLS:+,}http://127.0.0.1:$port"
+done
+GW_PID=${GW_PIDS[0]}
+OPS_PORT=${OPS_PORTS[0]}
+gateway_ticks() { local pid total=0; for pid in "${GW_PIDS[@]}"; do total=$((total + $(ticks_of "$pid"))); done; echo "$total"; }
 # What the gateway chose from the cores (or was told), as it reports it.
 capacity() {
     local value
@@ -529,7 +547,13 @@ pg_ticks_since() {
     echo "$total"
 }
 machine_ticks() { awk '/^cpu / {idle = $5 + $6; total = 0; for (i = 2; i <= NF; i++) total += $i; print idle, total}' /proc/stat; }
-metrics_dump() { curl -sf "http://127.0.0.1:$OPS_PORT/metrics" | grep -E '^flashgate_reservation_(batch_size|transaction_seconds_sum|batches_rechecked_total)' > "$1"; }
+# Every gateway's series, one after the other (the parsers below add them up).
+metrics_dump() {
+    local ops
+    for ops in "${OPS_PORTS[@]}"; do
+        curl -sf "http://127.0.0.1:$ops/metrics" | grep -E '^flashgate_reservation_(batch_size|transaction_seconds_sum|batches_rechecked_total)'
+    done > "$1"
+}
 
 # A sale whose verdict fails (exit 2) is reported with its reasons rather than ending the
 # comparison; the script still exits non-zero at the end. Any other failure is fatal.
@@ -539,7 +563,7 @@ FAILED_VERDICTS=0
 SALE_COMMANDS=()
 sale() {
     local rc=0
-    local args=(sale --base-url "http://127.0.0.1:$GW_PORT" --ops-url "http://127.0.0.1:$OPS_PORT"
+    local args=(sale --base-url "$BASE_URLS" --ops-url "http://127.0.0.1:$OPS_PORT"
         --database-url "$GW_URL" "$@")
     local line
     line=$(printf '%q ' "${args[@]}")
@@ -561,14 +585,14 @@ sale --stock 10000000 --buckets 32 --users 20000 --per-user-limit 1 --concurrenc
 checkpoint
 log "(c) flashgate purchases, $CLIENTS in flight, ${SECONDS_EACH}s"
 snapshot_pg > "$WORK/pg_before"
-GW_BEFORE=$(ticks_of "$GW_PID")
+GW_BEFORE=$(gateway_ticks)
 read -r IDLE_BEFORE TOTAL_BEFORE < <(machine_ticks)
 metrics_dump "$WORK/batch_before"
 sale --stock 10000000 --buckets 32 --users 400000 --attempts 1 --per-user-limit 1 \
     --concurrency "$CLIENTS" --duration-max-seconds "$SECONDS_EACH" \
     --out "$WORK/sale.json" >"$WORK/sale.txt"
 read -r IDLE_AFTER TOTAL_AFTER < <(machine_ticks)
-GW_TICKS=$(( $(ticks_of "$GW_PID") - GW_BEFORE ))
+GW_TICKS=$(( $(gateway_ticks) - GW_BEFORE ))
 PG_TICKS=$(pg_ticks_since "$WORK/pg_before")
 metrics_dump "$WORK/batch_after"
 C_OK=$(verdict_of "$WORK/sale.json")
@@ -587,7 +611,7 @@ print(f'{g/clk:.2f} {p/clk:.2f} {g/clk/n*1e6:.0f} {p/clk/n*1e6:.0f} {(g+p)/clk/n
 read -r BATCH_MEAN BATCH_P99 BATCHES RECHECKED < <(python3 - "$WORK/batch_before" "$WORK/batch_after" <<'PY'
 import re, sys
 def rechecked(path):
-    return next((float(l.split()[-1]) for l in open(path) if l.startswith("flashgate_reservation_batches_rechecked_total")), 0.0)
+    return sum(float(l.split()[-1]) for l in open(path) if l.startswith("flashgate_reservation_batches_rechecked_total"))
 def parse(path):
     buckets, total, count = {}, 0.0, 0.0
     for line in open(path):
@@ -595,11 +619,12 @@ def parse(path):
         if not name.startswith("flashgate_reservation_batch_size"):
             continue
         if "_bucket{" in name:
-            buckets[float(re.search(r'le="([^"]+)"', name).group(1).replace("+Inf", "inf"))] = float(value)
+            le = float(re.search(r'le="([^"]+)"', name).group(1).replace("+Inf", "inf"))
+            buckets[le] = buckets.get(le, 0.0) + float(value)
         elif name.endswith("_sum"):
-            total = float(value)
+            total += float(value)
         elif name.endswith("_count"):
-            count = float(value)
+            count += float(value)
     return buckets, total, count
 (b0, s0, c0), (b1, s1, c1) = parse(sys.argv[1]), parse(sys.argv[2])
 batches = c1 - c0
@@ -614,7 +639,7 @@ PY
 LANES_MEAN=$(python3 - "$WORK/batch_before" "$WORK/batch_after" "$C_ELAPSED" <<'PY'
 import sys
 def busy(path):
-    return next((float(l.split()[-1]) for l in open(path) if l.startswith("flashgate_reservation_transaction_seconds_sum")), 0.0)
+    return sum(float(l.split()[-1]) for l in open(path) if l.startswith("flashgate_reservation_transaction_seconds_sum"))
 print(f"{(busy(sys.argv[2]) - busy(sys.argv[1])) / float(sys.argv[3]):.2f}")
 PY
 )
@@ -629,7 +654,18 @@ OPEN_DONE=$(json "$WORK/open.json" 'round(r["verdict"]["created"]/r["elapsed_sec
 OPEN_P50=$(json "$WORK/open.json" 'round(r["latency_by_outcome"]["201"]["p50_us"]/1000,1)')
 OPEN_P99=$(json "$WORK/open.json" 'round(r["latency_by_outcome"]["201"]["p99_us"]/1000,1)')
 
+# With several gateways: the per-user limit across them. Every buyer tries 10 times, each
+# try on the next gateway, for a deal allowing one unit a buyer: each must hold exactly one.
+LIMIT_LINE=
+if [ "$GATEWAYS" -gt 1 ]; then
+    log "per-user limit across $GATEWAYS gateways: 2000 buyers, 10 attempts each, limit 1"
+    sale --stock 10000000 --buckets 32 --users 2000 --attempts 10 --per-user-limit 1 \
+        --concurrency "$CLIENTS" --duration-max-seconds 60 --out "$WORK/limit.json" >"$WORK/limit.txt"
+    LIMIT_LINE=$(json "$WORK/limit.json" '"per-user limit across %s gateways: 2000 buyers x 10 attempts, %d orders acknowledged, %d buyers hold an order, most units of one buyer %d, verdict ok=%s" % ('"$GATEWAYS"', r["verdict"]["created"], r["database"]["buyers_holding"], r["database"]["most_units_of_one_buyer"], r["verdict"]["ok"] or "; ".join(["False"] + r["verdict"]["reasons"]))')
+fi
+
 if [ "$MODE" = purchases ]; then
+    [ "$GATEWAYS" = 1 ] || printf '%s gateways on one PostgreSQL and one Redis\n%s\n' "$GATEWAYS" "$LIMIT_LINE"
     cat <<TXT
 (c) $C purchases/s (201 p50 ${C_P50} ms, p99 ${C_P99} ms), $C_CREATED in ${C_ELAPSED} s, verdict $C_OK, gateway: ${GW_SETTINGS% }, $GW_CAPACITY
 gateway CPU ${GW_CPU} s (${GW_US} µs per purchase), PostgreSQL CPU ${PG_CPU} s (${PG_US} µs), together ${ALL_US} µs

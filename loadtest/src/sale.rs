@@ -29,7 +29,8 @@ use crate::verdict::{DbCheck, check_database, verdict};
 /// What to run.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SaleConfig {
-    /// Gateway base URL; must be a loopback address.
+    /// Gateway base URL, or several separated by commas (gateways sharing one database
+    /// and Redis): a user's successive attempts go to successive gateways. Loopback only.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     pub base_url: String,
     #[command(flatten)]
@@ -76,6 +77,18 @@ pub struct SaleConfig {
     /// times the backlog draining to it and checks each order's events arrived in sequence.
     #[arg(long)]
     pub events_receiver: bool,
+}
+
+impl SaleConfig {
+    /// Every gateway the purchases go to.
+    fn base_urls(&self) -> impl Iterator<Item = &str> {
+        self.base_url.split(',').map(str::trim)
+    }
+
+    /// The gateway that serves what is not a purchase (the waiting room's line).
+    fn first_base_url(&self) -> &str {
+        self.base_urls().next().unwrap_or(&self.base_url)
+    }
 }
 
 /// Latency histograms keyed by outcome (HTTP status or "error").
@@ -146,7 +159,9 @@ impl Recorder {
 
 /// Runs the sale and returns the report (its `verdict.ok` says whether it passed).
 pub async fn run(config: &SaleConfig) -> Result<Value, String> {
-    ensure_loopback(&config.base_url)?;
+    for base_url in config.base_urls() {
+        ensure_loopback(base_url)?;
+    }
     ensure_loopback(&config.operator.ops_url)?;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(config.concurrency)
@@ -173,7 +188,10 @@ pub async fn run(config: &SaleConfig) -> Result<Value, String> {
             .map(|token| OrderClient::bearer(token))
             .collect::<Result<_, _>>()?,
     );
-    let orders = Arc::new(OrderClient::new(&config.base_url, &deal_id)?);
+    let orders = config
+        .base_urls()
+        .map(|base_url| OrderClient::new(base_url, &deal_id).map(Arc::new))
+        .collect::<Result<Vec<_>, _>>()?;
     let cpu_before = process_cpu_seconds();
     let started = Instant::now();
     let stock_samples = Arc::new(Mutex::new(Vec::<(Duration, i64)>::new()));
@@ -293,7 +311,7 @@ struct Users {
 
 async fn drive(
     client: &reqwest::Client,
-    orders: &Arc<OrderClient>,
+    orders: &[Arc<OrderClient>],
     config: &SaleConfig,
     deal_id: &str,
     users: &Users,
@@ -304,7 +322,7 @@ async fn drive(
     let total = config.users * config.attempts;
     let permits = Arc::new(Semaphore::new(config.concurrency.max(1)));
     let queue_url: Option<Arc<String>> = (config.queue_admit_per_second > 0)
-        .then(|| Arc::new(format!("{}/v1/deals/{deal_id}/queue", config.base_url)));
+        .then(|| Arc::new(format!("{}/v1/deals/{deal_id}/queue", config.first_base_url())));
     let paid = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut tasks = tokio::task::JoinSet::new();
     for job in 0..total {
@@ -325,7 +343,7 @@ async fn drive(
         let key = format!("{deal_id}-{user}-{attempt}");
         let (client, orders, tokens, bearers, recorder, retries) = (
             client.clone(),
-            orders.clone(),
+            orders[(user + attempt) % orders.len()].clone(),
             users.tokens.clone(),
             users.bearers.clone(),
             recorder.clone(),
@@ -540,7 +558,8 @@ fn report(
 ) -> Value {
     let requests: u64 = outcomes.values().map(Histogram::len).sum();
     let created = outcomes.get("201").map_or(0, Histogram::len);
-    let (ok, reasons) = verdict(config.stock, created, inventory, db);
+    let per_user_limit = i64::from(config.per_user_limit);
+    let (ok, reasons) = verdict(config.stock, per_user_limit, created, inventory, db);
     let latency: BTreeMap<&String, Value> = outcomes
         .iter()
         .map(|(outcome, h)| {
@@ -558,7 +577,7 @@ fn report(
         "latency_by_outcome": latency,
         "timeline": timeline.iter().map(|s| json!({"responses": s.responses, "created": s.created, "p50_us": s.p50_us, "p99_us": s.p99_us, "available": s.available})).collect::<Vec<_>>(),
         "inventory": inventory,
-        "database": db.map(|d| json!({"holding_orders": d.holding_orders, "holding_units": d.holding_units, "acknowledged": d.acknowledged, "acknowledged_found": d.acknowledged_found})),
+        "database": db.map(|d| json!({"holding_orders": d.holding_orders, "holding_units": d.holding_units, "acknowledged": d.acknowledged, "acknowledged_found": d.acknowledged_found, "buyers_holding": d.buyers_holding, "most_units_of_one_buyer": d.most_units_of_one_buyer})),
         "verdict": {"ok": ok, "created": created, "reasons": reasons},
     })
 }

@@ -14,6 +14,10 @@ pub struct DbCheck {
     /// Acknowledged order ids (201s) that exist in the database.
     pub acknowledged_found: i64,
     pub acknowledged: i64,
+    /// Buyers holding units, and the most units one of them holds (the per-user limit,
+    /// checked across every gateway the sale went through).
+    pub buyers_holding: i64,
+    pub most_units_of_one_buyer: i64,
 }
 
 pub(crate) async fn check_database(
@@ -41,18 +45,31 @@ pub(crate) async fn check_database(
         .fetch_one(&pool)
         .await
         .map_err(|e| e.to_string())?;
+    let (buyers_holding, most_units_of_one_buyer): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), COALESCE(max(units), 0)::bigint
+           FROM (SELECT sum(quantity) AS units FROM orders
+                  WHERE deal_id = $1 AND status IN ('PENDING_PAYMENT', 'PAID')
+                  GROUP BY user_id) per_buyer",
+    )
+    .bind(deal_id)
+    .fetch_one(&pool)
+    .await
+    .map_err(|e| e.to_string())?;
     pool.close().await;
     Ok(DbCheck {
         holding_orders,
         holding_units,
         acknowledged_found: found,
         acknowledged: order_ids.len() as i64,
+        buyers_holding,
+        most_units_of_one_buyer,
     })
 }
 
 /// Pass or fail, with every reason to fail.
 pub fn verdict(
     stock: i64,
+    per_user_limit: i64,
     created: u64,
     inventory: &Value,
     db: Option<&DbCheck>,
@@ -94,6 +111,12 @@ pub fn verdict(
                 db.acknowledged - db.acknowledged_found
             ));
         }
+        if db.most_units_of_one_buyer > per_user_limit {
+            reasons.push(format!(
+                "a buyer holds {} units; the per-user limit is {per_user_limit}",
+                db.most_units_of_one_buyer
+            ));
+        }
         if db.holding_units != reserved + sold || db.holding_units > stock {
             reasons.push(format!(
                 "orders hold {} units; inventory says {}",
@@ -115,26 +138,26 @@ mod tests {
 
     #[test]
     fn a_clean_sale_passes() {
-        let (ok, reasons) = verdict(10, 10, &inventory(0, 10, 0, 10, true), None);
+        let (ok, reasons) = verdict(10, 1, 10, &inventory(0, 10, 0, 10, true), None);
         assert!(ok, "{reasons:?}");
     }
 
     #[test]
     fn oversell_broken_invariant_and_lost_orders_fail() {
         assert!(
-            !verdict(10, 11, &inventory(0, 11, 0, 11, true), None).0,
+            !verdict(10, 1, 11, &inventory(0, 11, 0, 11, true), None).0,
             "oversell"
         );
         assert!(
-            !verdict(10, 9, &inventory(1, 9, 0, 11, true), None).0,
+            !verdict(10, 1, 9, &inventory(1, 9, 0, 11, true), None).0,
             "sum off"
         );
         assert!(
-            !verdict(10, 10, &inventory(0, 10, 0, 10, false), None).0,
+            !verdict(10, 1, 10, &inventory(0, 10, 0, 10, false), None).0,
             "gateway says broken"
         );
         assert!(
-            !verdict(10, 9, &inventory(0, 10, 0, 10, true), None).0,
+            !verdict(10, 1, 9, &inventory(0, 10, 0, 10, true), None).0,
             "acknowledged != held"
         );
         let lost = DbCheck {
@@ -142,11 +165,25 @@ mod tests {
             holding_units: 9,
             acknowledged_found: 9,
             acknowledged: 10,
+            buyers_holding: 9,
+            most_units_of_one_buyer: 1,
         };
         assert!(
-            !verdict(10, 10, &inventory(0, 10, 0, 10, true), Some(&lost)).0,
+            !verdict(10, 1, 10, &inventory(0, 10, 0, 10, true), Some(&lost)).0,
             "lost order"
         );
-        assert!(!verdict(10, 10, &json!({}), None).0, "unreadable");
+        let greedy = DbCheck {
+            holding_orders: 10,
+            holding_units: 10,
+            acknowledged_found: 10,
+            acknowledged: 10,
+            buyers_holding: 9,
+            most_units_of_one_buyer: 2,
+        };
+        assert!(
+            !verdict(10, 1, 10, &inventory(0, 10, 0, 10, true), Some(&greedy)).0,
+            "a buyer over the per-user limit"
+        );
+        assert!(!verdict(10, 1, 10, &json!({}), None).0, "unreadable");
     }
 }
