@@ -5,7 +5,7 @@
 //! - [`cli`]: the command line, checked against every command in the docs.
 //! - [`sale`]: a bounded sale (closed loop or open-loop arrivals) with HDR latency per
 //!   outcome, a timeline, and a verdict checked against the inventory and, when given,
-//!   the database.
+//!   the database; [`sale_config`]: its arguments (one gateway or several).
 //! - [`line`]: following a deal's line as a waiting page does, until the pass.
 //! - [`timeline`]: a sale's seconds as its report carries them.
 //! - [`loopback`]: the check that keeps every command's load on this machine.
@@ -42,6 +42,7 @@ pub mod pow;
 pub mod progress;
 pub mod provider;
 pub mod sale;
+pub mod sale_config;
 pub mod sale_events;
 pub mod summary;
 pub mod timeline;
