@@ -62,7 +62,7 @@ pub(crate) type SharedLimiter = Limiter<String>;
 
 /// Shards of each limiter's map (a power of two): the idle sweep holds one shard's lock at a
 /// time, so a request whose key falls in that shard waits for 1/`MAP_SHARDS` of the sweep.
-const MAP_SHARDS: usize = 128;
+pub(crate) const MAP_SHARDS: usize = 128;
 
 /// One keyed token bucket with the policy it reports when it refuses. Its buckets refill
 /// on the clock `C`: the process's own, or in tests one they move by hand.

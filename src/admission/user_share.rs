@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 
 use super::RateSettings;
+use super::limits::MAP_SHARDS;
 use crate::clock::Clock;
 
 /// Heartbeat intervals after its first count before an instance spends its share: by then
@@ -133,7 +134,7 @@ impl UserShares {
             instance_ttl,
             clock,
             epoch,
-            spent: DashMap::new(),
+            spent: DashMap::with_shard_amount(MAP_SHARDS),
             hasher: RandomState::new(),
             presence: Mutex::new(Presence {
                 first: None,
@@ -204,7 +205,7 @@ impl UserShares {
         true
     }
 
-    /// Drops users whose share is whole again.
+    /// Drops users whose share is whole again; off the request threads (see `limits`).
     pub fn forget_idle(&self) {
         let now_us = self.us(self.clock.instant());
         self.spent.retain(|_, spent| spent.tat_us > now_us);
