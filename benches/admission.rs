@@ -13,7 +13,7 @@ use flashgate::admission::soldout::SoldOut;
 use flashgate::admission::token::{TokenVerifier, mint_token};
 use flashgate::admission::user_share::UserShares;
 use flashgate::admission::{LimitSettings, RateSettings};
-use flashgate::clock::Clock;
+use flashgate::clock::{Clock, ManualClock};
 use flashgate::domain::{OrderEvent, OrderStatus};
 use flashgate::http::problem::Problem;
 use flashgate::http::request_id::RequestId;
@@ -72,14 +72,18 @@ fn limiters(c: &mut Criterion) {
     });
     // A buyer's request decided from this instance's share of its budget, in memory: what
     // the shared per-user limit costs a purchase instead of a Redis script call.
+    let clock = ManualClock::starting_now();
     let shares = UserShares::new(
         generous,
         50,
         Duration::from_secs(1),
         Duration::from_secs(5),
-        1,
-        Clock::system(),
+        clock.clock(),
     );
+    // Placed as its heartbeats place it two intervals after its first count.
+    shares.counted();
+    clock.advance(Duration::from_secs(2));
+    shares.counted();
     let users: Vec<String> = (0..1024).map(|n| format!("buyer-{n}")).collect();
     c.bench_function("limits/user_share_1024_users", |b| {
         b.iter(|| {

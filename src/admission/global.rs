@@ -201,7 +201,6 @@ impl GlobalLimits {
                     g.user_share_percent,
                     Duration::from_millis(g.heartbeat_interval_ms),
                     Duration::from_millis(g.instance_ttl_ms),
-                    n,
                     clock.clone(),
                 ),
                 slices: Slices::new(slice_max, Duration::from_millis(g.slice_ttl_ms), clock),
@@ -374,7 +373,7 @@ impl GlobalLimits {
         if let Ok(n) = counted.await {
             let n = n.max(1);
             self.inner.instances.store(n, Ordering::Relaxed);
-            self.inner.user_shares.counted(n);
+            self.inner.user_shares.counted();
         }
     }
 

@@ -12,10 +12,11 @@
 //!
 //! The split follows the instance count of the heartbeat, and a share is only spent while
 //! every instance counts the same N, else two shares computed from different counts could
-//! overlap. A newcomer is counted by the others at their next heartbeat, so an instance
-//! starts spending its share `SHARE_AFTER_BEATS` heartbeat intervals after it was first
-//! counted (at once when it found itself alone), and stops when its last heartbeat is
-//! older than `instance_ttl_ms` (the others may have counted it out, or it was frozen).
+//! overlap. A newcomer is counted by the others at their next heartbeat, and learns of
+//! instances that started with it at its own next one, so an instance starts spending its
+//! share `SHARE_AFTER_BEATS` heartbeat intervals after it was first counted (even when it
+//! found itself alone), and stops when its last heartbeat is older than `instance_ttl_ms`
+//! (the others may have counted it out, or it was frozen).
 //! Meanwhile its checks go to the pool, so the budget stays exact, only slower.
 //!
 //! State per user: the GCRA's theoretical arrival time, keyed by a keyed hash of the user
@@ -37,6 +38,12 @@ use crate::clock::Clock;
 /// Heartbeat intervals after its first count before an instance spends its share: by then
 /// every live instance has heartbeated at least once and counts it.
 const SHARE_AFTER_BEATS: u32 = 2;
+
+/// Fewest requests a share holds at once for instances to keep shares at all. Each of the
+/// N shares can strand up to a request to rounding in any window, which a share of one or
+/// two would make a large part of it: a user spread over the instances would get clearly
+/// less than the budget. Below it the whole budget stays in Redis.
+const SHARE_BURST_MIN: u64 = 4;
 
 /// A GCRA budget: one request every `interval_us`, `burst` at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,13 +68,14 @@ fn interval_us(per_second: u64, divisor: u64) -> u64 {
 }
 
 /// How `rate` is split among `instances` when `percent` of it is spent in memory: each
-/// instance's share (none when it would round to no request at once) and the pool in Redis.
+/// instance's share (none when it would hold fewer than `SHARE_BURST_MIN` requests at
+/// once) and the pool in Redis.
 pub fn split(rate: RateSettings, percent: u32, instances: u32) -> (Option<Budget>, Budget) {
     let n = u64::from(instances.max(1));
     let percent = u64::from(percent.min(100));
     let burst = u64::from(rate.burst);
     let share_burst = burst * percent / (100 * n);
-    if share_burst == 0 {
+    if share_burst < SHARE_BURST_MIN {
         return (None, Budget::whole(rate));
     }
     let per_second = u64::from(rate.rate_per_second);
@@ -115,18 +123,15 @@ pub struct UserShares {
 }
 
 impl UserShares {
-    /// Assumed alone (`instances_assumed` 1) the share is spent from the start, as the
-    /// fallback share is then the whole budget too; else from the heartbeats.
+    /// No share is spent until the heartbeats have placed this instance (`counted`).
     pub fn new(
         rate: RateSettings,
         percent: u32,
         heartbeat_interval: Duration,
         instance_ttl: Duration,
-        instances_assumed: u32,
         clock: Clock,
     ) -> Self {
         let epoch = clock.instant();
-        let until_us = if instances_assumed <= 1 { u64::MAX } else { 0 };
         Self {
             rate,
             percent,
@@ -141,17 +146,30 @@ impl UserShares {
                 last: None,
             }),
             usable_from_us: AtomicU64::new(0),
-            usable_until_us: AtomicU64::new(until_us),
+            usable_until_us: AtomicU64::new(0),
         }
     }
 
     /// The pool in Redis when `instances` run: what every check beyond a share takes from.
+    /// An instance that counted itself alone and may not spend its share yet takes from the
+    /// whole budget: no other instance spends a share then (one that started since would
+    /// wait for this one's next heartbeat to count it), and an instance that started beside
+    /// it, counting it, asks Redis too, so a sale that starts with the instances is not
+    /// held to the pool for its first heartbeat.
     pub fn pool(&self, instances: u32) -> Budget {
+        let now_us = self.us(self.clock.instant());
+        let newly_alone = instances <= 1
+            && now_us < self.usable_from_us.load(Ordering::Relaxed)
+            && now_us < self.usable_until_us.load(Ordering::Relaxed);
+        if newly_alone {
+            return Budget::whole(self.rate);
+        }
         split(self.rate, self.percent, instances).1
     }
 
-    /// A heartbeat that counted `instances` (this one included) succeeded now.
-    pub fn counted(&self, instances: u32) {
+    /// A heartbeat succeeded now. (How many it counted is read at each check: a share is
+    /// split by the count of the moment.)
+    pub fn counted(&self) {
         let now = self.clock.instant();
         let Ok(mut presence) = self.presence.lock() else {
             return;
@@ -161,11 +179,7 @@ impl UserShares {
             .is_some_and(|last| now.saturating_duration_since(last) < self.instance_ttl);
         if !continued {
             presence.first = Some(now);
-            let wait = if instances <= 1 {
-                Duration::ZERO
-            } else {
-                self.heartbeat_interval * SHARE_AFTER_BEATS
-            };
+            let wait = self.heartbeat_interval * SHARE_AFTER_BEATS;
             self.usable_from_us
                 .store(self.us(now + wait), Ordering::Relaxed);
         }
@@ -245,9 +259,17 @@ mod tests {
             50,
             Duration::from_secs(1),
             Duration::from_secs(5),
-            3,
             clock.clock(),
         )
+    }
+
+    /// Shares placed by their heartbeats, so that their share is spent.
+    fn counted(clock: &ManualClock) -> UserShares {
+        let shares = shares(clock);
+        shares.counted();
+        clock.advance(Duration::from_secs(2));
+        shares.counted();
+        shares
     }
 
     #[test]
@@ -276,8 +298,9 @@ mod tests {
                         per_second <= f64::from(rate.rate_per_second) + 1e-9,
                         "{percent}% of {rate:?} over {n}: {per_second}/s"
                     );
-                    if share.is_none() {
-                        assert_eq!(pool, Budget::whole(rate));
+                    match share {
+                        None => assert_eq!(pool, Budget::whole(rate)),
+                        Some(share) => assert!(u64::from(share.burst) >= SHARE_BURST_MIN),
                     }
                 }
             }
@@ -285,11 +308,29 @@ mod tests {
     }
 
     #[test]
+    fn a_share_of_fewer_than_four_requests_leaves_the_whole_budget_in_redis() {
+        let small = RateSettings {
+            rate_per_second: 5,
+            burst: 10,
+        };
+        assert_eq!(split(small, 50, 3), (None, Budget::whole(small)));
+        assert_eq!(split(small, 50, 1).0.map(|share| share.burst), Some(5));
+        assert_eq!(split(RATE, 50, 7).0.map(|share| share.burst), Some(4));
+        assert_eq!(split(RATE, 50, 8).0, None);
+    }
+
+    #[test]
     fn an_instance_alone_spends_its_share_at_once_and_then_refills_at_its_rate() {
         let clock = ManualClock::starting_now();
         let shares = shares(&clock);
         assert!(!shares.take("u", 1), "not counted yet: the pool decides");
-        shares.counted(1);
+        shares.counted();
+        assert!(
+            !shares.take("u", 1),
+            "others starting with it may not count it yet"
+        );
+        clock.advance(Duration::from_secs(2));
+        shares.counted();
         // Half of a burst of 60 on one instance, then one every 0.2 s (5/s).
         let taken = (0..40).filter(|_| shares.take("u", 1)).count();
         assert_eq!(taken, 30);
@@ -301,31 +342,50 @@ mod tests {
     }
 
     #[test]
+    fn an_instance_that_counted_itself_alone_takes_from_the_whole_budget_until_it_spends_its_share()
+    {
+        let clock = ManualClock::starting_now();
+        let shares = shares(&clock);
+        let (_, pool) = split(RATE, 50, 1);
+        assert_eq!(shares.pool(1), pool, "never counted: only the pool");
+        shares.counted();
+        assert_eq!(shares.pool(1), Budget::whole(RATE));
+        assert_eq!(
+            shares.pool(3),
+            split(RATE, 50, 3).1,
+            "others run: their shares count"
+        );
+        clock.advance(Duration::from_secs(2));
+        shares.counted();
+        assert!(shares.take("u", 1));
+        assert_eq!(shares.pool(1), pool, "its share is spent in memory now");
+    }
+
+    #[test]
     fn a_newcomer_waits_until_the_others_count_it_and_stops_when_its_count_is_stale() {
         let clock = ManualClock::starting_now();
         let shares = shares(&clock);
-        shares.counted(3);
+        shares.counted();
         assert!(!shares.take("u", 3), "the others do not count it yet");
         clock.advance(Duration::from_secs(1));
-        shares.counted(3);
+        shares.counted();
         assert!(!shares.take("u", 3));
         clock.advance(Duration::from_secs(1));
-        shares.counted(3);
+        shares.counted();
         assert!(
             shares.take("u", 3),
             "two intervals after it was first counted"
         );
         clock.advance(Duration::from_secs(5));
         assert!(!shares.take("u", 3), "no heartbeat for the instance ttl");
-        shares.counted(3);
+        shares.counted();
         assert!(!shares.take("u", 3), "counted again as a newcomer");
     }
 
     #[test]
     fn a_change_of_count_keeps_the_requests_outstanding() {
         let clock = ManualClock::starting_now();
-        let shares = shares(&clock);
-        shares.counted(1);
+        let shares = counted(&clock);
         // 20 of the 30 a lone instance may take.
         assert_eq!((0..20).filter(|_| shares.take("u", 1)).count(), 20);
         // Two instances now: a share of 15 of which 20 are outstanding, so none is left
@@ -338,29 +398,9 @@ mod tests {
     }
 
     #[test]
-    fn assumed_alone_the_share_is_spent_before_the_first_heartbeat() {
-        let clock = ManualClock::starting_now();
-        let alone = UserShares::new(
-            RATE,
-            50,
-            Duration::from_secs(1),
-            Duration::from_secs(5),
-            1,
-            clock.clock(),
-        );
-        assert!(alone.take("u", 1));
-        alone.counted(2);
-        assert!(
-            !alone.take("u", 2),
-            "another instance runs: counted as a newcomer"
-        );
-    }
-
-    #[test]
     fn idle_users_are_forgotten_once_their_share_is_whole() {
         let clock = ManualClock::starting_now();
-        let shares = shares(&clock);
-        shares.counted(1);
+        let shares = counted(&clock);
         assert!(shares.take("u", 1));
         shares.forget_idle();
         assert_eq!(shares.spent.len(), 1);

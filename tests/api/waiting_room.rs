@@ -63,7 +63,9 @@ pub async fn order_with_pass(api: &Api, user: &str, deal: &str, pass: Option<&st
     send(request).await
 }
 
-/// Polls `user`'s ticket until its state is one of `states`; panics after `timeout`.
+/// Polls `user`'s ticket until its state is one of `states`; panics after `timeout`. A
+/// 503 (Redis slower than the gateway's command timeout on a loaded runner) is polled
+/// again, as the waiting page does; any other answer but 200 fails.
 pub async fn poll_until(
     api: &Api,
     user: &str,
@@ -74,7 +76,11 @@ pub async fn poll_until(
 ) -> Value {
     let what = format!("{user} to reach {states:?}");
     wait_until(&what, timeout, || async {
-        let body = poll(api, user, deal, ticket).await.expect(200);
+        let reply = poll(api, user, deal, ticket).await;
+        if reply.status == 503 {
+            return Err(reply.json());
+        }
+        let body = reply.expect(200);
         if states.contains(&body["state"].as_str().unwrap_or_default()) {
             Ok(body)
         } else {
