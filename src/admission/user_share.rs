@@ -16,8 +16,9 @@
 //! instances that started with it at its own next one, so an instance starts spending its
 //! share `SHARE_AFTER_BEATS` heartbeat intervals after it was first counted (even when it
 //! found itself alone), and stops when its last heartbeat is older than `instance_ttl_ms`
-//! (the others may have counted it out, or it was frozen).
-//! Meanwhile its checks go to the pool, so the budget stays exact, only slower.
+//! (the others may have counted it out, or it was frozen). Meanwhile its checks go to
+//! Redis (to the whole budget while it has counted itself alone), so the budget stays
+//! exact, only slower.
 //!
 //! State per user: the GCRA's theoretical arrival time, keyed by a keyed hash of the user
 //! id (a collision makes two users share one share, stricter, never looser), with the
@@ -36,7 +37,7 @@ use super::limits::MAP_SHARDS;
 use crate::clock::Clock;
 
 /// Heartbeat intervals after its first count before an instance spends its share: by then
-/// every live instance has heartbeated at least once and counts it.
+/// every live instance has heartbeated at least once and counts it, and it counts them.
 const SHARE_AFTER_BEATS: u32 = 2;
 
 /// Fewest requests a share holds at once for instances to keep shares at all. Each of the
@@ -97,14 +98,6 @@ struct Spent {
     instances: u32,
 }
 
-/// When this instance may spend its share, from its heartbeats.
-struct Presence {
-    /// The first heartbeat of the current run of heartbeats none of which came later than
-    /// `instance_ttl_ms` after the one before.
-    first: Option<Instant>,
-    last: Option<Instant>,
-}
-
 /// This instance's shares of every user's budget.
 pub struct UserShares {
     rate: RateSettings,
@@ -116,7 +109,9 @@ pub struct UserShares {
     epoch: Instant,
     spent: DashMap<u64, Spent>,
     hasher: RandomState,
-    presence: Mutex<Presence>,
+    /// This instance's last successful heartbeat: one later than `instance_ttl_ms` after it
+    /// starts a new presence, which waits again before spending its share.
+    last_counted: Mutex<Option<Instant>>,
     /// From when (µs since `epoch`) the share may be spent, and until when; 0 until: never.
     usable_from_us: AtomicU64,
     usable_until_us: AtomicU64,
@@ -141,10 +136,7 @@ impl UserShares {
             epoch,
             spent: DashMap::with_shard_amount(MAP_SHARDS),
             hasher: RandomState::new(),
-            presence: Mutex::new(Presence {
-                first: None,
-                last: None,
-            }),
+            last_counted: Mutex::new(None),
             usable_from_us: AtomicU64::new(0),
             usable_until_us: AtomicU64::new(0),
         }
@@ -171,19 +163,17 @@ impl UserShares {
     /// split by the count of the moment.)
     pub fn counted(&self) {
         let now = self.clock.instant();
-        let Ok(mut presence) = self.presence.lock() else {
+        let Ok(mut last_counted) = self.last_counted.lock() else {
             return;
         };
-        let continued = presence
-            .last
+        let continued = last_counted
             .is_some_and(|last| now.saturating_duration_since(last) < self.instance_ttl);
         if !continued {
-            presence.first = Some(now);
             let wait = self.heartbeat_interval * SHARE_AFTER_BEATS;
             self.usable_from_us
                 .store(self.us(now + wait), Ordering::Relaxed);
         }
-        presence.last = Some(now);
+        *last_counted = Some(now);
         self.usable_until_us
             .store(self.us(now + self.instance_ttl), Ordering::Relaxed);
     }
