@@ -176,9 +176,8 @@ mod tests {
             holding_orders: 10,
             holding_units: 10,
             acknowledged_found: 10,
-            acknowledged: 10,
-            buyers_holding: 9,
             most_units_of_one_buyer: 2,
+            ..lost
         };
         assert!(
             !verdict(10, 1, 10, &inventory(0, 10, 0, 10, true), Some(&greedy)).0,

@@ -371,8 +371,7 @@ impl GlobalLimits {
             .redis
             .eval::<u32, _, _>(&self.inner.heartbeat, &keys, &args);
         if let Ok(n) = counted.await {
-            let n = n.max(1);
-            self.inner.instances.store(n, Ordering::Relaxed);
+            self.inner.instances.store(n.max(1), Ordering::Relaxed);
             self.inner.user_shares.counted();
         }
     }
