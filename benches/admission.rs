@@ -80,10 +80,10 @@ fn limiters(c: &mut Criterion) {
         Duration::from_secs(5),
         clock.clock(),
     );
-    // Placed as its heartbeats place it two intervals after its first count.
-    shares.counted();
-    clock.advance(Duration::from_secs(2));
-    shares.counted();
+    // Placed as its heartbeats place a lone instance, 4 s after its first count.
+    shares.counted(1);
+    clock.advance(Duration::from_secs(4));
+    shares.counted(1);
     let users: Vec<String> = (0..1024).map(|n| format!("buyer-{n}")).collect();
     c.bench_function("limits/user_share_1024_users", |b| {
         b.iter(|| {

@@ -372,7 +372,7 @@ impl GlobalLimits {
             .eval::<u32, _, _>(&self.inner.heartbeat, &keys, &args);
         if let Ok(n) = counted.await {
             self.inner.instances.store(n.max(1), Ordering::Relaxed);
-            self.inner.user_shares.counted();
+            self.inner.user_shares.counted(n.max(1));
         }
     }
 

@@ -14,8 +14,12 @@
 //! every instance counts the same N, else two shares computed from different counts could
 //! overlap. A newcomer is counted by the others at their next heartbeat, and learns of
 //! instances that started with it at its own next one, so an instance starts spending its
-//! share `SHARE_AFTER_BEATS` heartbeat intervals after it was first counted (even when it
-//! found itself alone), and stops when its last heartbeat is older than `instance_ttl_ms`
+//! share `SHARE_AFTER_BEATS` heartbeat intervals after it was first counted. One that found
+//! itself alone waits a heartbeat interval less than `instance_ttl_ms` instead: instances
+//! starting beside it, even slowly, are counted by then, before it spends a share that
+//! the others, taking from the whole budget while they find no shares kept, do not know
+//! of. It
+//! stops when its last heartbeat is older than `instance_ttl_ms`
 //! (the others may have counted it out, or it was frozen). Meanwhile its checks go to
 //! Redis (to the whole budget while it has counted itself alone), so the budget stays
 //! exact, only slower.
@@ -159,9 +163,9 @@ impl UserShares {
         split(self.rate, self.percent, instances).1
     }
 
-    /// A heartbeat succeeded now. (How many it counted is read at each check: a share is
-    /// split by the count of the moment.)
-    pub fn counted(&self) {
+    /// A heartbeat succeeded now, counting `instances`. (The count is also read at each
+    /// check: a share is split by the count of the moment.)
+    pub fn counted(&self, instances: u32) {
         let now = self.clock.instant();
         let Ok(mut last_counted) = self.last_counted.lock() else {
             return;
@@ -169,7 +173,12 @@ impl UserShares {
         let continued = last_counted
             .is_some_and(|last| now.saturating_duration_since(last) < self.instance_ttl);
         if !continued {
-            let wait = self.heartbeat_interval * SHARE_AFTER_BEATS;
+            let beats = self.heartbeat_interval * SHARE_AFTER_BEATS;
+            let wait = if instances <= 1 {
+                beats.max(self.instance_ttl.saturating_sub(self.heartbeat_interval))
+            } else {
+                beats
+            };
             self.usable_from_us
                 .store(self.us(now + wait), Ordering::Relaxed);
         }
@@ -253,12 +262,13 @@ mod tests {
         )
     }
 
-    /// Shares placed by their heartbeats, so that their share is spent.
+    /// A lone instance placed by its heartbeats (4 s after its first count), so
+    /// that its share is spent.
     fn counted(clock: &ManualClock) -> UserShares {
         let shares = shares(clock);
-        shares.counted();
-        clock.advance(Duration::from_secs(2));
-        shares.counted();
+        shares.counted(1);
+        clock.advance(Duration::from_secs(4));
+        shares.counted(1);
         shares
     }
 
@@ -314,13 +324,13 @@ mod tests {
         let clock = ManualClock::starting_now();
         let shares = shares(&clock);
         assert!(!shares.take("u", 1), "not counted yet: the pool decides");
-        shares.counted();
+        shares.counted(1);
         assert!(
             !shares.take("u", 1),
-            "others starting with it may not count it yet"
+            "alone: others starting slowly may not be counted yet"
         );
-        clock.advance(Duration::from_secs(2));
-        shares.counted();
+        clock.advance(Duration::from_secs(4));
+        shares.counted(1);
         // Half of a burst of 60 on one instance, then one every 0.2 s (5/s).
         let taken = (0..40).filter(|_| shares.take("u", 1)).count();
         assert_eq!(taken, 30);
@@ -338,15 +348,15 @@ mod tests {
         let shares = shares(&clock);
         let (_, pool) = split(RATE, 50, 1);
         assert_eq!(shares.pool(1), pool, "never counted: only the pool");
-        shares.counted();
+        shares.counted(1);
         assert_eq!(shares.pool(1), Budget::whole(RATE));
         assert_eq!(
             shares.pool(3),
             split(RATE, 50, 3).1,
             "others run: their shares count"
         );
-        clock.advance(Duration::from_secs(2));
-        shares.counted();
+        clock.advance(Duration::from_secs(4));
+        shares.counted(1);
         assert!(shares.take("u", 1));
         assert_eq!(shares.pool(1), pool, "its share is spent in memory now");
     }
@@ -355,20 +365,20 @@ mod tests {
     fn a_newcomer_waits_until_the_others_count_it_and_stops_when_its_count_is_stale() {
         let clock = ManualClock::starting_now();
         let shares = shares(&clock);
-        shares.counted();
+        shares.counted(3);
         assert!(!shares.take("u", 3), "the others do not count it yet");
         clock.advance(Duration::from_secs(1));
-        shares.counted();
+        shares.counted(3);
         assert!(!shares.take("u", 3));
         clock.advance(Duration::from_secs(1));
-        shares.counted();
+        shares.counted(3);
         assert!(
             shares.take("u", 3),
             "two intervals after it was first counted"
         );
         clock.advance(Duration::from_secs(5));
         assert!(!shares.take("u", 3), "no heartbeat for the instance ttl");
-        shares.counted();
+        shares.counted(3);
         assert!(!shares.take("u", 3), "counted again as a newcomer");
     }
 

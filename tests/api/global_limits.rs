@@ -491,8 +491,8 @@ async fn a_flood_or_a_mix_uses_the_deal_budget_and_never_exceeds_it() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_new_buyer_costs_no_redis_round_trip_and_the_rest_of_the_budget_is_shared() {
     // Arrange: one gateway, alone, so its share of each user's budget is half of it (a
-    // burst of 5, refilling at half of 1 a second), spent two heartbeat intervals after
-    // its first count (the clock is moved past them).
+    // burst of 5, refilling at half of 1 a second), spent a heartbeat interval before the
+    // instance ttl after its first count (the clock is moved past it).
     let clock = ManualClock::starting_now();
     let app = crate::helpers::spawn_app_on(clock.clock(), |s| {
         s.limits.global.enabled = true;
@@ -500,8 +500,9 @@ async fn a_new_buyer_costs_no_redis_round_trip_and_the_rest_of_the_budget_is_sha
         s.limits.per_user.burst = 10;
     })
     .await;
+    let global = &app.settings.limits.global;
     clock.advance(Duration::from_millis(
-        2 * app.settings.limits.global.heartbeat_interval_ms,
+        global.instance_ttl_ms - global.heartbeat_interval_ms,
     ));
     let mut deal = new_deal("global-share", 1_000, 8);
     deal["per_user_limit"] = json!(1_000);
