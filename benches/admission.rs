@@ -11,7 +11,7 @@ use flashgate::admission::client_ip::ClientIp;
 use flashgate::admission::limits::RateLimits;
 use flashgate::admission::soldout::SoldOut;
 use flashgate::admission::token::{TokenVerifier, mint_token};
-use flashgate::admission::user_share::UserShares;
+use flashgate::admission::user_share::{Answer, UserShares};
 use flashgate::admission::{LimitSettings, RateSettings};
 use flashgate::clock::{Clock, ManualClock};
 use flashgate::domain::{OrderEvent, OrderStatus};
@@ -80,15 +80,23 @@ fn limiters(c: &mut Criterion) {
         Duration::from_secs(5),
         clock.clock(),
     );
-    // Placed as its heartbeats place a lone instance, 4 s after its first count.
-    shares.counted(1);
+    // A lone instance spends its share from the heartbeat that publishes it, 4 s after
+    // its first count.
+    let alone = Answer {
+        instances: 1,
+        others_ppm: 0,
+        acknowledged: true,
+    };
+    shares.to_publish();
+    shares.counted(alone);
     clock.advance(Duration::from_secs(4));
-    shares.counted(1);
+    shares.to_publish();
+    shares.counted(alone);
     let users: Vec<String> = (0..1024).map(|n| format!("buyer-{n}")).collect();
     c.bench_function("limits/user_share_1024_users", |b| {
         b.iter(|| {
             i = (i + 1) % users.len();
-            shares.take(black_box(&users[i]), 1)
+            shares.take(black_box(&users[i]))
         })
     });
 }

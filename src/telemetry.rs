@@ -36,6 +36,7 @@ pub const ORDERS_EXPIRED: &str = "flashgate_orders_expired_total";
 pub const REDIS_ERRORS: &str = "flashgate_redis_errors_total";
 pub const REDIS_UP: &str = "flashgate_redis_up";
 pub const GLOBAL_LIMIT_CHECKS: &str = "flashgate_global_limit_checks_total";
+pub const GLOBAL_LIMIT_USER_SHARE_SPLIT: &str = "flashgate_global_limit_user_share_split";
 pub const DB_POOL_CONNECTIONS: &str = "flashgate_db_pool_connections";
 pub const DB_POOL_TIMEOUTS: &str = "flashgate_db_pool_timeouts_total";
 pub const SOLD_OUT_DEALS: &str = "flashgate_sold_out_deals";
@@ -168,8 +169,7 @@ impl Metrics {
 
 static PROMETHEUS: OnceLock<Metrics> = OnceLock::new();
 
-/// The process-wide Prometheus recorder, installed on first use. Several gateways in one
-/// process (as in tests) share it.
+/// The process-wide Prometheus recorder, installed on first use; shared by gateways in one process.
 pub fn prometheus() -> &'static Metrics {
     PROMETHEUS.get_or_init(|| {
         let recorder = PrometheusBuilder::new()
@@ -276,6 +276,10 @@ fn describe() {
     describe_counter!(
         GLOBAL_LIMIT_CHECKS,
         "Shared per-user and per-deal limit checks, by where they were decided: redis, slice (a deal's slice held here), share (this instance's share of a user's budget) or fallback (the local share while Redis is down)."
+    );
+    describe_gauge!(
+        GLOBAL_LIMIT_USER_SHARE_SPLIT,
+        "The instance count this instance spends its share of every user's budget by (the budget's percent over that many instances); 0 while it spends none and every per-user check asks Redis."
     );
     describe_gauge!(
         DB_POOL_CONNECTIONS,
@@ -520,9 +524,8 @@ fn describe_report() {
     );
 }
 
-/// Logs go to stderr, as text or as one JSON object per line (with the fields of the
-/// request's span, so a collector can group a request's lines by its id); `RUST_LOG`
-/// overrides the configured filter.
+/// Logs go to stderr, as text or as JSON lines carrying the request span's fields (so a
+/// collector can group a request's lines by its id); `RUST_LOG` overrides the filter.
 pub fn init_logging(settings: &TelemetrySettings) {
     let directives = std::env::var("RUST_LOG")
         .ok()

@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::limits::{Limited, Scope, SharedLimiter};
 use super::slices::{Need, Slices, shared_now_us};
-use super::user_share::{Budget, UserShares};
+use super::user_share::{Answer, Budget, UserShares};
 use super::{GlobalLimitSettings, LimitSettings, RateSettings};
 use crate::clock::Clock;
 use crate::redis_link::{RedisError, RedisHandle, Script};
@@ -84,15 +84,62 @@ return out
 "#;
 
 /// Announces this instance and counts the live ones. ARGV: instance id, ttl (ms).
+/// Counts the live instances and keeps the shares they published. KEYS: the live instances
+/// (a sorted set of ids by last heartbeat, ms) and the published shares (a hash of id to
+/// `ppm:since_ms:until_ms`: the part of every user's budget the share may spend, in
+/// millionths, since when it is published unchanged, and until when it stands unless
+/// republished). ARGV: this instance's id, the instance ttl (ms), its share (ppm, 0: none)
+/// and how long it stands (ms). Answers `{live instances, the other shares standing (ppm),
+/// 1 when every other live instance heartbeated since this share was published}`.
 const HEARTBEAT: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], now, ARGV[1])
+local me, ttl = ARGV[1], tonumber(ARGV[2])
+local ppm, hold = tonumber(ARGV[3]), tonumber(ARGV[4])
+redis.call('ZADD', KEYS[1], now, me)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
 redis.call('PEXPIRE', KEYS[1], ttl)
-return redis.call('ZCARD', KEYS[1])
+local live = redis.call('ZCARD', KEYS[1])
+local others, since, mine = 0, now, false
+local shares = redis.call('HGETALL', KEYS[2])
+for i = 1, #shares, 2 do
+  local id, value = shares[i], shares[i + 1]
+  local a = string.find(value, ':', 1, true)
+  local b = string.find(value, ':', a + 1, true)
+  local share = tonumber(string.sub(value, 1, a - 1))
+  if id == me then
+    mine = true
+    if share == ppm then since = tonumber(string.sub(value, a + 1, b - 1)) end
+  elseif tonumber(string.sub(value, b + 1)) <= now then
+    redis.call('HDEL', KEYS[2], id)
+  else
+    others = others + share
+  end
+end
+if ppm > 0 then
+  redis.call('HSET', KEYS[2], me, ppm .. ':' .. since .. ':' .. (now + hold))
+  if redis.call('PTTL', KEYS[2]) < hold then
+    redis.call('PEXPIRE', KEYS[2], hold)
+  end
+elseif mine then
+  redis.call('HDEL', KEYS[2], me)
+end
+local seen = 1
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', since, 'LIMIT', 0, 2)) do
+  if id ~= me then seen = 0 end
+end
+return {live, others, seen}
 "#;
+
+/// The key of the published shares, in the slot of `instances` on a Redis Cluster: under
+/// the same hash tag when the prefix has one, else tagged with the whole key.
+fn shares_key(instances: &str) -> String {
+    if instances.contains('{') {
+        format!("{instances}:shares")
+    } else {
+        format!("{{{instances}}}:shares")
+    }
+}
 
 /// One shared limit: its rate and its fallback share.
 struct SharedScope {
@@ -227,9 +274,11 @@ impl GlobalLimits {
             return Ok(());
         }
         let scope = &self.inner.user;
-        let instances = self.instances();
-        if self.inner.user_shares.take(user_id, instances)
-            && scope.fallback(instances).check(&user_id.to_owned()).is_ok()
+        if self.inner.user_shares.take(user_id)
+            && scope
+                .fallback(self.instances())
+                .check(&user_id.to_owned())
+                .is_ok()
         {
             count(scope.scope, "share");
             return Ok(());
@@ -364,15 +413,32 @@ impl GlobalLimits {
         if !self.enabled() {
             return;
         }
-        let keys = [self.inner.redis.key("instances")];
-        let args = (&self.inner.id, self.inner.settings.instance_ttl_ms);
-        let counted = self
-            .inner
-            .redis
-            .eval::<u32, _, _>(&self.inner.heartbeat, &keys, &args);
-        if let Ok(n) = counted.await {
-            self.inner.instances.store(n.max(1), Ordering::Relaxed);
-            self.inner.user_shares.counted(n.max(1));
+        let instances = self.inner.redis.key("instances");
+        let published = shares_key(&instances);
+        let keys = [instances, published];
+        let shares = &self.inner.user_shares;
+        let share = shares.to_publish();
+        let hold_ms = u64::try_from(share.hold.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
+        let args = (
+            &self.inner.id,
+            self.inner.settings.instance_ttl_ms,
+            share.share_ppm,
+            hold_ms,
+        );
+        let counted =
+            self.inner
+                .redis
+                .eval::<(u32, u32, u32), _, _>(&self.inner.heartbeat, &keys, &args);
+        if let Ok((n, others_ppm, seen)) = counted.await {
+            let instances = n.max(1);
+            self.inner.instances.store(instances, Ordering::Relaxed);
+            shares.counted(Answer {
+                instances,
+                others_ppm,
+                acknowledged: seen == 1,
+            });
+            let spending = f64::from(shares.spending());
+            metrics::gauge!(telemetry::GLOBAL_LIMIT_USER_SHARE_SPLIT).set(spending);
         }
     }
 
@@ -418,9 +484,8 @@ async fn run_user_checks(
 /// One call for `group` (keys of one script group); every check gets its own answer.
 async fn answer_group(limits: &Inner, group: Vec<UserCheck>) {
     let keys: Vec<&str> = group.iter().map(|check| check.key.as_str()).collect();
-    let instances = limits.instances.load(Ordering::Relaxed);
     let call = Call {
-        budget: limits.user_shares.pool(instances),
+        budget: limits.user_shares.pool(),
         want: 1,
         give_back: 0,
         now_us: shared_now_us(limits.slices.clock()),

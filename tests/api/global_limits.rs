@@ -364,13 +364,11 @@ async fn script_calls(port: u16) -> usize {
 const DEAL_RATE: u32 = 20;
 const DEAL_BURST: u32 = 20;
 
-/// Three limiter instances sharing the test Redis under one fresh key prefix, and the clock
-/// they all run on.
-async fn three_limiters() -> (Vec<GlobalLimits>, ManualClock, String) {
-    let prefix = format!("fgtest:{}:", unique_suffix());
+/// The test Redis under `prefix`, connected.
+async fn test_redis(prefix: &str) -> RedisHandle {
     let redis = RedisHandle::new(
         &crate::helpers::redis_url(),
-        &prefix,
+        prefix,
         RedisTimeouts {
             command: Duration::from_secs(2),
             unresponsive_after: Duration::from_secs(5),
@@ -379,6 +377,14 @@ async fn three_limiters() -> (Vec<GlobalLimits>, ManualClock, String) {
     );
     redis.connect().await;
     assert!(redis.is_connected().await, "the test Redis answers");
+    redis
+}
+
+/// Three limiter instances sharing the test Redis under one fresh key prefix, and the clock
+/// they all run on.
+async fn three_limiters() -> (Vec<GlobalLimits>, ManualClock, String) {
+    let prefix = format!("fgtest:{}:", unique_suffix());
+    let redis = test_redis(&prefix).await;
     let mut limits = flashgate::config::Settings::defaults().limits;
     limits.per_deal = RateSettings {
         rate_per_second: DEAL_RATE,
@@ -392,6 +398,42 @@ async fn three_limiters() -> (Vec<GlobalLimits>, ManualClock, String) {
         .map(|_| GlobalLimits::new(&limits, redis.clone(), clock.clock()))
         .collect();
     (instances, clock, prefix)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_instance_joining_while_another_spends_its_share_never_lets_a_user_past_the_budget() {
+    // Arrange: 10 at once per user, then 1 a second; one instance alone spends half of
+    // it in memory from the heartbeat that publishes its share.
+    let prefix = format!("fgtest:{}:", unique_suffix());
+    let redis = test_redis(&prefix).await;
+    let mut limits = flashgate::config::Settings::defaults().limits;
+    limits.per_user = RateSettings {
+        rate_per_second: 1,
+        burst: 10,
+    };
+    limits.global.enabled = true;
+    let clock = ManualClock::starting_now();
+    let first = GlobalLimits::new(&limits, redis.clone(), clock.clock());
+    first.heartbeat().await;
+    let g = limits.global;
+    clock.advance(Duration::from_millis(
+        g.instance_ttl_ms - g.heartbeat_interval_ms,
+    ));
+    first.heartbeat().await;
+
+    // Act: a second instance starts, its share too small to keep with two, and counts
+    // before the first heartbeats again; the user alternates between them.
+    let second = GlobalLimits::new(&limits, redis, clock.clock());
+    second.heartbeat().await;
+    let mut passed = 0;
+    for n in 0..40 {
+        let via = if n % 2 == 0 { &first } else { &second };
+        passed += usize::from(via.check_user("greedy").await.is_ok());
+    }
+
+    // Assert: the clock stood still, so nothing refilled: the burst and no more.
+    assert_eq!(passed, 10, "{passed} of a burst of 10 passed");
+    delete_redis_keys(&crate::helpers::redis_url(), &prefix).await;
 }
 
 /// Runs `steps` steps of `STEP`: each step the clock advances, every instance returns its
@@ -491,11 +533,13 @@ async fn a_flood_or_a_mix_uses_the_deal_budget_and_never_exceeds_it() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_new_buyer_costs_no_redis_round_trip_and_the_rest_of_the_budget_is_shared() {
     // Arrange: one gateway, alone, so its share of each user's budget is half of it (a
-    // burst of 5, refilling at half of 1 a second), spent a heartbeat interval before the
-    // instance ttl after its first count (the clock is moved past it).
+    // burst of 5, refilling at half of 1 a second), published a heartbeat interval before
+    // the instance ttl after its first count (the clock is moved past it) and spent from
+    // the heartbeat that publishes it.
     let clock = ManualClock::starting_now();
     let app = crate::helpers::spawn_app_on(clock.clock(), |s| {
         s.limits.global.enabled = true;
+        s.limits.global.heartbeat_interval_ms = 100;
         s.limits.per_user.rate_per_second = 1;
         s.limits.per_user.burst = 10;
     })
@@ -504,6 +548,15 @@ async fn a_new_buyer_costs_no_redis_round_trip_and_the_rest_of_the_budget_is_sha
     clock.advance(Duration::from_millis(
         global.instance_ttl_ms - global.heartbeat_interval_ms,
     ));
+    wait_until("its share spent", Duration::from_secs(5), || async {
+        let metrics = app.metrics().await;
+        let name = "flashgate_global_limit_user_share_split";
+        let spending = crate::helpers::metric_value(&metrics, name, "");
+        (spending == 1.0)
+            .then_some(())
+            .ok_or(format!("spending by {spending}"))
+    })
+    .await;
     let mut deal = new_deal("global-share", 1_000, 8);
     deal["per_user_limit"] = json!(1_000);
     let deal = app.given_deal(&deal).await;
