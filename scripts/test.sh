@@ -65,6 +65,20 @@ export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 # Private engines (scripts/scale.sh) read this and refuse to install packages.
 export FLASHGATE_TEST_NO_SYSTEM=$no_system
 
+# Scratch space for what the tests start and throw away (private PostgreSQL clusters and
+# Redis servers, browser profiles, the chaos runs' engines), on a tmpfs when the machine has
+# one with room: every test creates and drops a database, and on a disk file system that
+# file work is a third of PostgreSQL's CPU in a full run. Removed at the end.
+scratch_base() {
+    local avail_kb
+    avail_kb=$(df --output=avail -k /dev/shm 2>/dev/null | tail -n 1 | tr -d ' ')
+    if [[ -w /dev/shm && ${avail_kb:-0} -gt 4194304 ]]; then
+        printf '/dev/shm\n'
+    else
+        printf '%s\n' "${TMPDIR:-/tmp}"
+    fi
+}
+
 step() { printf '\ntest: == %s\n' "$*" >&2; }
 note() { printf 'test: %s\n' "$*" >&2; }
 
@@ -96,6 +110,7 @@ print_timings() {
     # A step may fail before the helpers below are defined.
     ! declare -F stop_alongside >/dev/null || stop_alongside
     [[ -z ${main_dir:-} ]] || bash scripts/scale.sh stop "$main_dir" 2>/dev/null
+    [[ -z ${SCRATCH:-} ]] || rm -rf "$SCRATCH"
     finish_step
     ((${#step_names[@]})) || return "$status"
     printf '\ntest: step times (%s)\n' "$([[ $status -eq 0 ]] && echo "all passed" || echo "stopped by a failure")" >&2
@@ -165,8 +180,9 @@ private_engines() {
     ((full_run)) || return 0
     ((skip_pgbouncer)) || printf 'a private PgBouncer and PostgreSQL on free loopback ports, stopped afterwards\n'
     printf '%s\n' \
-        "a private three-node Redis Cluster and a PostgreSQL on free loopback ports, in /tmp, stopped afterwards" \
-        "private PostgreSQL (initdb) and redis-server instances in /tmp for outage, failover and chaos tests" \
+        "a private three-node Redis Cluster and a PostgreSQL on free loopback ports, stopped afterwards" \
+        "private PostgreSQL (initdb) and redis-server instances for outage, failover and chaos tests" \
+        "all of them in a scratch folder, on /dev/shm when it is a tmpfs with room, removed afterwards" \
         "databases fg_* and Redis keys fgtest:* on the shared services, dropped by the tests that made them"
 }
 
@@ -264,6 +280,10 @@ decide_skips
 print_plan "$@" >&2
 ((plan_only)) && exit 0
 confirm
+SCRATCH=$(mktemp -d "$(scratch_base)/flashgate-test.XXXXXX")
+# Private engines run as the postgres user in folders of their own beneath it.
+chmod 0711 "$SCRATCH"
+export TMPDIR=$SCRATCH
 trap print_timings EXIT
 
 # ------------------------------------------------------------------ services
@@ -420,7 +440,7 @@ private_postgres() {
 # pooler is what `concurrency::` tests. Runs in a subshell of its own (`alongside`), which
 # stops both on its way out.
 pgbouncer_pass() {
-    pgbouncer_dir=$(mktemp -d /tmp/flashgate-pgbouncer.XXXXXX)
+    pgbouncer_dir=$(mktemp -d "$SCRATCH/flashgate-pgbouncer.XXXXXX")
     trap 'bash scripts/scale.sh stop "$pgbouncer_dir"' EXIT
     trap 'exit 143' TERM
     local postgres_port port
@@ -443,7 +463,7 @@ pgbouncer_pass() {
 # of the line, whose Redis side the others cover). Runs in a subshell of its own (`alongside`), which stops the cluster and
 # PostgreSQL on its way out.
 redis_cluster_pass() {
-    cluster_dir=$(mktemp -d /tmp/flashgate-redis-cluster.XXXXXX)
+    cluster_dir=$(mktemp -d "$SCRATCH/flashgate-redis-cluster.XXXXXX")
     trap 'bash scripts/scale.sh stop "$cluster_dir"' EXIT
     trap 'exit 143' TERM
     local ports=() urls=() port postgres_port
@@ -510,7 +530,7 @@ else
         # on a private PostgreSQL (MAIN_PASS_THREADS at a time): the pass is mostly tests
         # waiting on timers and child processes.
         begin "both tiers at once: unit, in-process and process-starting tests (profile all)"
-        main_dir=$(mktemp -d /tmp/flashgate-main-pass.XXXXXX)
+        main_dir=$(mktemp -d "$SCRATCH/flashgate-main-pass.XXXXXX")
         main_port=$(private_postgres "$main_dir")
         DATABASE_URL="postgres://postgres@127.0.0.1:${main_port}/test" \
             nextest --profile all --test-threads "$MAIN_PASS_THREADS" -E "$kept" || failed=1
