@@ -83,7 +83,6 @@ end
 return out
 "#;
 
-/// Announces this instance and counts the live ones. ARGV: instance id, ttl (ms).
 /// Counts the live instances and keeps the shares they published. KEYS: the live instances
 /// (a sorted set of ids by last heartbeat, ms) and the published shares (a hash of id to
 /// `ppm:since_ms:until_ms`: the part of every user's budget the share may spend, in

@@ -301,8 +301,11 @@ impl UserShares {
 
     /// The count whose share is spent now; 0 while none.
     pub fn spending(&self) -> u32 {
-        let fresh = self.us(self.clock.instant()) < self.fresh_until_us.load(Ordering::Relaxed);
-        if fresh {
+        self.spending_at(self.us(self.clock.instant()))
+    }
+
+    fn spending_at(&self, now_us: u64) -> u32 {
+        if now_us < self.fresh_until_us.load(Ordering::Relaxed) {
             self.spending.load(Ordering::Relaxed)
         } else {
             0
@@ -322,14 +325,14 @@ impl UserShares {
     /// Takes one request of `user`'s share; false when the share is spent, there is none,
     /// or this instance may not spend one now.
     pub fn take(&self, user: &str) -> bool {
-        let instances = self.spending();
+        let now_us = self.us(self.clock.instant());
+        let instances = self.spending_at(now_us);
         if instances == 0 {
             return false;
         }
         let Some(share) = share(self.rate, self.percent, instances) else {
             return false;
         };
-        let now_us = self.us(self.clock.instant());
         let key = self.hasher.hash_one(user);
         let mut entry = self.spent.entry(key).or_insert(Spent {
             tat_us: now_us,
