@@ -136,8 +136,12 @@ async fn an_old_sold_out_flag_restored_in_redis_does_not_stick() {
     let order_id = order["order_id"].as_str().unwrap();
     app.wait_for_order(&first, order_id, &["PAID"], SETTLE)
         .await;
-    let (_, delivered) = app.sim.succeeded_deliveries(&intent_id(&order)).await;
-    assert!(delivered > 0, "the webhook got through");
+    // Counted by the simulator once it reads the answer sent after the commit.
+    wait_until("the webhook to get through", SETTLE, || async {
+        let (_, delivered) = app.sim.succeeded_deliveries(&intent_id(&order)).await;
+        delivered > 0
+    })
+    .await;
     app.assert_invariants(&deal).await;
     app.cleanup().await;
 }

@@ -103,8 +103,17 @@ async fn sigkill_in_the_middle_of_a_sweeper_batch_loses_and_doubles_nothing() {
         paid_in_time.is_some(),
         "the webhook never settled the order"
     );
-    let (_, delivered) = sim.succeeded_deliveries(&intent_id(&order)).await;
-    assert!(delivered > 0, "the payment was settled by its webhook");
+    // The simulator counts a delivery once it has read the answer, which the gateway
+    // sends after its commit: the order can read PAID a moment before the count moves.
+    let delivered = eventually(SETTLE, || async {
+        let (_, delivered) = sim.succeeded_deliveries(&intent_id(&order)).await;
+        (delivered > 0).then_some(())
+    })
+    .await;
+    assert!(
+        delivered.is_some(),
+        "the payment was settled by its webhook"
+    );
 
     // Assert 1: nothing of the half-done batch is visible; no unit came back yet.
     assert_eq!(
