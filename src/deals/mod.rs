@@ -22,9 +22,13 @@ pub use waiting_room::{
 
 use crate::domain::{CaptureMethod, DealId, LatePaymentPolicy};
 use crate::store::StoreError;
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+
+use crate::store::rows;
 
 /// A deal as stored. Prices are in minor units (cents) of `currency`.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Deal {
     pub id: String,
     pub name: String,
@@ -40,14 +44,32 @@ pub struct Deal {
     /// `sale-not-open`), whatever its window says.
     pub paused: bool,
     /// What happens to money that arrives late.
-    #[sqlx(try_from = "String")]
     pub late_payment_policy: LatePaymentPolicy,
     /// Charge at once, or authorise and capture when confirmed.
-    #[sqlx(try_from = "String")]
     pub capture_method: CaptureMethod,
     /// The queue buyers pass through before ordering, when enabled.
-    #[sqlx(flatten)]
     pub waiting_room: WaitingRoomTerms,
+}
+
+impl<'r> sqlx::FromRow<'r, PgRow> for Deal {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            id: row.try_get("id")?,
+            name: row.try_get("name")?,
+            stock_total: row.try_get("stock_total")?,
+            bucket_count: row.try_get("bucket_count")?,
+            unit_price_minor: row.try_get("unit_price_minor")?,
+            currency: row.try_get("currency")?,
+            per_user_limit: row.try_get("per_user_limit")?,
+            reservation_ttl_seconds: row.try_get("reservation_ttl_seconds")?,
+            starts_at: row.try_get("starts_at")?,
+            ends_at: row.try_get("ends_at")?,
+            paused: row.try_get("paused")?,
+            late_payment_policy: rows::parsed(row, "late_payment_policy")?,
+            capture_method: rows::parsed(row, "capture_method")?,
+            waiting_room: WaitingRoomTerms::from_row(row)?,
+        })
+    }
 }
 
 /// Where a deal stands in time, judged by the given clock.

@@ -3,6 +3,10 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+
+use crate::store::rows;
 
 /// Bounds on what a waiting room may be configured with.
 pub const ADMIT_PER_SECOND_MAX: i32 = 100_000;
@@ -188,21 +192,28 @@ impl TryFrom<String> for Activation {
 
 /// How the line's outflow is set; stored in `wr_admission_mode`, `wr_min_per_second`,
 /// `wr_max_per_second` and `wr_target_p99_ms`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct AdmissionTerms {
     /// `fixed` admits `admit_per_second`; `adaptive` follows the measured health.
-    #[sqlx(rename = "wr_admission_mode", try_from = "String")]
     pub mode: AdmissionMode,
     /// Adaptive: the outflow never goes below this, however bad the health looks, so the
     /// line always moves.
-    #[sqlx(rename = "wr_min_per_second")]
     pub min_per_second: i32,
     /// Adaptive: the outflow never goes above this, however good the health looks.
-    #[sqlx(rename = "wr_max_per_second")]
     pub max_per_second: i32,
     /// Adaptive: the admitted buyers' order p99 above which the outflow is cut.
-    #[sqlx(rename = "wr_target_p99_ms")]
     pub target_p99_ms: i32,
+}
+
+impl<'r> sqlx::FromRow<'r, PgRow> for AdmissionTerms {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            mode: rows::parsed(row, "wr_admission_mode")?,
+            min_per_second: row.try_get("wr_min_per_second")?,
+            max_per_second: row.try_get("wr_max_per_second")?,
+            target_p99_ms: row.try_get("wr_target_p99_ms")?,
+        })
+    }
 }
 
 impl Default for AdmissionTerms {
@@ -236,52 +247,59 @@ impl AdmissionTerms {
 }
 
 /// How a deal's line behaves; stored in the `wr_*` columns of `deals`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct WaitingRoomTerms {
     /// When true, orders need a pass (`Flashgate-Pass`) earned by queueing.
-    #[sqlx(rename = "wr_enabled")]
     pub enabled: bool,
     /// Tickets admitted per second, at most.
-    #[sqlx(rename = "wr_admit_per_second")]
     pub admit_per_second: i32,
     /// Passes that may be in use at once; admission pauses while this many are outstanding.
-    #[sqlx(rename = "wr_max_active")]
     pub max_active: i32,
     /// How long a pass may be used to order, and how long its slot stays taken if unused.
-    #[sqlx(rename = "wr_pass_ttl_seconds")]
     pub pass_ttl_seconds: i32,
     /// `fifo`, or `random`: tickets taken before the sale opens are shuffled at opening with
     /// a seed whose SHA-256 is published beforehand.
-    #[sqlx(rename = "wr_queue_order")]
     pub queue_order: String,
     /// When tickets may first be taken; without it, from `starts_at`.
-    #[sqlx(rename = "wr_prequeue_opens_at")]
     pub prequeue_opens_at: Option<DateTime<Utc>>,
     /// Leading zero bits of the proof of work asked when joining (0: none); raised with the
     /// crowd's size (`waiting_room.pow_crowd_step`).
-    #[sqlx(rename = "wr_pow_bits")]
     pub pow_bits: i32,
     /// Where the waiting page sends an admitted buyer, with the pass in the fragment.
-    #[sqlx(rename = "wr_checkout_url")]
     pub checkout_url: Option<String>,
     /// Who sets the outflow: the operator's `admit_per_second`, or the measured health.
-    #[sqlx(flatten)]
     pub admission: AdmissionTerms,
     /// `always` queues every buyer; `when_busy` admits at once while the line is calm.
-    #[sqlx(rename = "wr_activation", try_from = "String")]
     pub activation: Activation,
     /// Who may join; everyone when absent.
-    #[sqlx(rename = "wr_invitation", json(nullable))]
     pub invitation: Option<Invitation>,
     /// A group with a share of the admissions; none when absent.
-    #[sqlx(rename = "wr_priority", json(nullable))]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<Priority>,
     /// The deal's own waiting page (`page_template`), in place of the standard one; read
     /// only where the page is served (a query without the column leaves it out).
-    #[sqlx(rename = "wr_page_template", default)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub page_template: Option<String>,
+}
+
+impl<'r> sqlx::FromRow<'r, PgRow> for WaitingRoomTerms {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            enabled: row.try_get("wr_enabled")?,
+            admit_per_second: row.try_get("wr_admit_per_second")?,
+            max_active: row.try_get("wr_max_active")?,
+            pass_ttl_seconds: row.try_get("wr_pass_ttl_seconds")?,
+            queue_order: row.try_get("wr_queue_order")?,
+            prequeue_opens_at: row.try_get("wr_prequeue_opens_at")?,
+            pow_bits: row.try_get("wr_pow_bits")?,
+            checkout_url: row.try_get("wr_checkout_url")?,
+            admission: AdmissionTerms::from_row(row)?,
+            activation: rows::parsed(row, "wr_activation")?,
+            invitation: rows::json(row, "wr_invitation")?,
+            priority: rows::json(row, "wr_priority")?,
+            page_template: rows::if_selected(row, "wr_page_template")?,
+        })
+    }
 }
 
 impl Default for WaitingRoomTerms {

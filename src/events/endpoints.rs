@@ -7,9 +7,10 @@ use uuid::Uuid;
 
 use super::{EventError, TYPES, signing};
 use crate::store::StoreError;
+use sqlx::postgres::PgRow;
 
 /// An endpoint as the deliveries and the admin API see it.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct Endpoint {
     pub id: Uuid,
     pub url: String,
@@ -25,6 +26,24 @@ pub struct Endpoint {
     pub delivered_position: i64,
     pub failing_since: Option<DateTime<Utc>>,
     pub last_error: Option<String>,
+}
+
+impl<'r> sqlx::FromRow<'r, PgRow> for Endpoint {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            id: row.try_get("id")?,
+            url: row.try_get("url")?,
+            event_types: row.try_get("event_types")?,
+            enabled: row.try_get("enabled")?,
+            secret: row.try_get("secret")?,
+            previous_secret: row.try_get("previous_secret")?,
+            previous_until: row.try_get("previous_until")?,
+            state: row.try_get("state")?,
+            delivered_position: row.try_get("delivered_position")?,
+            failing_since: row.try_get("failing_since")?,
+            last_error: row.try_get("last_error")?,
+        })
+    }
 }
 
 /// An endpoint with its backlog, for the admin view.

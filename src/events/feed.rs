@@ -8,13 +8,14 @@ use uuid::Uuid;
 
 use super::EventError;
 use crate::store::StoreError;
+use sqlx::Row;
+use sqlx::postgres::PgRow;
 
 /// One event of the feed.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct Event {
     pub id: i64,
     pub position: i64,
-    #[sqlx(rename = "type")]
     pub kind: String,
     pub order_id: Option<Uuid>,
     pub deal_id: String,
@@ -27,6 +28,27 @@ pub struct Event {
     pub paused: Option<bool>,
     pub available: Option<i64>,
     pub occurred_at: DateTime<Utc>,
+}
+
+impl<'r> sqlx::FromRow<'r, PgRow> for Event {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            id: row.try_get("id")?,
+            position: row.try_get("position")?,
+            kind: row.try_get("type")?,
+            order_id: row.try_get("order_id")?,
+            deal_id: row.try_get("deal_id")?,
+            sequence: row.try_get("sequence")?,
+            status: row.try_get("status")?,
+            user_id: row.try_get("user_id")?,
+            quantity: row.try_get("quantity")?,
+            amount_minor: row.try_get("amount_minor")?,
+            currency: row.try_get("currency")?,
+            paused: row.try_get("paused")?,
+            available: row.try_get("available")?,
+            occurred_at: row.try_get("occurred_at")?,
+        })
+    }
 }
 
 impl Event {

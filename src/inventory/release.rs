@@ -7,14 +7,27 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::store::StoreError;
+use sqlx::Row;
+use sqlx::postgres::PgRow;
 
 /// An order whose reservation is being given back.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct HeldOrder {
     pub id: Uuid,
     pub deal_id: String,
     pub user_id: String,
     pub quantity: i32,
+}
+
+impl<'r> sqlx::FromRow<'r, PgRow> for HeldOrder {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            id: row.try_get("id")?,
+            deal_id: row.try_get("deal_id")?,
+            user_id: row.try_get("user_id")?,
+            quantity: row.try_get("quantity")?,
+        })
+    }
 }
 
 /// Moves the reserved units of a paid order to sold, in its buckets (ascending).

@@ -8,6 +8,8 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
+use sqlx::Row;
+use sqlx::postgres::PgRow;
 
 /// Most entries one page of the log holds, whatever `limit` asks.
 pub const PAGE_ENTRIES_MAX: i64 = 1000;
@@ -82,7 +84,7 @@ async fn insert(pool: &PgPool, who: &Operator, change: &Change<'_>) -> Result<()
 }
 
 /// One entry of the log.
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize)]
 pub struct Entry {
     #[serde(skip)]
     pub id: i64,
@@ -91,6 +93,19 @@ pub struct Entry {
     pub action: String,
     pub target: String,
     pub detail: serde_json::Value,
+}
+
+impl<'r> sqlx::FromRow<'r, PgRow> for Entry {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            id: row.try_get("id")?,
+            at: row.try_get("at")?,
+            who: row.try_get("who")?,
+            action: row.try_get("action")?,
+            target: row.try_get("target")?,
+            detail: row.try_get("detail")?,
+        })
+    }
 }
 
 /// A page of the log, oldest first, and the cursor to read on from (the last entry's, or

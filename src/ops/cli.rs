@@ -18,6 +18,8 @@ use crate::operators::{self, Change, Operator};
 use crate::redis_link::RedisHandle;
 use crate::store::Pools;
 use crate::waiting_room::WaitingRoom;
+use sqlx::Row;
+use sqlx::postgres::PgRow;
 
 pub use super::cli_settings::CliSettings;
 
@@ -435,7 +437,7 @@ async fn show(settings: &CliSettings, pool: &PgPool, id: &str) -> Result<(), Str
 }
 
 /// A deal as the CLI prints it.
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize)]
 pub struct DealSummary {
     pub id: String,
     pub name: String,
@@ -447,6 +449,23 @@ pub struct DealSummary {
     pub sold: i64,
     pub starts_at: Option<DateTime<Utc>>,
     pub ends_at: Option<DateTime<Utc>>,
+}
+
+impl<'r> sqlx::FromRow<'r, PgRow> for DealSummary {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            id: row.try_get("id")?,
+            name: row.try_get("name")?,
+            paused: row.try_get("paused")?,
+            buckets: row.try_get("buckets")?,
+            stock_total: row.try_get("stock_total")?,
+            available: row.try_get("available")?,
+            reserved: row.try_get("reserved")?,
+            sold: row.try_get("sold")?,
+            starts_at: row.try_get("starts_at")?,
+            ends_at: row.try_get("ends_at")?,
+        })
+    }
 }
 
 fn deal_json(deal: &Deal) -> serde_json::Value {

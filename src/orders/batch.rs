@@ -21,6 +21,8 @@ use crate::deals::Deal;
 use crate::domain::IdempotencyKey;
 use crate::store::StoreError;
 use crate::telemetry;
+use sqlx::Row as _;
+use sqlx::postgres::PgRow;
 
 /// Work another module adds to the order transaction for the orders a batch placed
 /// (payments opens their first payment attempt). Orders knows it only through this
@@ -77,7 +79,7 @@ pub struct Batch {
 }
 
 /// One row of `orders_place_batch`.
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 struct Row {
     n: i32,
     outcome: String,
@@ -94,6 +96,27 @@ struct Row {
     currency: Option<String>,
     expires_at: Option<DateTime<Utc>>,
     created_at: Option<DateTime<Utc>>,
+}
+
+impl<'r> sqlx::FromRow<'r, PgRow> for Row {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            n: row.try_get("n")?,
+            outcome: row.try_get("outcome")?,
+            available: row.try_get("available")?,
+            ran_out: row.try_get("ran_out")?,
+            rechecked: row.try_get("rechecked")?,
+            id: row.try_get("id")?,
+            user_id: row.try_get("user_id")?,
+            deal_id: row.try_get("deal_id")?,
+            status: row.try_get("status")?,
+            quantity: row.try_get("quantity")?,
+            amount_minor: row.try_get("amount_minor")?,
+            currency: row.try_get("currency")?,
+            expires_at: row.try_get("expires_at")?,
+            created_at: row.try_get("created_at")?,
+        })
+    }
 }
 
 /// Places `requests` (all for `deal`, in arrival order).

@@ -20,12 +20,16 @@ use crate::domain::{OrderEvent, OrderStatus, UserId};
 use crate::inventory::{self, HeldOrder};
 use crate::store::StoreError;
 use crate::telemetry;
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+
+use crate::store::rows;
 
 pub use batch::{PlacementHook, Request, place_batch};
 pub use settings::{OrderSettings, SweeperSettings};
 
 /// An order as stored.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct Order {
     pub id: Uuid,
     pub user_id: String,
@@ -33,13 +37,29 @@ pub struct Order {
     /// The deal's name when the order was placed, as stored with it; `None` for an order
     /// just answered by the placing batch (whose row is not read back).
     pub deal_name: Option<String>,
-    #[sqlx(try_from = "String")]
     pub status: StatusColumn,
     pub quantity: i32,
     pub amount_minor: i64,
     pub currency: String,
     pub expires_at: DateTime<Utc>,
     pub created_at: DateTime<Utc>,
+}
+
+impl<'r> sqlx::FromRow<'r, PgRow> for Order {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            id: row.try_get("id")?,
+            user_id: row.try_get("user_id")?,
+            deal_id: row.try_get("deal_id")?,
+            deal_name: row.try_get("deal_name")?,
+            status: rows::parsed(row, "status")?,
+            quantity: row.try_get("quantity")?,
+            amount_minor: row.try_get("amount_minor")?,
+            currency: row.try_get("currency")?,
+            expires_at: row.try_get("expires_at")?,
+            created_at: row.try_get("created_at")?,
+        })
+    }
 }
 
 /// `orders.status`, parsed; the CHECK constraint keeps it to known names.

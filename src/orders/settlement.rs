@@ -9,21 +9,38 @@ use uuid::Uuid;
 use crate::domain::{LatePaymentPolicy, OrderEvent, OrderStatus};
 use crate::inventory::{self, HeldOrder};
 use crate::store::StoreError;
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+
+use crate::store::rows;
 
 /// An order locked for a payment decision, with the late-payment policy it was placed
 /// under and where its deal keeps stock.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct LockedOrder {
     pub id: Uuid,
     pub deal_id: String,
     pub user_id: String,
     pub quantity: i32,
-    #[sqlx(try_from = "String")]
     pub status: super::StatusColumn,
-    #[sqlx(try_from = "String")]
     pub late_payment_policy: LatePaymentPolicy,
     pub bucket_count: i32,
     pub per_user_limit: i32,
+}
+
+impl<'r> sqlx::FromRow<'r, PgRow> for LockedOrder {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            id: row.try_get("id")?,
+            deal_id: row.try_get("deal_id")?,
+            user_id: row.try_get("user_id")?,
+            quantity: row.try_get("quantity")?,
+            status: rows::parsed(row, "status")?,
+            late_payment_policy: rows::parsed(row, "late_payment_policy")?,
+            bucket_count: row.try_get("bucket_count")?,
+            per_user_limit: row.try_get("per_user_limit")?,
+        })
+    }
 }
 
 impl LockedOrder {

@@ -8,19 +8,21 @@ pub use crate::domain::AttemptStatus;
 use crate::domain::{CaptureMethod, OrderStatus};
 use crate::orders::settlement;
 use crate::store::{StoreError, Writes};
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+
+use crate::store::rows;
 
 /// An attempt as stored.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct Attempt {
     pub id: Uuid,
     pub order_id: Uuid,
     pub provider: String,
     pub provider_payment_id: Option<String>,
-    #[sqlx(try_from = "String")]
     pub status: AttemptStatus,
     pub amount_minor: i64,
     pub currency: String,
-    #[sqlx(try_from = "String")]
     pub capture_method: CaptureMethod,
     pub checkout_url: Option<String>,
     pub provider_expires_at: Option<DateTime<Utc>>,
@@ -29,6 +31,27 @@ pub struct Attempt {
     pub created_at: DateTime<Utc>,
     /// A create call may have reached the provider without our learning the payment id.
     pub create_uncertain: bool,
+}
+
+impl<'r> sqlx::FromRow<'r, PgRow> for Attempt {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            id: row.try_get("id")?,
+            order_id: row.try_get("order_id")?,
+            provider: row.try_get("provider")?,
+            provider_payment_id: row.try_get("provider_payment_id")?,
+            status: rows::parsed(row, "status")?,
+            amount_minor: row.try_get("amount_minor")?,
+            currency: row.try_get("currency")?,
+            capture_method: rows::parsed(row, "capture_method")?,
+            checkout_url: row.try_get("checkout_url")?,
+            provider_expires_at: row.try_get("provider_expires_at")?,
+            accepted: row.try_get("accepted")?,
+            checks: row.try_get("checks")?,
+            created_at: row.try_get("created_at")?,
+            create_uncertain: row.try_get("create_uncertain")?,
+        })
+    }
 }
 
 const COLUMNS: &str = "id, order_id, provider, provider_payment_id, status, amount_minor, currency,

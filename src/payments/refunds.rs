@@ -9,6 +9,8 @@ use super::outbox::{self, Kind};
 use crate::domain::OrderEvent;
 use crate::orders::settlement;
 use crate::store::{StoreError, Writes};
+use sqlx::Row;
+use sqlx::postgres::PgRow;
 
 /// Records a full refund of `attempt` and queues it for the provider; a second request for
 /// the same attempt changes nothing.
@@ -136,7 +138,7 @@ pub async fn record_failure(
 }
 
 /// A refund given up on, for the reconciler's report.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct FailedRefund {
     pub id: Uuid,
     pub order_id: Uuid,
@@ -144,6 +146,19 @@ pub struct FailedRefund {
     pub currency: String,
     pub tries: i32,
     pub last_error: Option<String>,
+}
+
+impl<'r> sqlx::FromRow<'r, PgRow> for FailedRefund {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            id: row.try_get("id")?,
+            order_id: row.try_get("order_id")?,
+            amount_minor: row.try_get("amount_minor")?,
+            currency: row.try_get("currency")?,
+            tries: row.try_get("tries")?,
+            last_error: row.try_get("last_error")?,
+        })
+    }
 }
 
 /// Refunds given up on (at most `limit`), oldest first.

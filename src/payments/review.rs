@@ -15,9 +15,11 @@ use super::settle;
 use crate::domain::{AttemptStatus, OrderEvent, OrderStatus};
 use crate::orders::settlement::{self, LockedOrder};
 use crate::store::StoreError;
+use sqlx::Row;
+use sqlx::postgres::PgRow;
 
 /// One order waiting for an operator.
-#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct ReviewItem {
     pub order_id: Uuid,
     pub deal_id: String,
@@ -28,6 +30,22 @@ pub struct ReviewItem {
     pub review_since: DateTime<Utc>,
     pub attempt_id: Uuid,
     pub provider_payment_id: Option<String>,
+}
+
+impl<'r> sqlx::FromRow<'r, PgRow> for ReviewItem {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            order_id: row.try_get("order_id")?,
+            deal_id: row.try_get("deal_id")?,
+            user_id: row.try_get("user_id")?,
+            quantity: row.try_get("quantity")?,
+            amount_minor: row.try_get("amount_minor")?,
+            currency: row.try_get("currency")?,
+            review_since: row.try_get("review_since")?,
+            attempt_id: row.try_get("attempt_id")?,
+            provider_payment_id: row.try_get("provider_payment_id")?,
+        })
+    }
 }
 
 /// What an operator's action came to.

@@ -148,7 +148,7 @@ pub(super) async fn run_migrations(
         .execute("SET client_min_messages = warning")
         .await?;
     let before = applied_versions(connection).await?;
-    let migrator = sqlx::migrate!("./migrations");
+    let migrator = super::migrations::migrator();
     migrator.run(&mut *connection).await?;
     Ok(migrator
         .iter()

@@ -19,12 +19,15 @@ use crate::telemetry;
 
 mod connect;
 pub mod failover;
+mod migrations;
 mod pooler;
 pub mod primary;
+pub mod rows;
 mod settings;
 mod writes;
 
 pub use connect::{AppliedMigration, ConnectError, UrlSetting};
+pub use migrations::migrator;
 pub use settings::DatabaseSettings;
 pub use writes::{WriteConnection, Writes};
 

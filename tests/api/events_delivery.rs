@@ -16,6 +16,8 @@ use crate::helpers::{
     Api, PayApp, Receiver, TestApp, intent_id, new_deal, send, spawn_app_with, spawn_pay_app_with,
     wait_until,
 };
+use sqlx::Row as _;
+use sqlx::postgres::PgRow;
 
 /// Long enough for late payments (a one-second reservation, its expiry and the provider's
 /// answer) on a busy machine.
@@ -118,15 +120,27 @@ async fn whole_sale(app: &PayApp) {
 }
 
 /// An event as PostgreSQL holds it.
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 struct Row {
     id: i64,
-    #[sqlx(rename = "type")]
     kind: String,
     order_id: Option<Uuid>,
     deal_id: String,
     sequence: i32,
     status: Option<String>,
+}
+
+impl<'r> sqlx::FromRow<'r, PgRow> for Row {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            id: row.try_get("id")?,
+            kind: row.try_get("type")?,
+            order_id: row.try_get("order_id")?,
+            deal_id: row.try_get("deal_id")?,
+            sequence: row.try_get("sequence")?,
+            status: row.try_get("status")?,
+        })
+    }
 }
 
 /// Waits until the receiver holds every event PostgreSQL committed (and the sequencer

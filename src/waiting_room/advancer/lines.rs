@@ -9,22 +9,35 @@ use crate::deals::WaitingRoomTerms;
 use crate::inventory;
 use crate::store::StoreError;
 use crate::waiting_room::WaitingRoom;
+use sqlx::Row;
+use sqlx::postgres::PgRow;
 
 /// Most deals with a waiting room advanced at once.
 const LINES_MAX: i64 = 1000;
 
 /// A deal with a waiting room, and its stock as last read.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub(super) struct Line {
     pub id: String,
     starts_at: Option<DateTime<Utc>>,
     ends_at: Option<DateTime<Utc>>,
     pub paused: bool,
-    #[sqlx(flatten)]
     pub terms: WaitingRoomTerms,
     /// Units available in the last snapshot; -1 until read.
-    #[sqlx(skip)]
     pub available: i64,
+}
+
+impl<'r> sqlx::FromRow<'r, PgRow> for Line {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            id: row.try_get("id")?,
+            starts_at: row.try_get("starts_at")?,
+            ends_at: row.try_get("ends_at")?,
+            paused: row.try_get("paused")?,
+            terms: WaitingRoomTerms::from_row(row)?,
+            available: -1,
+        })
+    }
 }
 
 impl Line {

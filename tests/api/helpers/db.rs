@@ -10,6 +10,8 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection};
 use uuid::Uuid;
 
 use super::{Api, base_database_url, unique_suffix, wait_until};
+use sqlx::Row;
+use sqlx::postgres::PgRow;
 
 /// The connection string of `base` with its database name replaced by `name`.
 pub fn with_database(base: &str, name: &str) -> String {
@@ -134,7 +136,7 @@ async fn build_template(conn: &mut PgConnection, name: &str) {
     let mut migrating = PgConnection::connect(&url)
         .await
         .expect("connect to the template");
-    sqlx::migrate!("./migrations")
+    flashgate::store::migrator()
         .run(&mut migrating)
         .await
         .expect("the migrations apply to the template");
@@ -205,12 +207,23 @@ impl TestDb {
 }
 
 /// One inventory row.
-#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BucketRow {
     pub bucket: i32,
     pub available: i64,
     pub reserved: i64,
     pub sold: i64,
+}
+
+impl<'r> sqlx::FromRow<'r, PgRow> for BucketRow {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            bucket: row.try_get("bucket")?,
+            available: row.try_get("available")?,
+            reserved: row.try_get("reserved")?,
+            sold: row.try_get("sold")?,
+        })
+    }
 }
 
 pub async fn buckets(db: &PgPool, deal: &str) -> Vec<BucketRow> {

@@ -17,6 +17,8 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use uuid::Uuid;
 
 use super::{TestApp, spawn_app_with, wait_until};
+use sqlx::Row;
+use sqlx::postgres::PgRow;
 
 /// At least 32 bytes and not the development defaults, as `serve` requires.
 pub const SIM_API_KEY: &str = "test-psp-api-key-0123456789abcdef";
@@ -399,13 +401,25 @@ pub fn intent_id(answer: &Value) -> String {
 }
 
 /// One `payment_attempts` row, as the tests look at it.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct AttemptRow {
     pub id: Uuid,
     pub order_id: Uuid,
     pub provider_payment_id: Option<String>,
     pub status: String,
     pub accepted: bool,
+}
+
+impl<'r> sqlx::FromRow<'r, PgRow> for AttemptRow {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            id: row.try_get("id")?,
+            order_id: row.try_get("order_id")?,
+            provider_payment_id: row.try_get("provider_payment_id")?,
+            status: row.try_get("status")?,
+            accepted: row.try_get("accepted")?,
+        })
+    }
 }
 
 pub async fn attempts_of(db: &PgPool, order_id: &str) -> Vec<AttemptRow> {
@@ -431,7 +445,7 @@ pub async fn all_attempts(db: &PgPool) -> Vec<AttemptRow> {
 }
 
 /// One `refunds` row.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct RefundRow {
     pub attempt_id: Uuid,
     pub order_id: Uuid,
@@ -439,6 +453,19 @@ pub struct RefundRow {
     pub reason: String,
     pub status: String,
     pub provider_refund_id: Option<String>,
+}
+
+impl<'r> sqlx::FromRow<'r, PgRow> for RefundRow {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            attempt_id: row.try_get("attempt_id")?,
+            order_id: row.try_get("order_id")?,
+            amount_minor: row.try_get("amount_minor")?,
+            reason: row.try_get("reason")?,
+            status: row.try_get("status")?,
+            provider_refund_id: row.try_get("provider_refund_id")?,
+        })
+    }
 }
 
 pub async fn refunds(db: &PgPool) -> Vec<RefundRow> {
