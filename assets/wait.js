@@ -205,10 +205,20 @@
     if (!r.ok) { say(t("lost_contact")); current.timer = setTimeout(poll, 2000); return; }
     show(await r.json());
   }
+  // A join answered busy (429, 503) or not answered at all is tried again after the
+  // `Retry-After` it names (1 to 30 s, else 2), as the polls are; other refusals are final.
+  const busy = (r) => !r || r.status === 429 || r.status === 503;
+  const after = (r) => 1000 * Math.min(30, Math.max(1, Number(r && r.headers.get("Retry-After")) || 2));
   async function start() {
     if (!token) { say(t("no_token")); return; }
     const before = current.ticket;
-    const r = await join();
+    const r = await join().catch(() => null);
+    if (busy(r)) {
+      say(t("lost_contact"));
+      clearTimeout(current.timer);
+      current.timer = setTimeout(() => start().catch(() => say(t("went_wrong"))), after(r));
+      return;
+    }
     if (!r.ok) { const p = await r.json().catch(() => ({})); say(p.detail || t("not_open")); return; }
     const t_ = await r.json();
     if (before !== null && t_.ticket === before && t_.state === "expired") {

@@ -13,6 +13,10 @@
 //! the pass has expired says so and offers to join the line again. Branding: `page_title`
 //! and `page_stylesheet_url`.
 //!
+//! When the deal cannot be read (PostgreSQL busy or down), the standard page is served with
+//! `Cache-Control: no-store`: the page needs nothing of the deal, and its script retries
+//! what the gateway answers busy.
+//!
 //! A deal may bring its own page (`waiting_room.page_template`, checked when the deal was
 //! created by `deals::page_template`): its placeholders become the elements the script
 //! fills, and the script is added before `</body>`.
@@ -56,14 +60,20 @@ pub async fn page<B>(
     let Ok(id) = DealId::parse(raw_id) else {
         return Err(Problem::not_found("no such deal"));
     };
-    let deal = match state
+    // The standard page needs nothing of the deal (its script reads the line through the
+    // API and retries when that is busy), so a deal that cannot be read right now still
+    // gets it, uncached, rather than an error a browser would show as JSON.
+    let (deal, readable) = match state
         .admission
         .deal(&state.pools.request, id.as_str())
         .await
     {
-        Ok(deal) => Some(deal),
-        Err(Rejection::UnknownDeal) => None,
-        Err(other) => return Err(other.into()),
+        Ok(deal) => (Some(deal), true),
+        Err(Rejection::UnknownDeal) => (None, true),
+        Err(other) => {
+            tracing::debug!(deal = id.as_str(), error = %other, "waiting page without its deal");
+            (None, false)
+        }
     };
     let template = deal
         .as_ref()
@@ -95,7 +105,11 @@ pub async fn page<B>(
     );
     headers.insert(CONTENT_LANGUAGE, HeaderValue::from_static(lang));
     headers.insert(VARY, HeaderValue::from_static("Accept-Language"));
-    let cache = format!("public, max-age={}", settings.page_max_age_seconds);
+    let cache = if readable {
+        format!("public, max-age={}", settings.page_max_age_seconds)
+    } else {
+        "no-store".to_owned()
+    };
     if let Ok(value) = HeaderValue::from_str(&cache) {
         headers.insert(CACHE_CONTROL, value);
     }

@@ -254,3 +254,27 @@ async fn postgres_down_for_over_a_minute_then_back() {
     tokio::join!(a.stop(), b.stop());
     crate::helpers::delete_redis_keys(&settings.redis.url, &settings.redis.key_prefix).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_postgresql_the_waiting_page_is_the_standard_one_uncached() {
+    // Arrange: a gateway that reads deals afresh each time, on a PostgreSQL of its own.
+    let postgres = PrivatePostgres::start().await;
+    let mut settings = test_settings(&postgres.url());
+    settings.deals.cache_ttl_ms = 0;
+    settings.redis.key_prefix = format!("fgtest:{}:", unique_suffix());
+    let gateway = spawn_sibling(&settings).await;
+    let deal = gateway.given_deal(&new_deal("page", 10, 1)).await;
+    let before = gateway.get(&format!("/wait/{deal}")).await;
+    assert_eq!(before.status, 200, "{}", before.text);
+    assert_ne!(before.header("cache-control"), Some("no-store"));
+
+    // Act: PostgreSQL goes away.
+    postgres.down();
+    let page = gateway.get(&format!("/wait/{deal}")).await;
+    postgres.up();
+
+    // Assert: the page a buyer opens is still the waiting page, kept by no cache.
+    assert_eq!(page.status, 200, "{}", page.text);
+    assert_eq!(page.header("cache-control"), Some("no-store"));
+    assert!(page.text.contains("flashgate-i18n"), "{}", page.text);
+}

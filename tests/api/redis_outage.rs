@@ -11,6 +11,11 @@ use crate::helpers::{
 /// Starts a throwaway `redis-server` without persistence on a free port.
 pub async fn start_redis() -> (ChildGuard, u16) {
     let port = free_port();
+    (start_redis_on(port).await, port)
+}
+
+/// Starts a throwaway `redis-server` without persistence on `port`.
+pub async fn start_redis_on(port: u16) -> ChildGuard {
     let output = || {
         if test_log() {
             Stdio::inherit()
@@ -38,7 +43,7 @@ pub async fn start_redis() -> (ChildGuard, u16) {
         wait_for_port(port, Duration::from_secs(5)).await,
         "redis-server did not listen on {port}"
     );
-    (guard, port)
+    guard
 }
 
 /// Waits until `/readyz` answers 200 with Redis in the wanted state.

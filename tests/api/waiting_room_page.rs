@@ -542,3 +542,48 @@ async fn without_a_checkout_url_the_page_shows_the_order_api_counts_down_and_rej
     browser.quit().await;
     app.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_join_answered_busy_is_tried_again_until_the_line_answers() {
+    // Arrange: a gateway whose Redis is not running yet, so a join is answered 503 with
+    // Retry-After; the page is served all the same.
+    let redis_port = free_port();
+    let app = spawn_app_with(|s| {
+        crate::waiting_room_edge::fast_room(s);
+        s.redis.url = format!("redis://127.0.0.1:{redis_port}");
+    })
+    .await;
+    let room = json!({"admit_per_second": 100, "max_active": 10, "pass_ttl_seconds": 60});
+    let deal = app
+        .given_deal(&room_deal("wrbusy", 10, room, json!({})))
+        .await;
+    let browser = Browser::start().await;
+    let minute = Duration::from_secs(60);
+
+    // Act 1: the buyer opens the page while the line cannot answer.
+    let token = app.token("busy-buyer");
+    browser
+        .open(&app.url(&format!("/wait/{deal}#token={token}")))
+        .await;
+    wait_until("the page to say it lost contact", minute, || async {
+        let (state, text, _) = browser.read().await;
+        if state == "busy" && text.contains("retrying") {
+            Ok(())
+        } else {
+            Err(format!("{state} {text}"))
+        }
+    })
+    .await;
+
+    // Act 2: Redis comes up on the gateway's address; nobody touches the page.
+    let _redis = crate::redis_outage::start_redis_on(redis_port).await;
+
+    // Assert: the page's next try joins the line.
+    browser
+        .wait_for("a place in the line", minute, |state, _| {
+            state == "waiting" || state == "admitted"
+        })
+        .await;
+    browser.quit().await;
+    app.cleanup().await;
+}
