@@ -24,9 +24,9 @@
 # nothing left to build. Each step's time is printed at the end.
 #
 # A full run overlaps what waits: the steps mostly wait on timers, PostgreSQL and child
-# processes, not on the cores. After the build, the chaos seeds (private PostgreSQL and
-# Redis) and schemathesis (one gateway on the shared ones) run alongside the tests and each
-# other, each with its log in target/steps/; both tiers run in one nextest run (four at
+# processes, not on the cores. After the build, the chaos seeds with
+# schemathesis (private PostgreSQL and Redis, one gateway on the shared ones) run alongside
+# the tests, each with its log in target/steps/; both tiers run in one nextest run (four at
 # a time, MAIN_PASS_THREADS), then the PgBouncer pass and the Redis Cluster pass side by
 # side. Each pass has a private PostgreSQL (initdb, fsync off, 300 connections), so their
 # connections never meet the machine's PostgreSQL's limit (100). A failure does not stop
@@ -256,7 +256,7 @@ planned_steps() {
         steps+=(clippy "cargo test ${*:-(all)}")
     elif ((full_run)); then
         local side="chaos seeds ${CHAOS_SEEDS:-1 2 3}" passes="Redis Cluster pass"
-        ((skip_schemathesis)) || side+=" and schemathesis"
+        ((skip_schemathesis)) || side+=" then schemathesis"
         ((skip_pgbouncer)) || passes="PgBouncer pass and $passes"
         steps+=("build once with clippy" "alongside the tests: $side"
             "both tiers at once" "$passes side by side")
@@ -348,7 +348,7 @@ lint_while_building() {
     export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 }
 
-# Steps that run alongside the tests: `alongside NAME COMMAND...` runs COMMAND in a
+# Steps that run alongside the tests: `alongside NAME FUNCTION` runs FUNCTION in a
 # subshell of its own, its output in target/steps/<n>.log and its own time recorded;
 # `await_alongside` waits for each at the end, records its time as a step marked
 # "alongside", and fails the run (printing the log) when it failed.
@@ -357,8 +357,7 @@ alongside_pids=()
 alongside_logs=()
 
 alongside() {
-    local name=$1
-    shift
+    local name=$1 function=$2
     local log
     log=target/steps/$((${#alongside_names[@]} + 1)).log
     mkdir -p target/steps
@@ -366,7 +365,7 @@ alongside() {
     (
         started=$SECONDS
         status=0
-        "$@" >"$log" 2>&1 || status=$?
+        "$function" >"$log" 2>&1 || status=$?
         printf '%s\n' "$((SECONDS - started))" >"$log.seconds"
         exit "$status"
     ) &
@@ -482,8 +481,9 @@ redis_cluster_pass() {
 
 # Whole sales under seeded fault schedules (private PostgreSQL and Redis; about 30 s a
 # seed): one line per seed, its report and its log under target/chaos/; a failure shows
-# the end of its log, with the seed and the command to replay it.
-chaos_seeds() {
+# the end of its log, with the seed and the command to replay it. Then the OpenAPI
+# document against a live gateway, with the binary the build step made.
+chaos_and_schemathesis() {
     local seed
     mkdir -p target/chaos
     for seed in ${CHAOS_SEEDS:-1 2 3}; do
@@ -491,6 +491,12 @@ chaos_seeds() {
             --out "target/chaos/seed-$seed.json" 2>"target/chaos/seed-$seed.log" ||
             { tail -n 30 "target/chaos/seed-$seed.log"; return 1; }
     done
+    if ((skip_schemathesis)); then
+        note "skipped: schemathesis (needs the schemathesis command: pip install 'schemathesis>=4.32,<5')"
+    else
+        note "schemathesis: docs/openapi.yaml against a live gateway"
+        bash scripts/schemathesis.sh
+    fi
 }
 
 if ! have_nextest; then
@@ -518,15 +524,8 @@ else
     done
 
     if ((full_run)); then
-        # The chaos seeds and schemathesis side by side rather than one after the other:
-        # each waits on its own gateway most of the time, and in a row they outlasted the
-        # main pass on a slow machine.
-        alongside "chaos: seeded fault schedules over whole sales (seeds ${CHAOS_SEEDS:-1 2 3})" chaos_seeds
-        if ((skip_schemathesis)); then
-            note "skipped: schemathesis (needs the schemathesis command: pip install 'schemathesis>=4.32,<5')"
-        else
-            alongside "schemathesis: docs/openapi.yaml against a live gateway" bash scripts/schemathesis.sh
-        fi
+        alongside "chaos: seeded fault schedules over whole sales (seeds ${CHAOS_SEEDS:-1 2 3}), then schemathesis" \
+            chaos_and_schemathesis
         # Both tiers in one run, the slowest tests first (.config/nextest.toml, profile all),
         # on a private PostgreSQL (MAIN_PASS_THREADS at a time): the pass is mostly tests
         # waiting on timers and child processes.
