@@ -175,10 +175,13 @@ impl Browser {
         .await;
     }
 
-    /// The page's machine-readable state, its announced text and its address.
+    /// The page's machine-readable state, its announced text and its address. On a page
+    /// that is not the waiting page (an error the browser was shown instead), the text is
+    /// the start of what it shows, so a failed wait says what the buyer saw.
     async fn read(&self) -> (String, String, String) {
         let script = "return [document.body.dataset.state || '', \
-                      (document.getElementById('state') || {}).textContent || '', location.href]";
+                      ((document.getElementById('state') || document.body || {}).textContent || '') \
+                      .slice(0, 300), location.href]";
         let value = self.eval(script).await;
         let text = |i: usize| value[i].as_str().unwrap_or_default().to_owned();
         (text(0), text(1), text(2))
