@@ -264,10 +264,23 @@ pg_failover_kill_primary() {
     printf '%s %s\n' "$name" "$port"
 }
 
-# A planned switchover: the monitor promotes the standby once it has caught up.
+# A planned switchover: the monitor promotes the standby once it has caught up. The
+# monitor's own transaction that starts it can meet a keeper's report in a deadlock;
+# PostgreSQL then rolls it back whole, so nothing has started and it is started again.
+SWITCHOVER_TRIES=3
 pg_failover_switchover() {
-    local dir=$1
-    autoctl perform switchover --pgdata "$dir/monitor" >&2
+    local dir=$1 try output=$1/switchover.log
+    for ((try = 1; try <= SWITCHOVER_TRIES; try++)); do
+        if autoctl perform switchover --pgdata "$dir/monitor" >"$output" 2>&1; then
+            cat "$output" >&2
+            return 0
+        fi
+        cat "$output" >&2
+        grep -q 'deadlock detected' "$output" || return 1
+        log "the monitor met a deadlock starting the switchover (try $try of $SWITCHOVER_TRIES)"
+        sleep 1
+    done
+    return 1
 }
 
 stop() {

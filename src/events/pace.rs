@@ -31,7 +31,7 @@ struct Window {
     started: Option<Instant>,
     positioned: u64,
     /// The last full window's rate, and when it ended.
-    per_second: u64,
+    per_second: f64,
     measured_at: Option<Instant>,
 }
 
@@ -45,8 +45,7 @@ impl Pace {
             .saturating_add(u64::try_from(positioned).unwrap_or(u64::MAX));
         let elapsed = now.saturating_duration_since(started);
         if elapsed >= WINDOW {
-            let rate = window.positioned as f64 / elapsed.as_secs_f64();
-            window.per_second = rate as u64;
+            window.per_second = window.positioned as f64 / elapsed.as_secs_f64();
             window.measured_at = Some(now);
             window.started = Some(now);
             window.positioned = 0;
@@ -54,18 +53,21 @@ impl Pace {
     }
 
     /// Events positioned a second: the last full window's rate, or more when the window
-    /// under way (shorter than a second) has already counted more. 0 when the sequencer went
-    /// quiet or stopped (no window ended in the last two).
-    pub fn per_second(&self, now: Instant) -> u64 {
+    /// under way has already counted more. A window under way counts over at least a whole
+    /// window, so it weighs in as soon as it holds more, and goes on counting past its end
+    /// until a round closes it: a round straddling the end of a sale's first window does not
+    /// make the feed look calm. 0 when the sequencer went quiet (no window ended in the last
+    /// two, and the one under way counted nothing).
+    pub fn per_second(&self, now: Instant) -> f64 {
         let window = self.window.lock().unwrap_or_else(|e| e.into_inner());
         let last = match window.measured_at {
             Some(at) if now.saturating_duration_since(at) <= 2 * WINDOW => window.per_second,
-            _ => 0,
+            _ => 0.0,
         };
-        let under_way = match window.started {
-            Some(at) if now.saturating_duration_since(at) < WINDOW => window.positioned,
-            _ => 0,
-        };
+        let under_way = window.started.map_or(0.0, |at| {
+            let counted_over = now.saturating_duration_since(at).max(WINDOW);
+            window.positioned as f64 / counted_over.as_secs_f64()
+        });
         last.max(under_way)
     }
 }
@@ -86,7 +88,8 @@ pub fn hold(
     oldest: DateTime<Utc>,
     recheck: Duration,
 ) -> Option<Duration> {
-    if rule.above_per_second == 0 || pace.per_second(clock.instant()) <= rule.above_per_second {
+    let per_second = pace.per_second(clock.instant());
+    if rule.above_per_second == 0 || per_second <= rule.above_per_second as f64 {
         return None;
     }
     let age = (clock.now() - oldest).to_std().unwrap_or(Duration::ZERO);
@@ -117,16 +120,41 @@ mod tests {
         }
         assert_eq!(
             pace.per_second(start + Duration::from_millis(900)),
-            5_000,
+            5_000.0,
             "a window under way counts as soon as it holds more"
         );
         pace.record(500, start + WINDOW);
-        assert_eq!(pace.per_second(start + WINDOW), 5_500);
-        assert_eq!(pace.per_second(start + 3 * WINDOW), 5_500);
+        assert_eq!(pace.per_second(start + WINDOW), 5_500.0);
+        assert_eq!(pace.per_second(start + 3 * WINDOW), 5_500.0);
         assert_eq!(
             pace.per_second(start + 3 * WINDOW + Duration::from_millis(1)),
-            0
+            0.0
         );
+    }
+
+    #[test]
+    fn a_round_straddling_the_end_of_a_sales_first_window_keeps_the_feed_hot() {
+        let pace = Pace::default();
+        let start = ManualClock::starting_now().clock().instant();
+        pace.record(0, start);
+        pace.record(0, start + WINDOW);
+        pace.record(20, start + WINDOW + Duration::from_millis(900));
+        let straddling = start + 2 * WINDOW + Duration::from_millis(50);
+        assert!(
+            pace.per_second(straddling) > 19.0,
+            "the window under way counts until a round closes it, not 0 because the last closed one was calm"
+        );
+        pace.record(0, straddling);
+        assert!(pace.per_second(straddling) > 19.0);
+    }
+
+    #[test]
+    fn a_rate_between_whole_numbers_is_above_the_lower_one() {
+        let pace = Pace::default();
+        let start = ManualClock::starting_now().clock().instant();
+        pace.record(0, start);
+        pace.record(3, start + 2 * WINDOW);
+        assert_eq!(pace.per_second(start + 2 * WINDOW), 1.5);
     }
 
     /// A manual clock and a pace that counted `per_second` over the window just ended.

@@ -152,7 +152,7 @@ async fn sequence(context: Context, stop: CancellationToken) {
         let round = sequencer::round(&context.pool, context.settings.sequencer_batch_max).await;
         let now = context.clock.instant();
         context.pace.record(*round.as_ref().unwrap_or(&0), now);
-        metrics::gauge!(telemetry::EVENTS_FEED_RATE).set(context.pace.per_second(now) as f64);
+        metrics::gauge!(telemetry::EVENTS_FEED_RATE).set(context.pace.per_second(now));
         match round {
             Ok(0) => pause = (pause * 2).min(max),
             Ok(_) => {

@@ -118,7 +118,12 @@ impl Formation {
             let promoted = wait_until(
                 "the switchover to promote the other node",
                 PHASE_MAX,
-                || std::future::ready(primary_name(&dir).is_some_and(|name| name != old)),
+                || {
+                    if let Ok(Some(status)) = command.try_wait() {
+                        assert!(status.success(), "the switchover failed");
+                    }
+                    std::future::ready(primary_name(&dir).is_some_and(|name| name != old))
+                },
             );
             tokio::runtime::Handle::current().block_on(promoted);
             let done = Instant::now();
