@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admission::Admission;
+use crate::admission::soldout::RefreshPace;
 use crate::admission::oidc::OidcVerifier;
 use crate::clock::Clock;
 use crate::config::Settings;
@@ -286,9 +287,14 @@ fn spawn_background(
         Duration::from_millis(settings.redis.health_check_interval_ms),
         shutdown.clone(),
     ));
+    let pace = RefreshPace {
+        interval: Duration::from_millis(settings.soldout.refresh_interval_ms),
+        heard_gap: Duration::from_millis(settings.soldout.heard_refresh_gap_ms),
+        reconnect: Duration::from_millis(settings.redis.reconnect_interval_ms),
+    };
     tasks.spawn(state.admission.sold_out().clone().keep_fresh(
         background.clone(),
-        Duration::from_millis(settings.soldout.refresh_interval_ms),
+        pace,
         shutdown.clone(),
     ));
     tasks.spawn(sweeper::run(

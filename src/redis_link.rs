@@ -24,6 +24,7 @@
 //! `redis.health_check_interval_ms` and `/readyz` and `flashgate_redis_up` report that
 //! verdict, so a cluster whose nodes say `cluster_state:fail` or a frozen server reads down.
 
+mod follow;
 mod health;
 mod script;
 mod settings;
@@ -179,7 +180,7 @@ impl RedisHandle {
     /// slot on a cluster. Keys with equal groups can share a call.
     pub fn script_group(&self, key: &str) -> Option<Slot> {
         match self.inner.client {
-            Some(Target::Cluster(_)) => Some(Slot::for_key(key)),
+            Some(Target::Cluster(..)) => Some(Slot::for_key(key)),
             _ => None,
         }
     }

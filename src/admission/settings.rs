@@ -216,6 +216,9 @@ pub struct SoldOutSettings {
     pub holders_max: usize,
     /// How often the remembered buyers are re-read at the latest.
     pub holders_refresh_ms: u64,
+    /// Least time between two refreshes made at once because another instance announced
+    /// that it set or cleared a flag.
+    pub heard_refresh_gap_ms: u64,
 }
 
 impl SoldOutSettings {
@@ -230,6 +233,10 @@ impl SoldOutSettings {
         require(
             self.holders_refresh_ms > 0,
             "soldout.holders_refresh_ms must be > 0",
+        )?;
+        require(
+            (1..=self.refresh_interval_ms).contains(&self.heard_refresh_gap_ms),
+            "soldout.heard_refresh_gap_ms must be between 1 and soldout.refresh_interval_ms",
         )
     }
 }

@@ -16,6 +16,12 @@
 //! refresh keeps it (`changes`, `cleared`): without that, a refresh that began just before
 //! a sell-out erased the fresh flag, and the flood reached PostgreSQL again until the next.
 //!
+//! Each instance refreshes on its own schedule, and also at once when another one announces
+//! that it set or cleared a flag (a Redis channel; [`RedisHandle::follow`]). Without that, a
+//! unit given back and sold again through one instance left the others a refresh behind:
+//! the buyer's retry of the order, sent to one of them, met the old list of holders and
+//! was answered sold out.
+//!
 //! The request path reads a copy of the mirror, made after every change and swapped in
 //! whole (`Published`): reading the shared map takes a lock whose word every core writes,
 //! and under a flood of refusals that cache line would travel between the cores on every
@@ -30,14 +36,19 @@ use arc_swap::ArcSwap;
 use dashmap::mapref::entry::Entry;
 use dashmap::{DashMap, DashSet};
 use sqlx::PgPool;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::Clock;
+use crate::clock::{Clock, elapsed_since, monotonic};
 use crate::inventory;
 use crate::redis_link::RedisHandle;
 use crate::shutdown::Every;
 use crate::store::StoreError;
 use crate::telemetry;
+
+/// The channel (under the key prefix) on which an instance announces a flag it set or
+/// cleared in Redis.
+const CHANGES: &str = "soldout:changes";
 
 /// Users who ordered a flagged deal. `None` until first read: meanwhile every
 /// authenticated user may be replaying, and PostgreSQL decides.
@@ -120,6 +131,8 @@ pub struct SoldOut {
     /// Deals cleared here, each with its clear's change number, until a refresh that read
     /// after it: an older read must not flag them again.
     cleared: Arc<DashMap<Box<str>, u64>>,
+    /// Woken when another instance announces a change, or this one's listener reconnects.
+    heard: Arc<Notify>,
     redis: RedisHandle,
     holders_max: usize,
     holders_ttl: Duration,
@@ -144,6 +157,7 @@ impl SoldOut {
             redis_healthy: Arc::new(AtomicBool::new(false)),
             changes: Arc::new(AtomicU64::new(0)),
             cleared: Arc::new(DashMap::new()),
+            heard: Arc::new(Notify::new()),
             redis,
             holders_max,
             holders_ttl,
@@ -196,8 +210,10 @@ impl SoldOut {
             .arg(self.redis.sold_out_key())
             .arg(deal_id)
             .clone();
-        if let Err(error) = self.redis.run::<i64>(&sadd).await {
-            tracing::debug!(%error, deal_id, "sold-out flag not shared");
+        match self.redis.run::<i64>(&sadd).await {
+            Ok(0) => {}
+            Ok(_) => self.redis.announce(CHANGES, deal_id).await,
+            Err(error) => tracing::debug!(%error, deal_id, "sold-out flag not shared"),
         }
         // Numbered again once shared: a refresh that read Redis before the SADD landed
         // began before this number too, and keeps the flag.
@@ -216,8 +232,10 @@ impl SoldOut {
             .arg(self.redis.sold_out_key())
             .arg(deal_id)
             .clone();
-        if let Err(error) = self.redis.run::<i64>(&srem).await {
-            tracing::debug!(%error, deal_id, "sold-out flag not cleared in redis");
+        match self.redis.run::<i64>(&srem).await {
+            Ok(0) => {}
+            Ok(_) => self.redis.announce(CHANGES, deal_id).await,
+            Err(error) => tracing::debug!(%error, deal_id, "sold-out flag not cleared in redis"),
         }
         // Numbered again once removed from Redis, as a mark is once shared.
         if !self.mirror.contains_key(deal_id) {
@@ -394,15 +412,48 @@ impl SoldOut {
         self.publish();
     }
 
-    /// Refreshes every `interval` until `shutdown`.
-    pub async fn keep_fresh(self, pool: PgPool, interval: Duration, shutdown: CancellationToken) {
-        let mut every = Every::new(interval, shutdown);
-        while every.tick().await {
-            if let Err(error) = self.refresh(&pool).await {
-                tracing::warn!(%error, "sold-out refresh failed");
+    /// Refreshes every `pace.interval` until `shutdown`, and as soon as another instance
+    /// announces a change, but then at most once every `pace.heard_gap`.
+    pub async fn keep_fresh(self, pool: PgPool, pace: RefreshPace, shutdown: CancellationToken) {
+        let listening = self.redis.clone().follow(
+            CHANGES,
+            self.heard.clone(),
+            pace.reconnect,
+            shutdown.clone(),
+        );
+        let refreshing = async {
+            let mut every = Every::new(pace.interval, shutdown.clone());
+            let mut last: Option<Instant> = None;
+            loop {
+                tokio::select! {
+                    alive = every.tick() => if !alive { return },
+                    () = self.heard.notified() => {
+                        let since = last.map_or(pace.heard_gap, elapsed_since);
+                        tokio::select! {
+                            () = shutdown.cancelled() => return,
+                            () = tokio::time::sleep(pace.heard_gap.saturating_sub(since)) => {}
+                        }
+                    }
+                }
+                last = Some(monotonic());
+                if let Err(error) = self.refresh(&pool).await {
+                    tracing::warn!(%error, "sold-out refresh failed");
+                }
             }
-        }
+        };
+        tokio::join!(listening, refreshing);
     }
+}
+
+/// When the mirror refreshes (see [`SoldOut::keep_fresh`]).
+#[derive(Clone, Copy, Debug)]
+pub struct RefreshPace {
+    /// Between two refreshes at the latest.
+    pub interval: Duration,
+    /// Between two refreshes at the least, when they follow announced changes.
+    pub heard_gap: Duration,
+    /// Between two attempts to listen for announced changes.
+    pub reconnect: Duration,
 }
 
 /// Of `deals` (every deal when `None`), those still on sale (or upcoming) with no units

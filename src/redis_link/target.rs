@@ -3,17 +3,17 @@
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::aio::{ConnectionLike, MultiplexedConnection, PubSub};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, Cmd, RedisResult, Value};
 
 use super::health;
 
-/// One server, or the seed nodes of a cluster.
+/// One server, or the seed nodes of a cluster (kept for listening, see [`Target::listener`]).
 pub(super) enum Target {
     Server(Client),
-    Cluster(Box<ClusterClient>),
+    Cluster(Box<ClusterClient>, Vec<Client>),
 }
 
 /// A live connection to either.
@@ -44,9 +44,33 @@ impl Target {
         if !url.contains(',') {
             return Client::open(url).map(Target::Server);
         }
-        let seeds = url.split(',').map(str::trim).filter(|u| !u.is_empty());
-        let client = ClusterClient::new(seeds)?;
-        Ok(Target::Cluster(Box::new(client)))
+        let seeds: Vec<&str> = url
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .collect();
+        let client = ClusterClient::new(seeds.clone())?;
+        let nodes = seeds.into_iter().map(Client::open).collect::<RedisResult<_>>()?;
+        Ok(Target::Cluster(Box::new(client), nodes))
+    }
+
+    /// A connection that only listens (publish/subscribe): to the server, or to the first
+    /// seed of a cluster that answers, since a message published on any node of a cluster
+    /// reaches every node.
+    pub(super) async fn listener(&self) -> RedisResult<PubSub> {
+        match self {
+            Target::Server(client) => client.get_async_pubsub().await,
+            Target::Cluster(_, nodes) => {
+                let mut failed = None;
+                for node in nodes {
+                    match node.get_async_pubsub().await {
+                        Ok(listener) => return Ok(listener),
+                        Err(error) => failed = Some(error),
+                    }
+                }
+                Err(failed.unwrap_or_else(|| (redis::ErrorKind::Io, "no seed node").into()))
+            }
+        }
     }
 
     pub(super) async fn connect(&self, timeout: Duration) -> RedisResult<Connection> {
@@ -60,7 +84,9 @@ impl Target {
                     .await
                     .map(Connection::Server)
             }
-            Target::Cluster(client) => client.get_async_connection().await.map(Connection::Cluster),
+            Target::Cluster(client, _) => {
+                client.get_async_connection().await.map(Connection::Cluster)
+            }
         }
     }
 }

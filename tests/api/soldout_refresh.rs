@@ -1,15 +1,18 @@
 //! A refresh of the sold-out mirror replaces its flags with what it read from Redis and
 //! PostgreSQL; a mark or a clear made while it was reading is newer and must survive it.
 //! Each test makes the change between the refresh's two halves, the interleaving that
-//! erased a fresh sell-out and let the next requests through to PostgreSQL.
+//! erased a fresh sell-out and let the next requests through to PostgreSQL. And a mirror
+//! hears another instance's changes at once, not at its next refresh.
 
 use std::time::Duration;
 
-use flashgate::admission::soldout::{Flag, SoldOut};
+use flashgate::admission::soldout::{Flag, RefreshPace, SoldOut};
 use flashgate::clock::Clock;
 use flashgate::redis_link::RedisHandle;
 
-use crate::helpers::{TestApp, new_deal, spawn_app};
+use tokio_util::sync::CancellationToken;
+
+use crate::helpers::{EVENTUALLY, TestApp, new_deal, spawn_app, wait_until};
 
 /// A second instance's mirror on the app's Redis, and its Redis handle.
 async fn mirror(app: &TestApp) -> (SoldOut, RedisHandle) {
@@ -72,5 +75,47 @@ async fn units_back_while_a_refresh_reads_stay_on_sale() {
     assert_eq!(sold_out.flag(&deal), Flag::Clear);
     sold_out.refresh(&app.db).await.unwrap();
     assert_eq!(sold_out.flag(&deal), Flag::Clear);
+    app.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_unit_given_back_and_sold_again_through_one_instance_is_known_by_another_at_once() {
+    // Arrange: a second instance whose own refreshes are an hour apart, listening for
+    // announced changes; it has read the deal sold out to alice.
+    let app = spawn_app().await;
+    let deal = app.given_deal(&new_deal("heard", 1, 1)).await;
+    let alice = app.order("alice", &deal, 1).await.expect(201);
+    let (other, redis) = mirror(&app).await;
+    let pace = RefreshPace {
+        interval: Duration::from_secs(3_600),
+        heard_gap: Duration::from_millis(20),
+        reconnect: Duration::from_millis(50),
+    };
+    let stop = CancellationToken::new();
+    let refreshing = tokio::spawn(other.clone().keep_fresh(app.db.clone(), pace, stop.clone()));
+    let listeners = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(redis.key("soldout:changes"))
+        .clone();
+    wait_until("both instances listening and the other's first read", EVENTUALLY, || async {
+        let (_, count): (String, i64) = redis.run(&listeners).await.unwrap();
+        count == 2 && other.may_replay(&deal, "alice")
+    })
+    .await;
+    assert!(!other.may_replay(&deal, "bob"));
+
+    // Act: the unit comes back and bob buys it, through the app.
+    let order = alice["order_id"].as_str().unwrap();
+    app.cancel_order(&app.token("alice"), order).await.expect(200);
+    app.order("bob", &deal, 1).await.expect(201);
+
+    // Assert: the other instance lets bob's retry through long before its next refresh.
+    wait_until("bob known as a holder by the other instance", EVENTUALLY, || async {
+        other.may_replay(&deal, "bob")
+    })
+    .await;
+    assert_eq!(other.flag(&deal), Flag::SoldOutWithHolders);
+    stop.cancel();
+    refreshing.await.unwrap();
     app.cleanup().await;
 }
