@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admission::Admission;
-use crate::admission::soldout::RefreshPace;
 use crate::admission::oidc::OidcVerifier;
+use crate::admission::soldout::RefreshPace;
 use crate::clock::Clock;
 use crate::config::Settings;
 use crate::deals::DealSettings;

@@ -81,6 +81,9 @@ impl RedisHandle {
         while messages.next().await.is_some() {
             heard.notify_one();
         }
-        tracing::debug!(channel, "stopped listening for changes; listening again soon");
+        tracing::debug!(
+            channel,
+            "stopped listening for changes; listening again soon"
+        );
     }
 }

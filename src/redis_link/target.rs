@@ -50,7 +50,10 @@ impl Target {
             .filter(|u| !u.is_empty())
             .collect();
         let client = ClusterClient::new(seeds.clone())?;
-        let nodes = seeds.into_iter().map(Client::open).collect::<RedisResult<_>>()?;
+        let nodes = seeds
+            .into_iter()
+            .map(Client::open)
+            .collect::<RedisResult<_>>()?;
         Ok(Target::Cluster(Box::new(client), nodes))
     }
 

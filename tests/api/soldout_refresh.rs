@@ -97,22 +97,30 @@ async fn a_unit_given_back_and_sold_again_through_one_instance_is_known_by_anoth
         .arg("NUMSUB")
         .arg(redis.key("soldout:changes"))
         .clone();
-    wait_until("both instances listening and the other's first read", EVENTUALLY, || async {
-        let (_, count): (String, i64) = redis.run(&listeners).await.unwrap();
-        count == 2 && other.may_replay(&deal, "alice")
-    })
+    wait_until(
+        "both instances listening and the other's first read",
+        EVENTUALLY,
+        || async {
+            let (_, count): (String, i64) = redis.run(&listeners).await.unwrap();
+            count == 2 && other.may_replay(&deal, "alice")
+        },
+    )
     .await;
     assert!(!other.may_replay(&deal, "bob"));
 
     // Act: the unit comes back and bob buys it, through the app.
     let order = alice["order_id"].as_str().unwrap();
-    app.cancel_order(&app.token("alice"), order).await.expect(200);
+    app.cancel_order(&app.token("alice"), order)
+        .await
+        .expect(200);
     app.order("bob", &deal, 1).await.expect(201);
 
     // Assert: the other instance lets bob's retry through long before its next refresh.
-    wait_until("bob known as a holder by the other instance", EVENTUALLY, || async {
-        other.may_replay(&deal, "bob")
-    })
+    wait_until(
+        "bob known as a holder by the other instance",
+        EVENTUALLY,
+        || async { other.may_replay(&deal, "bob") },
+    )
     .await;
     assert_eq!(other.flag(&deal), Flag::SoldOutWithHolders);
     stop.cancel();
