@@ -421,27 +421,30 @@ impl SoldOut {
             pace.reconnect,
             shutdown.clone(),
         );
-        let refreshing = async {
-            let mut every = Every::new(pace.interval, shutdown.clone());
-            let mut last: Option<Instant> = None;
-            loop {
-                tokio::select! {
-                    alive = every.tick() => if !alive { return },
-                    () = self.heard.notified() => {
-                        let since = last.map_or(pace.heard_gap, elapsed_since);
-                        tokio::select! {
-                            () = shutdown.cancelled() => return,
-                            () = tokio::time::sleep(pace.heard_gap.saturating_sub(since)) => {}
-                        }
+        tokio::join!(listening, self.refresh_until(&pool, pace, &shutdown));
+    }
+
+    /// Refreshes on every tick of `pace.interval` and after every change heard, keeping
+    /// `pace.heard_gap` between a refresh and the next one a change asks for.
+    async fn refresh_until(&self, pool: &PgPool, pace: RefreshPace, shutdown: &CancellationToken) {
+        let mut every = Every::new(pace.interval, shutdown.clone());
+        let mut last: Option<Instant> = None;
+        loop {
+            tokio::select! {
+                alive = every.tick() => if !alive { return },
+                () = self.heard.notified() => {
+                    let since = last.map_or(pace.heard_gap, elapsed_since);
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        () = tokio::time::sleep(pace.heard_gap.saturating_sub(since)) => {}
                     }
                 }
-                last = Some(monotonic());
-                if let Err(error) = self.refresh(&pool).await {
-                    tracing::warn!(%error, "sold-out refresh failed");
-                }
             }
-        };
-        tokio::join!(listening, refreshing);
+            last = Some(monotonic());
+            if let Err(error) = self.refresh(pool).await {
+                tracing::warn!(%error, "sold-out refresh failed");
+            }
+        }
     }
 }
 
