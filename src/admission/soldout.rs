@@ -206,15 +206,7 @@ impl SoldOut {
             }
         }
         self.publish();
-        let sadd = redis::cmd("SADD")
-            .arg(self.redis.sold_out_key())
-            .arg(deal_id)
-            .clone();
-        match self.redis.run::<i64>(&sadd).await {
-            Ok(0) => {}
-            Ok(_) => self.redis.announce(CHANGES, deal_id).await,
-            Err(error) => tracing::debug!(%error, deal_id, "sold-out flag not shared"),
-        }
+        self.change_shared_set("SADD", deal_id).await;
         // Numbered again once shared: a refresh that read Redis before the SADD landed
         // began before this number too, and keeps the flag.
         if let Some(mut holders) = self.mirror.get_mut(deal_id) {
@@ -228,18 +220,26 @@ impl SoldOut {
         self.cleared.insert(deal_id.into(), self.next_change());
         self.mirror.remove(deal_id);
         self.publish();
-        let srem = redis::cmd("SREM")
-            .arg(self.redis.sold_out_key())
-            .arg(deal_id)
-            .clone();
-        match self.redis.run::<i64>(&srem).await {
-            Ok(0) => {}
-            Ok(_) => self.redis.announce(CHANGES, deal_id).await,
-            Err(error) => tracing::debug!(%error, deal_id, "sold-out flag not cleared in redis"),
-        }
+        self.change_shared_set("SREM", deal_id).await;
         // Numbered again once removed from Redis, as a mark is once shared.
         if !self.mirror.contains_key(deal_id) {
             self.cleared.insert(deal_id.into(), self.next_change());
+        }
+    }
+
+    /// Adds (`SADD`) or removes (`SREM`) `deal_id` in the shared set and, when that changed
+    /// the set, announces it to the other instances.
+    async fn change_shared_set(&self, command: &str, deal_id: &str) {
+        let change = redis::cmd(command)
+            .arg(self.redis.sold_out_key())
+            .arg(deal_id)
+            .clone();
+        match self.redis.run::<i64>(&change).await {
+            Ok(0) => {}
+            Ok(_) => self.redis.announce(CHANGES, deal_id).await,
+            Err(error) => {
+                tracing::debug!(%error, deal_id, command, "sold-out set not changed in redis")
+            }
         }
     }
 
