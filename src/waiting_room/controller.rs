@@ -8,16 +8,22 @@
 //!   overshoot (a p99 four times the target keeps at most a quarter: orders admitted past
 //!   capacity queue, and a shallow cut leaves the queue growing), then a cool-down, so the
 //!   next decision sees the lower rate's health rather than the backlog the higher one left.
-//!   The rate that was cut from, scaled by target / p99, is remembered as the back end's
-//!   *ceiling*;
+//!   What the back end kept up with when it was cut becomes the *ceiling*, or lowers the
+//!   one remembered;
 //! - **between the hold line** (`hold_share` of the target) **and the target**: the back end
 //!   is at its capacity; the outflow is held at most at what the back end keeps up with
 //!   (no higher, so not into the target), which becomes the ceiling if none is known or
 //!   raises it;
-//! - **under the hold line**: the outflow climbs; from 80% of a remembered ceiling on only
-//!   by `probe_share` of the ceiling a second, since that is where the back end gave out
-//!   last, and at the full pace elsewhere. Once the back end keeps up with 125% of the
-//!   ceiling, it has recovered: the ceiling is forgotten.
+//! - **under the hold line**: the outflow climbs; under a remembered ceiling only by
+//!   `probe_share` of the ceiling a second, since that is where the back end gave out last,
+//!   and at the full pace without one. Once the back end keeps up with 125% of the ceiling,
+//!   or its orders wait next to nothing for a while, it has recovered: the ceiling is
+//!   forgotten.
+//!
+//! What the back end keeps up with is read from its throughput sustained over a second and
+//! the buyers the line admitted, not from one report window: at a few orders a second a
+//! window holds none or a burst of them. The window still tells the wait (a queue must show
+//! at once) and, at a slowdown's onset, the lower rate a cut goes by.
 //!
 //! The outflow never leaves the deal's `[min_per_second, max_per_second]`. The advancer
 //! feeds it (`advancer`), the instances' reports come through Redis (`health`); nothing
@@ -59,6 +65,9 @@ pub struct Health {
     /// Orders of pass holders under way, summed over the instances; `None` when no report
     /// tells it.
     pub under_way: Option<u64>,
+    /// The longest report window the throughput was measured over (seconds); `None` when
+    /// no report tells it.
+    pub window_seconds: Option<f64>,
 }
 
 /// Why the outflow is what it is; logged on a cut, shown as a label.
@@ -112,6 +121,16 @@ pub struct Control {
     pub ceiling: Option<f64>,
     /// Orders answered per buyer admitted, learnt while healthy; `None` before any.
     pub orders_per_admission: Option<f64>,
+    /// Buyers the line admitted since the last decision (the advancer counts them): the
+    /// outflow is only what the line may admit, and a line with few waiting admits less.
+    pub admitted_since: f64,
+    /// Buyers admitted a second, smoothed over `SUSTAINED_SECONDS` as the orders answered
+    /// are, so their ratio holds while both fall after a cut; `None` before any count.
+    pub admitted_per_second: Option<f64>,
+    /// Orders answered a second, smoothed over `SUSTAINED_SECONDS`; `None` before any.
+    pub served_per_second: Option<f64>,
+    /// The p99 (looked ahead), smoothed over `SUSTAINED_SECONDS`; `None` before any.
+    pub p99_seconds: Option<f64>,
 }
 
 impl Control {
@@ -127,12 +146,14 @@ impl Control {
             decided_at_ms: now_ms,
             ceiling: None,
             orders_per_admission: None,
+            admitted_since: 0.0,
+            admitted_per_second: None,
+            served_per_second: None,
+            p99_seconds: None,
         }
     }
 }
 
-/// Share of a remembered ceiling from which a healthy climb slows to the probing pace.
-const PROBE_FROM: f64 = 0.8;
 /// A back end keeping up with this share of a remembered ceiling has recovered: the
 /// ceiling is forgotten and the climb goes at its full pace again.
 const PROBE_TO: f64 = 1.25;
@@ -141,6 +162,12 @@ const PROBE_TO: f64 = 1.25;
 const DRAIN_SECONDS: f64 = 1.0;
 /// How long the orders-per-admission estimate takes to follow a change (s).
 const LEARN_SECONDS: f64 = 2.0;
+/// How long the throughput, the admissions and the p99 are smoothed over (s): a slowed back
+/// end answers in bursts (a lock let go answers every order waiting on it), and one window's
+/// burst is not a back end keeping up with more.
+const SUSTAINED_SECONDS: f64 = 1.0;
+/// A p99 sustained under this share of the hold line is a back end that has recovered.
+const QUIET_SHARE: f64 = 0.25;
 /// Bounds of the orders-per-admission estimate. Above one, a rate just lowered would read as
 /// more orders per buyer (the orders of the higher rate still arriving) and the back end's
 /// capacity as less than it is; a buyer ordering twice a pass is then under-counted, which
@@ -163,23 +190,38 @@ pub fn decide(
         };
         return (floor, Reason::NoHealth);
     };
+    // A p99 over the target from a queue tells the rate the back end gives out at; one
+    // from a lone slow order does not.
+    let queue_stands = queued(health).is_some_and(|wait| wait > bounds.target_p99_seconds);
     let health = &Health {
         p99_seconds: looked_ahead(health),
         ..*health
     };
     let hold_line = bounds.target_p99_seconds * bounds.hold_share;
     let calm = health.p99_seconds.is_none_or(|p99| p99 <= hold_line);
+    let counted = Control {
+        served_per_second: smoothed(
+            state.served_per_second,
+            health.served_per_second,
+            elapsed_s / SUSTAINED_SECONDS,
+        ),
+        p99_seconds: smoothed(
+            state.p99_seconds,
+            health.p99_seconds,
+            elapsed_s / SUSTAINED_SECONDS,
+        ),
+        ..count_admissions(&state, elapsed_s)
+    };
     let learnt = Control {
         decided_at_ms: now_ms,
         orders_per_admission: learn(
-            &state,
-            health,
+            &counted,
             calm && trouble(health, bounds).is_none(),
             elapsed_s,
         ),
-        ..state
+        ..counted
     };
-    let (next, reason) = zone(learnt, health, bounds, elapsed_s, now_ms);
+    let (next, reason) = zone(learnt, health, queue_stands, bounds, elapsed_s, now_ms);
     (
         Control {
             outflow: clamp(next.outflow, bounds),
@@ -193,6 +235,7 @@ pub fn decide(
 fn zone(
     state: Control,
     health: &Health,
+    queue_stands: bool,
     bounds: &Bounds,
     elapsed_s: f64,
     now_ms: i64,
@@ -200,8 +243,18 @@ fn zone(
     let cooling = state
         .cut_at_ms
         .is_some_and(|at| now_ms - at < bounds.cut_cooldown_ms);
-    let capacity = capacity(&state, health);
-    let level = capacity.map(|capacity| draining(capacity, health, 0.0));
+    let capacity = capacity(&state);
+    // A cut goes by the lower of the sustained rate and the window's: at a slowdown's onset
+    // only the window shows the back end answering less.
+    let now_capacity = health
+        .served_per_second
+        .zip(state.orders_per_admission)
+        .map(|(served, per_admission)| served / per_admission);
+    let level = match (capacity, now_capacity) {
+        (Some(sustained), Some(now)) => Some(sustained.min(now)),
+        (sustained, now) => sustained.or(now),
+    }
+    .map(|capacity| draining(capacity, health, 0.0));
     if let Some(signal) = trouble(health, bounds) {
         // What the back end serves is measured now, unlike the p99's queue: a rate still
         // above it is lowered within the cool-down too.
@@ -213,13 +266,18 @@ fn zone(
             return (held, Reason::Cooling);
         }
         let proportional = state.outflow * cut_keep(health, bounds, signal);
+        let lowered = |estimate: f64| match state.ceiling {
+            Some(c) if queue_stands => Some(c.min(estimate)),
+            Some(c) => Some(c),
+            None => Some(estimate),
+        };
         let (outflow, ceiling) = match (signal, level, capacity) {
             (Reason::P99, Some(level), Some(capacity)) => {
-                (state.outflow.min(level), Some(capacity))
+                (state.outflow.min(level), lowered(capacity))
             }
             (Reason::P99, _, _) => (
                 proportional,
-                Some(state.outflow * served_share(health, bounds)),
+                lowered(state.outflow * served_share(health, bounds)),
             ),
             _ => (proportional, state.ceiling),
         };
@@ -256,16 +314,25 @@ fn zone(
         };
         return (held, Reason::NearTarget);
     }
-    // The back end has recovered once it keeps up with clearly more than the ceiling (or,
-    // without a throughput to tell, once the outflow is well past it unharmed).
-    let recovered = |c: f64| match capacity {
-        Some(capacity) => capacity >= PROBE_TO * c,
-        None => state.outflow >= PROBE_TO * c,
+    // The back end has recovered once it keeps up with clearly more than the ceiling for a
+    // while (or, without a throughput to tell, once the outflow is well past it unharmed),
+    // or once its orders have waited next to nothing for a while: a back end that still
+    // gives out makes the few orders it gets wait on what slows it.
+    let quiet = state
+        .p99_seconds
+        .zip(health.p99_seconds)
+        .is_some_and(|(sustained, now)| sustained.max(now) <= QUIET_SHARE * hold_line);
+    let recovered = |c: f64| {
+        quiet
+            || match capacity {
+                Some(capacity) => capacity >= PROBE_TO * c,
+                None => state.outflow >= PROBE_TO * c,
+            }
     };
     let (climb, ceiling) = match state.ceiling {
         Some(c) if recovered(c) => (pace, None),
-        Some(c) if state.outflow >= PROBE_FROM * c => (pace.min(c * bounds.probe_share), Some(c)),
-        other => (pace, other),
+        Some(c) => (pace.min(c * bounds.probe_share), Some(c)),
+        None => (pace, None),
     };
     let climbed = Control {
         outflow: state.outflow + climb * elapsed_s,
@@ -277,35 +344,66 @@ fn zone(
 
 /// The worse of the p99 and the wait the orders under way face (by Little's law, their
 /// count over the orders answered a second): a queue shows in the count before its oldest
-/// order is old enough to move the p99.
+/// order is old enough to move the p99. A window without an answer while the oldest order
+/// waited through all of it served fewer than one order a window: each order under way
+/// then stands at least a window's wait.
 fn looked_ahead(health: &Health) -> Option<f64> {
-    let queued = match (health.under_way, health.served_per_second) {
-        (Some(under_way), Some(served)) if served > 0.0 => Some(under_way as f64 / served),
-        _ => None,
-    };
-    match (health.p99_seconds, queued) {
+    match (health.p99_seconds, queued(health)) {
         (Some(p99), Some(queued)) => Some(p99.max(queued)),
         (p99, queued) => p99.or(queued),
     }
 }
 
-/// The orders-per-admission estimate, moved towards what this window shows while the back
-/// end keeps up (then the orders follow the admissions; under a queue they do not).
-fn learn(state: &Control, health: &Health, calm: bool, elapsed_s: f64) -> Option<f64> {
-    let seen = health
-        .served_per_second
-        .filter(|served| calm && *served > 0.0 && state.outflow > 0.0)
-        .map(|served| {
-            (served / state.outflow).clamp(ORDERS_PER_ADMISSION.0, ORDERS_PER_ADMISSION.1)
-        });
-    match (state.orders_per_admission, seen) {
-        (None, seen) => seen,
-        (Some(known), Some(seen)) => {
-            let weight = (elapsed_s / LEARN_SECONDS).min(1.0);
-            Some(known + (seen - known) * weight)
+/// The wait the orders under way face by their count (see `looked_ahead`).
+fn queued(health: &Health) -> Option<f64> {
+    let stalled = |window: f64| health.p99_seconds.is_some_and(|p99| p99 >= window);
+    match (
+        health.under_way,
+        health.served_per_second,
+        health.window_seconds,
+    ) {
+        (Some(under_way), Some(served), _) if served > 0.0 => Some(under_way as f64 / served),
+        (Some(under_way), Some(_), Some(window)) if under_way > 0 && stalled(window) => {
+            Some(under_way as f64 * window)
         }
-        (known, None) => known,
+        _ => None,
     }
+}
+
+/// The admissions counted since the last decision folded into the smoothed rate.
+fn count_admissions(state: &Control, elapsed_s: f64) -> Control {
+    if elapsed_s <= 0.0 {
+        return *state;
+    }
+    Control {
+        admitted_since: 0.0,
+        admitted_per_second: smoothed(
+            state.admitted_per_second,
+            Some(state.admitted_since / elapsed_s),
+            elapsed_s / SUSTAINED_SECONDS,
+        ),
+        ..*state
+    }
+}
+
+/// `known` moved towards `seen` by `weight` (at most all the way); the first `seen` as it is.
+fn smoothed(known: Option<f64>, seen: Option<f64>, weight: f64) -> Option<f64> {
+    match (known, seen.filter(|s| s.is_finite())) {
+        (Some(known), Some(seen)) => Some(known + (seen - known) * weight.min(1.0)),
+        (known, seen) => seen.or(known),
+    }
+}
+
+/// The orders-per-admission estimate, moved towards the sustained ratio of orders answered to
+/// buyers admitted while the back end keeps up (then the orders follow the admissions; under
+/// a queue they do not).
+fn learn(state: &Control, calm: bool, elapsed_s: f64) -> Option<f64> {
+    let admitted = state.admitted_per_second.unwrap_or(0.0);
+    let seen = state
+        .served_per_second
+        .filter(|served| calm && *served > 0.0 && admitted > 0.0)
+        .map(|served| (served / admitted).clamp(ORDERS_PER_ADMISSION.0, ORDERS_PER_ADMISSION.1));
+    smoothed(state.orders_per_admission, seen, elapsed_s / LEARN_SECONDS)
 }
 
 /// The admissions a second that keep up with `capacity` and drain, within
@@ -317,9 +415,12 @@ fn draining(capacity: f64, health: &Health, beyond: f64) -> f64 {
 }
 
 /// The admissions a second the back end keeps up with: the orders it answers a second
-/// (all it can while a queue stands) over the orders each admission brings.
-fn capacity(state: &Control, health: &Health) -> Option<f64> {
-    let served = health
+/// (all it can while a queue stands), sustained over `SUSTAINED_SECONDS`, over the orders
+/// each admission brings. At a few orders a second one report window holds none or a
+/// burst of them; the wait they face is read from the window (`looked_ahead`), the rate
+/// they can go at is not.
+fn capacity(state: &Control) -> Option<f64> {
+    let served = state
         .served_per_second
         .filter(|s| s.is_finite() && *s > 0.0)?;
     Some(served / state.orders_per_admission?)

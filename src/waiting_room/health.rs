@@ -58,6 +58,19 @@ struct Window {
     refused: u64,
     /// Orders under way, by the id `begin` gave them.
     in_flight: HashMap<u64, Instant>,
+    /// Whether the last report of this window told of any order. A busy report stays fresh
+    /// in Redis for `health_stale_ms`, so a window going quiet is reported once more, empty:
+    /// otherwise its last burst of answers would count again at every reading until then.
+    reported_busy: bool,
+}
+
+impl Window {
+    fn is_busy(&self) -> bool {
+        !self.in_flight.is_empty()
+            || !self.latencies_ms.is_empty()
+            || self.refused > 0
+            || self.answered > 0
+    }
 }
 
 /// This instance's measurements, per deal; cheap to share.
@@ -155,8 +168,8 @@ impl Recorder {
         }
     }
 
-    /// Each deal's report since the last call; deals with nothing under way and nothing
-    /// seen are dropped.
+    /// Each deal's report since the last call; a deal with nothing under way and nothing
+    /// seen is reported once, empty, then dropped.
     fn take(&self) -> Vec<Taken> {
         let now = monotonic();
         let since = self
@@ -168,12 +181,11 @@ impl Recorder {
             u64::try_from(now.saturating_duration_since(at).as_millis()).unwrap_or(u64::MAX)
         });
         let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
-        windows.retain(|_, w| {
-            !w.in_flight.is_empty() || !w.latencies_ms.is_empty() || w.refused > 0 || w.answered > 0
-        });
+        windows.retain(|_, w| w.reported_busy || w.is_busy());
         windows
             .iter_mut()
             .map(|(deal, window)| {
+                window.reported_busy = window.is_busy();
                 let mut samples = std::mem::take(&mut window.latencies_ms);
                 let under_way = window.in_flight.len() as u64;
                 samples.extend(
@@ -281,11 +293,12 @@ pub async fn read(room: &WaitingRoom, deal: &str) -> Result<Reading, QueueError>
     parse_reading(&reply).ok_or_else(|| QueueError::Unexpected(format!("health {reply:?}")))
 }
 
-/// Orders answered a second over a report's window; `None` for a window of no length.
-fn rate(answered: &str, window_ms: &str) -> Option<f64> {
+/// Orders answered a second over a report's window, and the window (seconds); `None` for a
+/// window of no length.
+fn rate(answered: &str, window_ms: &str) -> Option<(f64, f64)> {
     let answered: f64 = answered.parse().ok()?;
     let window_ms: f64 = window_ms.parse().ok()?;
-    (window_ms > 0.0).then(|| answered * 1000.0 / window_ms)
+    (window_ms > 0.0).then(|| (answered * 1000.0 / window_ms, window_ms / 1000.0))
 }
 
 fn parse_reading(reply: &[String]) -> Option<Reading> {
@@ -317,8 +330,10 @@ fn parse_reading(reply: &[String]) -> Option<Reading> {
             [_, p99_ms, orders, refused, breaker] => (p99_ms, orders, refused, breaker, None, None),
             _ => continue,
         };
-        if let Some(served) = served {
+        if let Some((served, window_seconds)) = served {
             health.served_per_second = Some(health.served_per_second.unwrap_or(0.0) + served);
+            let longest = health.window_seconds.unwrap_or(0.0).max(window_seconds);
+            health.window_seconds = Some(longest);
         }
         if let Some(under_way) = under_way {
             health.under_way = Some(health.under_way.unwrap_or(0) + under_way);
@@ -375,6 +390,7 @@ mod tests {
             "32 and 8 a second; the five-field report tells no rate"
         );
         assert_eq!(reading.health.under_way, Some(3));
+        assert_eq!(reading.health.window_seconds, Some(0.25));
         let none = parse_reading(&["5".into(), String::new()]).expect("parsed");
         assert_eq!((none.outflow, none.health), (None, Health::default()));
     }
@@ -403,5 +419,21 @@ mod tests {
             ("d", 2, 1, 1)
         );
         assert!((*p99_ms - 700.0).abs() < 1.0, "{p99_ms}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_window_going_quiet_is_reported_once_empty_then_dropped() {
+        let recorder = Arc::new(Recorder::default());
+        recorder.begin("d").finish(Served::Answered);
+        recorder.take();
+        tokio::time::advance(Duration::from_millis(250)).await;
+        let quiet = recorder.take();
+        assert_eq!(quiet.len(), 1, "the busy report is overwritten");
+        assert_eq!(
+            (quiet[0].answered, quiet[0].orders, quiet[0].window_ms),
+            (0, 0, 250)
+        );
+        tokio::time::advance(Duration::from_millis(250)).await;
+        assert!(recorder.take().is_empty(), "then nothing to tell");
     }
 }

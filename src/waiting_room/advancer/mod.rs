@@ -221,6 +221,7 @@ impl Advancer {
                 let outflow = self.outflow(line).await;
                 match self.advance(line, line_sold_out, outflow.per_second).await {
                     Ok(Some(step)) => {
+                        self.count_admitted(line, step.admitted);
                         self.gauges.record(line, step, line_sold_out, &outflow);
                         if step.is_idle(line.terms.when_busy()) {
                             self.idle.insert(line.id.clone());

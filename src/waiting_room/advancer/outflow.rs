@@ -71,6 +71,15 @@ impl Advancer {
     }
 }
 
+impl Advancer {
+    /// Hands an adaptive line's controller the buyers this step admitted.
+    pub(super) fn count_admitted(&mut self, line: &Line, admitted: i64) {
+        if let Some(control) = self.controls.get_mut(&line.id) {
+            control.admitted_since += admitted.max(0) as f64;
+        }
+    }
+}
+
 /// A cut is logged with the signal that caused it; so is falling back to the floor.
 fn log_decision(
     deal: &str,
