@@ -354,16 +354,20 @@ fn looked_ahead(health: &Health) -> Option<f64> {
     }
 }
 
-/// The wait the orders under way face by their count (see `looked_ahead`).
+/// The wait the orders under way face by their count (see `looked_ahead`), once the oldest
+/// of them has waited longer than the back end takes an order: at a few orders a second,
+/// two orders just sent to a back end answering in milliseconds are not a queue.
 fn queued(health: &Health) -> Option<f64> {
-    let stalled = |window: f64| health.p99_seconds.is_some_and(|p99| p99 >= window);
+    let waited = |seconds: f64| health.p99_seconds.is_some_and(|p99| p99 >= seconds);
     match (
         health.under_way,
         health.served_per_second,
         health.window_seconds,
     ) {
-        (Some(under_way), Some(served), _) if served > 0.0 => Some(under_way as f64 / served),
-        (Some(under_way), Some(_), Some(window)) if under_way > 0 && stalled(window) => {
+        (Some(under_way), Some(served), _) if served > 0.0 => {
+            waited(1.0 / served).then(|| under_way as f64 / served)
+        }
+        (Some(under_way), Some(_), Some(window)) if under_way > 0 && waited(window) => {
             Some(under_way as f64 * window)
         }
         _ => None,

@@ -190,8 +190,8 @@ pub struct WaitingRoomSettings {
     /// The hold line of an adaptive line, in percent of its target p99: above it the
     /// outflow eases down instead of climbing, so the p99 settles under the target.
     pub adaptive_hold_percent: u32,
-    /// How fast an adaptive line climbs near the rate its back end last gave out at, in
-    /// percent of its climb.
+    /// How fast an adaptive line climbs under the rate its back end last gave out at, in
+    /// percent of that rate a second.
     pub adaptive_probe_percent: u32,
     /// A `when_busy` line goes back to admitting joins at once only once it is empty and
     /// arrivals stayed below its outflow for this long, so a crowd arriving in waves is not

@@ -486,3 +486,23 @@ fn one_window_bursting_is_not_a_recovery_but_a_sustained_rate_or_a_quiet_wait_is
         "one quiet window after slow ones is not enough"
     );
 }
+
+#[test]
+fn orders_just_sent_at_a_few_a_second_are_not_a_queue() {
+    let young = Health {
+        p99_seconds: Some(0.005),
+        served_per_second: Some(4.0),
+        under_way: Some(2),
+        ..Health::default()
+    };
+    assert_eq!(
+        looked_ahead(&young),
+        Some(0.005),
+        "two orders 5 ms old, answered in milliseconds: no 0.5 s queue"
+    );
+    let waiting = Health {
+        p99_seconds: Some(0.3),
+        ..young
+    };
+    assert_eq!(looked_ahead(&waiting), Some(0.5));
+}
