@@ -24,6 +24,16 @@ fn healthy() -> Health {
     }
 }
 
+/// A reading with `under_way` orders, the oldest `p99` old, `served` answered a second.
+fn queue(p99: f64, served: f64, under_way: u64) -> Health {
+    Health {
+        p99_seconds: Some(p99),
+        served_per_second: Some(served),
+        under_way: Some(under_way),
+        ..Health::default()
+    }
+}
+
 fn slow() -> Health {
     Health {
         p99_seconds: Some(0.9),
@@ -288,12 +298,7 @@ fn a_slowdown_to_a_third_or_a_tenth_is_held_under_the_target_and_left_within_ten
 #[test]
 fn orders_piling_up_count_before_the_oldest_is_old() {
     let b = bounds();
-    let piling = Health {
-        p99_seconds: Some(0.1),
-        served_per_second: Some(10.0),
-        under_way: Some(30),
-        ..Health::default()
-    };
+    let piling = queue(0.1, 10.0, 30);
     assert_eq!(
         looked_ahead(&piling),
         Some(3.0),
@@ -366,11 +371,8 @@ proptest! {
 #[test]
 fn a_window_without_an_answer_counts_once_its_oldest_order_waited_through_it() {
     let stalled = Health {
-        p99_seconds: Some(0.3),
-        served_per_second: Some(0.0),
-        under_way: Some(15),
         window_seconds: Some(0.25),
-        ..Health::default()
+        ..queue(0.3, 0.0, 15)
     };
     assert_eq!(
         looked_ahead(&stalled),
@@ -405,15 +407,20 @@ fn orders_per_buyer_are_learnt_from_the_buyers_admitted_not_the_outflow() {
     assert_eq!(state.admitted_since, 0.0, "each decision takes its count");
 }
 
+/// A loop at `outflow` that remembers `ceiling` and has seen `served` a second sustained.
+fn remembering(ceiling: f64, served: f64, outflow: f64) -> Control {
+    Control {
+        ceiling: Some(ceiling),
+        orders_per_admission: Some(1.0),
+        served_per_second: Some(served),
+        ..Control::resume(Some(outflow), &bounds(), 0)
+    }
+}
+
 #[test]
 fn a_cut_lowers_a_remembered_ceiling_and_never_raises_it() {
     let b = bounds();
-    let state = Control {
-        ceiling: Some(40.0),
-        orders_per_admission: Some(1.0),
-        served_per_second: Some(60.0),
-        ..Control::resume(Some(100.0), &b, 0)
-    };
+    let state = remembering(40.0, 60.0, 100.0);
     let burst = Health {
         served_per_second: Some(80.0),
         ..slow()
@@ -425,26 +432,14 @@ fn a_cut_lowers_a_remembered_ceiling_and_never_raises_it() {
         Some(40.0),
         "kept: more than it is not learnt"
     );
-    let lower = Control {
-        served_per_second: Some(20.0),
-        ..state
-    };
-    let lone = Health {
-        served_per_second: Some(20.0),
-        under_way: Some(2),
-        ..slow()
-    };
-    let (after, _) = decide(lower, Some(&lone), &b, 100);
+    let lower = remembering(40.0, 20.0, 100.0);
+    let (after, _) = decide(lower, Some(&queue(0.9, 20.0, 2)), &b, 100);
     assert_eq!(
         after.ceiling,
         Some(40.0),
         "one slow order is not a rate given out at"
     );
-    let queue = Health {
-        under_way: Some(20),
-        ..lone
-    };
-    let (after, _) = decide(lower, Some(&queue), &b, 100);
+    let (after, _) = decide(lower, Some(&queue(0.9, 20.0, 20)), &b, 100);
     assert!(after.ceiling.is_some_and(|c| c < 40.0), "{after:?}");
 }
 
@@ -452,11 +447,8 @@ fn a_cut_lowers_a_remembered_ceiling_and_never_raises_it() {
 fn one_window_bursting_is_not_a_recovery_but_a_sustained_rate_or_a_quiet_wait_is() {
     let b = bounds();
     let probing = Control {
-        ceiling: Some(25.0),
-        orders_per_admission: Some(1.0),
-        served_per_second: Some(22.0),
         p99_seconds: Some(0.15),
-        ..Control::resume(Some(22.0), &b, 0)
+        ..remembering(25.0, 22.0, 22.0)
     };
     let burst = Health {
         p99_seconds: Some(0.15),
@@ -489,20 +481,10 @@ fn one_window_bursting_is_not_a_recovery_but_a_sustained_rate_or_a_quiet_wait_is
 
 #[test]
 fn orders_just_sent_at_a_few_a_second_are_not_a_queue() {
-    let young = Health {
-        p99_seconds: Some(0.005),
-        served_per_second: Some(4.0),
-        under_way: Some(2),
-        ..Health::default()
-    };
     assert_eq!(
-        looked_ahead(&young),
+        looked_ahead(&queue(0.005, 4.0, 2)),
         Some(0.005),
         "two orders 5 ms old, answered in milliseconds: no 0.5 s queue"
     );
-    let waiting = Health {
-        p99_seconds: Some(0.3),
-        ..young
-    };
-    assert_eq!(looked_ahead(&waiting), Some(0.5));
+    assert_eq!(looked_ahead(&queue(0.3, 4.0, 2)), Some(0.5));
 }
