@@ -248,8 +248,7 @@ fn zone(
     // only the window shows the back end answering less.
     let now_capacity = health
         .served_per_second
-        .zip(state.orders_per_admission)
-        .map(|(served, per_admission)| served / per_admission);
+        .and_then(|served| admissions_for(served, &state));
     let level = match (capacity, now_capacity) {
         (Some(sustained), Some(now)) => Some(sustained.min(now)),
         (sustained, now) => sustained.or(now),
@@ -427,6 +426,12 @@ fn capacity(state: &Control) -> Option<f64> {
     let served = state
         .served_per_second
         .filter(|s| s.is_finite() && *s > 0.0)?;
+    admissions_for(served, state)
+}
+
+/// The admissions a second that bring `served` orders a second; `None` before the orders
+/// per admission are learnt.
+fn admissions_for(served: f64, state: &Control) -> Option<f64> {
     Some(served / state.orders_per_admission?)
 }
 

@@ -69,9 +69,7 @@ impl Advancer {
             p99_seconds: health.and_then(|h| h.p99_seconds),
         }
     }
-}
 
-impl Advancer {
     /// Hands an adaptive line's controller the buyers this step admitted.
     pub(super) fn count_admitted(&mut self, line: &Line, admitted: i64) {
         if let Some(control) = self.controls.get_mut(&line.id) {
