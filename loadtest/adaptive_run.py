@@ -110,7 +110,6 @@ class Fleet:
             "FLASHGATE__DATABASE__REQUEST_POOL_MAX": str(args.pool),
             "FLASHGATE__ORDERS__LANES": str(max(1, args.pool - 1)),
             "FLASHGATE__ORDERS__BATCH_MAX": str(args.batch_max),
-            "FLASHGATE__WAITING_ROOM__HEALTH_REPORT_MS": "250",
             "FLASHGATE__WAITING_ROOM__STOCK_REFRESH_MS": "200",
             "FLASHGATE__LIMITS__PER_IP__RATE_PER_SECOND": "1000000",
             "FLASHGATE__LIMITS__PER_IP__BURST": "1000000",

@@ -2,8 +2,9 @@
 //!
 //! It holds the admitted buyers' order p99 in a band under the target instead of probing
 //! past it. Three zones of the p99 (the worst instance's; an unanswered order counts at its
-//! age, and the orders under way over the orders answered a second, the wait they face,
-//! count too, so a queue building shows at once):
+//! age, and the wait the orders under way face, by their count over the rate they are
+//! answered at on all the instances and on each, counts too, so a queue building shows at
+//! once):
 //! - **over the target** (or 503s, or the provider's breaker open): a cut as deep as the
 //!   overshoot (a p99 four times the target keeps at most a quarter: orders admitted past
 //!   capacity queue, and a shallow cut leaves the queue growing), then a cool-down, so the
@@ -68,6 +69,10 @@ pub struct Health {
     /// The longest report window the throughput was measured over (seconds); `None` when
     /// no report tells it.
     pub window_seconds: Option<f64>,
+    /// The worst wait an instance's own orders under way face, by its count of them over
+    /// the rate it answered since the oldest was sent (seconds); `None` when no instance has
+    /// one under way or none tells it.
+    pub queued_seconds: Option<f64>,
 }
 
 /// Why the outflow is what it is; logged on a cut, shown as a label.
@@ -353,10 +358,20 @@ fn looked_ahead(health: &Health) -> Option<f64> {
     }
 }
 
-/// The wait the orders under way face by their count (see `looked_ahead`), once the oldest
-/// of them has waited longer than the back end takes an order: at a few orders a second,
-/// two orders just sent to a back end answering in milliseconds are not a queue.
+/// The wait the orders under way face: the worse of their count over the orders all the
+/// instances answered a second (see `looked_ahead`) and the worst instance's own queue
+/// (`Health::queued_seconds`: each instance drains its own).
 fn queued(health: &Health) -> Option<f64> {
+    match (summed_queue(health), health.queued_seconds) {
+        (Some(summed), Some(own)) => Some(summed.max(own)),
+        (summed, own) => summed.or(own),
+    }
+}
+
+/// The wait the orders under way face by their count over all the instances, once the
+/// oldest of them has waited longer than the back end takes an order: at a few orders a
+/// second, two orders just sent to a back end answering in milliseconds are not a queue.
+fn summed_queue(health: &Health) -> Option<f64> {
     let waited = |seconds: f64| health.p99_seconds.is_some_and(|p99| p99 >= seconds);
     match (
         health.under_way,

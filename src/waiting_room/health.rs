@@ -8,7 +8,7 @@
 //! controller. An order still unanswered counts at its age, so a back end that stops
 //! answering shows up as slow rather than silent.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,13 +20,14 @@ use crate::clock::monotonic;
 use crate::shutdown::Every;
 
 /// ARGV: instance, p99 ms, orders timed, orders refused 503, breaker open (0/1), ttl ms,
-/// orders answered, the window's length in ms, orders under way. One field per instance:
-/// `redis ms,p99 ms,orders,refused,breaker,answered,window ms,under way`.
+/// orders answered, the window's length in ms, orders under way, the wait they face in ms.
+/// One field per instance:
+/// `redis ms,p99 ms,orders,refused,breaker,answered,window ms,under way,queued ms`.
 pub(super) const REPORT: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], ARGV[1],
-  table.concat({now, ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[7], ARGV[8], ARGV[9]}, ','))
+  table.concat({now, ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[7], ARGV[8], ARGV[9], ARGV[10]}, ','))
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
 return now
 "#;
@@ -49,27 +50,79 @@ end
 return out
 "#;
 
-/// What one instance saw of one deal since its last report.
+/// What one instance saw of one deal between two reports.
 #[derive(Default)]
-struct Window {
+struct Slice {
     latencies_ms: Vec<f64>,
-    /// Orders answered (every one, past `LATENCIES_MAX` too): the back end's throughput.
+    /// Orders answered (every one, past `SLICE_LATENCIES_MAX` too): the back end's throughput.
     answered: u64,
     refused: u64,
+    /// How long the slice lasted; 0 for the first one (no rate can be told from it).
+    span_ms: u64,
+}
+
+impl Slice {
+    fn is_busy(&self) -> bool {
+        !self.latencies_ms.is_empty() || self.refused > 0 || self.answered > 0
+    }
+}
+
+/// What one instance saw of one deal over its report window: the slice being filled and the
+/// last slices reported, newest last. A report goes out every `health_report_ms` and covers
+/// the last `health_window_ms`, so a queue building shows within one report interval, while
+/// the throughput is still counted over a window long enough to hold a few answers.
+#[derive(Default)]
+struct Window {
+    current: Slice,
+    reported: VecDeque<Slice>,
     /// Orders under way, by the id `begin` gave them.
-    in_flight: HashMap<u64, Instant>,
+    in_flight: HashMap<u64, UnderWay>,
+    /// Orders answered on this instance since the window was made: how many were answered
+    /// while an order under way waited.
+    answered_total: u64,
     /// Whether the last report of this window told of any order. A busy report stays fresh
     /// in Redis for `health_stale_ms`, so a window going quiet is reported once more, empty:
     /// otherwise its last burst of answers would count again at every reading until then.
     reported_busy: bool,
 }
 
+/// An order being timed.
+struct UnderWay {
+    started: Instant,
+    /// `Window::answered_total` when it was sent.
+    answered_before: u64,
+}
+
 impl Window {
     fn is_busy(&self) -> bool {
         !self.in_flight.is_empty()
-            || !self.latencies_ms.is_empty()
-            || self.refused > 0
-            || self.answered > 0
+            || self.current.is_busy()
+            || self.reported.iter().any(Slice::is_busy)
+    }
+
+    /// Closes the slice being filled after `span_ms` and keeps the newest slices that fit in
+    /// `window_ms` (at least the one just closed).
+    fn close(&mut self, span_ms: u64, window_ms: u64) {
+        let closed = Slice {
+            span_ms,
+            ..std::mem::take(&mut self.current)
+        };
+        // The first slice has no known length: it goes once the next one is closed.
+        self.reported.retain(|slice| slice.span_ms > 0);
+        self.reported.push_back(closed);
+        let mut covered_ms = 0;
+        let keep = self
+            .reported
+            .iter()
+            .rev()
+            .take_while(|slice| {
+                covered_ms += slice.span_ms;
+                covered_ms <= window_ms
+            })
+            .count()
+            .max(1);
+        let stale = self.reported.len() - keep;
+        self.reported.drain(..stale);
     }
 }
 
@@ -108,12 +161,13 @@ impl Timing {
             * 1000.0;
         self.recorder.with(&self.deal, |window| match served {
             Served::Answered => {
-                window.answered += 1;
-                if window.latencies_ms.len() < LATENCIES_MAX {
-                    window.latencies_ms.push(elapsed_ms);
+                window.current.answered += 1;
+                window.answered_total += 1;
+                if window.current.latencies_ms.len() < SLICE_LATENCIES_MAX {
+                    window.current.latencies_ms.push(elapsed_ms);
                 }
             }
-            Served::Overloaded => window.refused += 1,
+            Served::Overloaded => window.current.refused += 1,
         });
     }
 }
@@ -126,9 +180,9 @@ impl Drop for Timing {
     }
 }
 
-/// Most latencies kept per deal between two reports; past it the window keeps the first
-/// ones, enough for a p99.
-const LATENCIES_MAX: usize = 100_000;
+/// Most latencies kept per deal between two reports; past it the slice keeps the first ones,
+/// enough for a p99. A window holds at most `HEALTH_WINDOW_REPORTS_MAX` slices.
+const SLICE_LATENCIES_MAX: usize = 10_000;
 
 impl Recorder {
     /// Starts timing an order of `deal` placed with a pass.
@@ -142,7 +196,14 @@ impl Recorder {
             .next_id
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.with(deal, |window| {
-            window.in_flight.insert(id, started);
+            let answered_before = window.answered_total;
+            window.in_flight.insert(
+                id,
+                UnderWay {
+                    started,
+                    answered_before,
+                },
+            );
         });
         Timing {
             recorder: self.clone(),
@@ -168,44 +229,71 @@ impl Recorder {
         }
     }
 
-    /// Each deal's report since the last call; a deal with nothing under way and nothing
-    /// seen is reported once, empty, then dropped.
-    fn take(&self) -> Vec<Taken> {
+    /// Each deal's report over the last `window_ms`; a deal with nothing under way and
+    /// nothing seen is reported once, empty, then dropped.
+    fn take(&self, window_ms: u64) -> Vec<Taken> {
         let now = monotonic();
         let since = self
             .taken_at
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .replace(now);
-        let window_ms = since.map_or(0, |at| {
+        let span_ms = since.map_or(0, |at| {
             u64::try_from(now.saturating_duration_since(at).as_millis()).unwrap_or(u64::MAX)
         });
         let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        for window in windows.values_mut() {
+            window.close(span_ms, window_ms);
+        }
         windows.retain(|_, w| w.reported_busy || w.is_busy());
         windows
             .iter_mut()
             .map(|(deal, window)| {
                 window.reported_busy = window.is_busy();
-                let mut samples = std::mem::take(&mut window.latencies_ms);
-                let under_way = window.in_flight.len() as u64;
-                samples.extend(
-                    window
-                        .in_flight
-                        .values()
-                        .map(|at| now.duration_since(*at).as_secs_f64() * 1000.0),
-                );
-                Taken {
-                    deal: deal.clone(),
-                    p99_ms: p99(&mut samples),
-                    orders: samples.len() as u64,
-                    refused: std::mem::take(&mut window.refused),
-                    answered: std::mem::take(&mut window.answered),
-                    window_ms,
-                    under_way,
-                }
+                taken(deal, window, now)
             })
             .collect()
     }
+}
+
+/// The report of `deal`'s window at `now`: its slices merged, the orders under way at their age.
+fn taken(deal: &str, window: &Window, now: Instant) -> Taken {
+    let slices = &window.reported;
+    let mut samples: Vec<f64> = slices
+        .iter()
+        .flat_map(|slice| slice.latencies_ms.iter().copied())
+        .collect();
+    samples.extend(
+        window
+            .in_flight
+            .values()
+            .map(|order| now.saturating_duration_since(order.started).as_secs_f64() * 1000.0),
+    );
+    Taken {
+        deal: deal.to_owned(),
+        p99_ms: p99(&mut samples),
+        orders: samples.len() as u64,
+        refused: slices.iter().map(|slice| slice.refused).sum(),
+        answered: slices.iter().map(|slice| slice.answered).sum(),
+        window_ms: slices.iter().map(|slice| slice.span_ms).sum(),
+        under_way: window.in_flight.len() as u64,
+        queued_ms: queued_ms(window, now),
+    }
+}
+
+/// The wait the orders under way on this instance face, by Little's law over the oldest
+/// one's life: their count over the rate the instance answered orders since it was sent
+/// (its own answer counted as if now, so the rate is never zero); 0 with none under way.
+/// Each instance drains its own queue: at a slowdown's onset the orders pile up unanswered
+/// here before a report window's throughput can fall, and the instance holding most of them
+/// shows its queue in full rather than averaged with the others.
+fn queued_ms(window: &Window, now: Instant) -> f64 {
+    let Some(oldest) = window.in_flight.values().min_by_key(|order| order.started) else {
+        return 0.0;
+    };
+    let waited_ms = now.saturating_duration_since(oldest.started).as_secs_f64() * 1000.0;
+    let answered = window.answered_total.saturating_sub(oldest.answered_before);
+    window.in_flight.len() as f64 * waited_ms / (answered + 1) as f64
 }
 
 /// One deal's window on this instance, as reported.
@@ -217,10 +305,12 @@ struct Taken {
     orders: u64,
     refused: u64,
     answered: u64,
-    /// How long the window lasted; 0 for the first one (no rate can be told from it).
+    /// How long the window covered; 0 for the first one (no rate can be told from it).
     window_ms: u64,
     /// Orders still under way when the window was taken.
     under_way: u64,
+    /// The wait they face (`queued_ms`).
+    queued_ms: f64,
 }
 
 /// The 99th percentile (nearest rank) of `samples`; 0 without any.
@@ -249,7 +339,7 @@ pub async fn report(room: &WaitingRoom) {
         .breaker_open
         .load(std::sync::atomic::Ordering::Relaxed);
     let ttl = (room.settings.health_stale_ms * 2).to_string();
-    for taken in room.health.take() {
+    for taken in room.health.take(room.settings.health_window_ms) {
         let key = [line_key(&room.redis, &taken.deal, "health")];
         let args = [
             room.instance.clone(),
@@ -261,6 +351,7 @@ pub async fn report(room: &WaitingRoom) {
             taken.answered.to_string(),
             taken.window_ms.to_string(),
             taken.under_way.to_string(),
+            format!("{:.1}", taken.queued_ms),
         ];
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let written: Result<i64, _> = room
@@ -308,8 +399,9 @@ fn parse_reading(reply: &[String]) -> Option<Reading> {
     let mut health = Health::default();
     for report in reports {
         let fields: Vec<&str> = report.split(',').collect();
-        // An instance of the version before reports no throughput: five fields.
-        let (p99_ms, orders, refused, breaker, served, under_way) = match fields[..] {
+        // Instances of earlier versions report no queue (eight fields) or no throughput
+        // either (five).
+        let (p99_ms, orders, refused, breaker, served, under_way, queued_ms) = match fields[..] {
             [
                 _,
                 p99_ms,
@@ -319,17 +411,25 @@ fn parse_reading(reply: &[String]) -> Option<Reading> {
                 answered,
                 window_ms,
                 under_way,
-            ] => (
+                ref queued @ ..,
+            ] if queued.len() <= 1 => (
                 p99_ms,
                 orders,
                 refused,
                 breaker,
                 rate(answered, window_ms),
                 under_way.parse::<u64>().ok(),
+                queued.first().and_then(|ms| ms.parse::<f64>().ok()),
             ),
-            [_, p99_ms, orders, refused, breaker] => (p99_ms, orders, refused, breaker, None, None),
+            [_, p99_ms, orders, refused, breaker] => {
+                (p99_ms, orders, refused, breaker, None, None, None)
+            }
             _ => continue,
         };
+        if let Some(queued_ms) = queued_ms.filter(|ms| *ms > 0.0) {
+            let worst = health.queued_seconds.unwrap_or(0.0).max(queued_ms / 1000.0);
+            health.queued_seconds = Some(worst);
+        }
         if let Some((served, window_seconds)) = served {
             health.served_per_second = Some(health.served_per_second.unwrap_or(0.0) + served);
             let longest = health.window_seconds.unwrap_or(0.0).max(window_seconds);
@@ -356,84 +456,4 @@ fn parse_reading(reply: &[String]) -> Option<Reading> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn p99_is_the_nearest_rank() {
-        let mut hundred: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(p99(&mut hundred), 99.0);
-        assert_eq!(p99(&mut [5.0]), 5.0);
-        assert_eq!(p99(&mut []), 0.0);
-    }
-
-    #[test]
-    fn reports_merge_to_the_worst_p99_and_the_sum_of_refusals() {
-        let reply: Vec<String> = [
-            "1000",
-            "42.5",
-            "990,120.0,10,0,0,8,250,2",
-            "995,800.0,3,2,0,2,250,1",
-            "999,0.0,0,1,1",
-        ]
-        .map(String::from)
-        .to_vec();
-        let reading = parse_reading(&reply).expect("parsed");
-        assert_eq!(reading.now_ms, 1000);
-        assert_eq!(reading.outflow, Some(42.5));
-        assert_eq!(reading.health.p99_seconds, Some(0.8));
-        assert_eq!(reading.health.overloaded, 3);
-        assert!(reading.health.breaker_open);
-        assert_eq!(
-            reading.health.served_per_second,
-            Some(40.0),
-            "32 and 8 a second; the five-field report tells no rate"
-        );
-        assert_eq!(reading.health.under_way, Some(3));
-        assert_eq!(reading.health.window_seconds, Some(0.25));
-        let none = parse_reading(&["5".into(), String::new()]).expect("parsed");
-        assert_eq!((none.outflow, none.health), (None, Health::default()));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_order_still_unanswered_counts_at_its_age() {
-        let recorder = Arc::new(Recorder::default());
-        let quick = recorder.begin("d");
-        quick.finish(Served::Answered);
-        let _stuck = recorder.begin("d");
-        let refused = recorder.begin("d");
-        tokio::time::advance(Duration::from_millis(700)).await;
-        refused.finish(Served::Overloaded);
-        let taken = recorder.take();
-        assert_eq!(taken.len(), 1);
-        let Taken {
-            deal,
-            p99_ms,
-            orders,
-            refused,
-            answered,
-            ..
-        } = &taken[0];
-        assert_eq!(
-            (deal.as_str(), *orders, *refused, *answered),
-            ("d", 2, 1, 1)
-        );
-        assert!((*p99_ms - 700.0).abs() < 1.0, "{p99_ms}");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_window_going_quiet_is_reported_once_empty_then_dropped() {
-        let recorder = Arc::new(Recorder::default());
-        recorder.begin("d").finish(Served::Answered);
-        recorder.take();
-        tokio::time::advance(Duration::from_millis(250)).await;
-        let quiet = recorder.take();
-        assert_eq!(quiet.len(), 1, "the busy report is overwritten");
-        assert_eq!(
-            (quiet[0].answered, quiet[0].orders, quiet[0].window_ms),
-            (0, 0, 250)
-        );
-        tokio::time::advance(Duration::from_millis(250)).await;
-        assert!(recorder.take().is_empty(), "then nothing to tell");
-    }
-}
+mod tests;

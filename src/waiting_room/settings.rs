@@ -78,6 +78,10 @@ pub const PAGE_TITLE_BYTES_MAX: usize = 200;
 /// seconds, and Redis is not written more than twenty times a second per deal and instance.
 pub const HEALTH_REPORT_MS_RANGE: RangeInclusive<u64> = 50..=5000;
 
+/// Most report intervals one health window spans (`health_window_ms` over
+/// `health_report_ms`): the slices an instance keeps per deal, each with its latencies.
+pub const HEALTH_WINDOW_REPORTS_MAX: u64 = 20;
+
 /// The values `waiting_room.adaptive_cut_to_percent` may take.
 pub const ADAPTIVE_CUT_TO_PERCENT_RANGE: RangeInclusive<u32> = 10..=90;
 
@@ -178,6 +182,9 @@ pub struct WaitingRoomSettings {
     /// How often each instance reports its pass holders' order health (p99, 503s, payment
     /// breaker) to Redis for an adaptive line: the loop can react no faster than this.
     pub health_report_ms: u64,
+    /// How long each report looks back: the throughput is counted over this (a few answers
+    /// even from a slowed back end), while a report still goes out every `health_report_ms`.
+    pub health_window_ms: u64,
     /// A report older than this is ignored, so an instance that died stops counting.
     pub health_stale_ms: u64,
     /// What a cut keeps of an adaptive line's outflow, in percent: lower reacts harder.
@@ -230,6 +237,14 @@ impl WaitingRoomSettings {
         require(
             HEALTH_REPORT_MS_RANGE.contains(&self.health_report_ms),
             &format!("waiting_room.health_report_ms must be {HEALTH_REPORT_MS_RANGE:?}"),
+        )?;
+        require(
+            self.health_window_ms >= self.health_report_ms
+                && self.health_window_ms <= HEALTH_WINDOW_REPORTS_MAX * self.health_report_ms,
+            &format!(
+                "waiting_room.health_window_ms must be health_report_ms..=\
+                 {HEALTH_WINDOW_REPORTS_MAX} × health_report_ms"
+            ),
         )?;
         require(
             self.health_stale_ms >= 2 * self.health_report_ms

@@ -201,14 +201,14 @@ fn under_a_ceiling_the_climb_probes_until_the_back_end_keeps_up_with_more() {
 struct Sale {
     queue: f64,
     arrivals: std::collections::VecDeque<f64>,
-    /// Orders answered in the report window under way, and the last window's rate.
-    answered: f64,
-    served: Option<f64>,
+    /// Orders answered at each step of the report window, oldest first.
+    answered: std::collections::VecDeque<f64>,
 }
 
 const STEP_MS: i64 = 50;
 const LAG_MS: i64 = 300;
-const REPORT_MS: i64 = 250;
+/// Each step reads a report covering this long, as `health_window_ms` does.
+const WINDOW_MS: i64 = 250;
 
 impl Sale {
     fn new() -> Self {
@@ -216,29 +216,28 @@ impl Sale {
         Self {
             queue: 0.0,
             arrivals: std::iter::repeat_n(0.0, lag).collect(),
-            answered: 0.0,
-            served: None,
+            answered: std::collections::VecDeque::new(),
         }
     }
 
-    /// One step at `outflow` against `capacity` at `now`: the health the instances
-    /// report (the p99 is the oldest order waiting: the queue ahead of it and itself
-    /// served at the capacity, so a slowed back end is slower for a lone order too; the
-    /// throughput is the last report window's).
-    fn step(&mut self, outflow: f64, capacity: f64, now: i64) -> Health {
+    /// One step at `outflow` against `capacity`: the health the instances report (the p99
+    /// is the oldest order waiting: the queue ahead of it and itself served at the
+    /// capacity, so a slowed back end is slower for a lone order too; the throughput is
+    /// the last report window's).
+    fn step(&mut self, outflow: f64, capacity: f64) -> Health {
         let dt = STEP_MS as f64 / 1000.0;
         self.arrivals.push_back(outflow * dt);
         let arrived = self.arrivals.pop_front().unwrap_or(0.0);
         let answered = (self.queue + arrived).min(capacity * dt);
         self.queue = self.queue + arrived - answered;
-        self.answered += answered;
-        if now % REPORT_MS == 0 {
-            self.served = Some(self.answered * 1000.0 / REPORT_MS as f64);
-            self.answered = 0.0;
+        self.answered.push_back(answered);
+        if self.answered.len() > (WINDOW_MS / STEP_MS) as usize {
+            self.answered.pop_front();
         }
+        let window_ms = self.answered.len() as f64 * STEP_MS as f64;
         Health {
             p99_seconds: Some((self.queue + 1.0) / capacity),
-            served_per_second: self.served,
+            served_per_second: Some(self.answered.iter().sum::<f64>() * 1000.0 / window_ms),
             under_way: Some(self.queue.round() as u64),
             ..Health::default()
         }
@@ -264,7 +263,7 @@ fn slowdown(slowed: f64, target_p99_seconds: f64) -> (f64, Option<f64>) {
         } else {
             80.0
         };
-        let health = sale.step(state.outflow, capacity, now);
+        let health = sale.step(state.outflow, capacity);
         state.admitted_since += state.outflow * STEP_MS as f64 / 1000.0;
         let p99 = health.p99_seconds.unwrap_or(0.0);
         if (15_000..30_000).contains(&now) {
@@ -315,6 +314,31 @@ fn orders_piling_up_count_before_the_oldest_is_old() {
         "a 3 s queue drains at the floor"
     );
     assert_eq!(after.ceiling, Some(10.0));
+}
+
+#[test]
+fn one_instance_piling_up_orders_is_a_queue_the_sums_do_not_show() {
+    let b = bounds();
+    let onset = Health {
+        queued_seconds: Some(0.8),
+        ..queue(0.12, 40.0, 6)
+    };
+    assert_eq!(
+        looked_ahead(&onset),
+        Some(0.8),
+        "6 under way at 40 a second is 0.15 s, but one instance answers its own far slower"
+    );
+    let state = Control {
+        orders_per_admission: Some(1.0),
+        ..Control::resume(Some(100.0), &b, 0)
+    };
+    let (_, reason) = decide(state, Some(&onset), &b, 100);
+    assert_eq!(
+        reason,
+        Reason::P99,
+        "past the {} s target",
+        b.target_p99_seconds
+    );
 }
 
 fn any_health() -> impl Strategy<Value = Option<Health>> {
