@@ -567,6 +567,17 @@ def svg(args, runs, path):
         f.write("\n".join(out) + "\n")
 
 
+def alone(args, run):
+    """The goal's figures of one adaptive run, and its late orders (sent s, waited s)."""
+    start, end, target = args.before, args.before + args.slow, args.target_ms / 1000.0
+    late = [(round(sent - start, 2), round(waited, 3), status)
+            for sent, waited, status, _ in run["orders_rows"]
+            if start + SETTLE_S <= sent < end and (status not in (201, 409) or waited > target)]
+    keys = ("p99_settled_s", "settled_orders", "settled_late", "cut_after_s", "climb_after_s",
+            "rate_slow", "held_503", "invariant_holds", "findings", "acked_in_db")
+    return dict({key: run[key] for key in keys}, late_orders=sorted(late))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bin", default="target/debug/flashgate")
@@ -591,6 +602,9 @@ def main():
     parser.add_argument("--svg", default="docs/adaptive.svg")
     parser.add_argument("--doc", default=None)
     parser.add_argument("--raw", default=None, help="write the samples and orders as JSON")
+    parser.add_argument("--adaptive-only", action="store_true",
+                        help="run the adaptive line alone and print its figures as JSON "
+                             "(no fixed run, chart or table)")
     args = parser.parse_args()
     if args.before + args.slow + args.after > 150:
         sys.exit("adaptive_run: at most 150 s per run")
@@ -600,6 +614,9 @@ def main():
                      "PostgreSQL with pgbench; build the gateway with cargo build)")
     shown = [a for a in sys.argv[1:] if a != "--raw" and a != args.raw]
     command = "python3 loadtest/adaptive_run.py " + " ".join(shown)
+    if args.adaptive_only:
+        print(json.dumps(alone(args, one_run(args, "adaptive"))))
+        return
     runs = [one_run(args, "adaptive"), one_run(args, "fixed")]
     svg(args, runs, args.svg)
     if args.raw:
