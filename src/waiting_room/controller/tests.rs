@@ -297,48 +297,32 @@ fn a_slowdown_to_a_third_or_a_tenth_is_held_under_the_target_and_left_within_ten
 #[test]
 fn orders_piling_up_count_before_the_oldest_is_old() {
     let b = bounds();
-    let piling = queue(0.1, 10.0, 30);
-    assert_eq!(
-        looked_ahead(&piling),
-        Some(3.0),
-        "30 under way at 10 a second"
-    );
     let state = Control {
         orders_per_admission: Some(1.0),
         ..Control::resume(Some(100.0), &b, 0)
     };
-    let (after, reason) = decide(state, Some(&piling), &b, 100);
-    assert_eq!(reason, Reason::P99);
-    assert_eq!(
-        after.outflow, b.min_per_second,
-        "a 3 s queue drains at the floor"
-    );
-    assert_eq!(after.ceiling, Some(10.0));
-}
-
-#[test]
-fn one_instance_piling_up_orders_is_a_queue_the_sums_do_not_show() {
-    let b = bounds();
-    let onset = Health {
-        queued_seconds: Some(0.8),
+    // The sums: 30 under way at 10 a second. One instance's own: 6 under way at 40 a second
+    // over both is 0.15 s, but the instance holding them answers its own far slower.
+    let summed = queue(0.1, 10.0, 30);
+    let own = Health {
+        queued_seconds: Some(0.6),
         ..queue(0.12, 40.0, 6)
     };
-    assert_eq!(
-        looked_ahead(&onset),
-        Some(0.8),
-        "6 under way at 40 a second is 0.15 s, but one instance answers its own far slower"
-    );
-    let state = Control {
-        orders_per_admission: Some(1.0),
-        ..Control::resume(Some(100.0), &b, 0)
-    };
-    let (_, reason) = decide(state, Some(&onset), &b, 100);
-    assert_eq!(
-        reason,
-        Reason::P99,
-        "past the {} s target",
-        b.target_p99_seconds
-    );
+    for (health, wait, outflow, ceiling) in [
+        (summed, 3.0, b.min_per_second, 10.0),
+        (own, 0.6, 16.0, 40.0),
+    ] {
+        assert_eq!(looked_ahead(&health), Some(wait));
+        let (after, reason) = decide(state, Some(&health), &b, 100);
+        assert_eq!(reason, Reason::P99, "{wait} s is past the target");
+        assert!(
+            (after.outflow - outflow).abs() < 1e-9,
+            "what the back end keeps up with less what drains a {wait} s queue within a \
+             second: {}",
+            after.outflow
+        );
+        assert_eq!(after.ceiling, Some(ceiling), "a queue stands");
+    }
 }
 
 fn any_health() -> impl Strategy<Value = Option<Health>> {
