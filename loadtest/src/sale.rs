@@ -347,7 +347,12 @@ async fn drive(
 /// Whether this buyer pays: true with probability `fraction`, from a uniform draw in
 /// [0, 1) of the thread's cryptographically seeded generator.
 fn pays(fraction: f64) -> bool {
-    rand::random::<f64>() < fraction
+    pays_by(&mut rand::rng(), fraction)
+}
+
+/// `pays` with the generator given, so a test can seed it.
+fn pays_by(rng: &mut impl rand::RngExt, fraction: f64) -> bool {
+    rng.random::<f64>() < fraction
 }
 
 /// What a 201 told the buyer.
@@ -528,8 +533,10 @@ mod tests {
 
     #[test]
     fn the_pay_fraction_is_the_share_that_pays() {
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         for fraction in [0.0, 0.1, 0.3, 0.5, 0.74, 0.8, 1.0] {
-            let paid = (0..10_000).filter(|_| pays(fraction)).count();
+            let paid = (0..10_000).filter(|_| pays_by(&mut rng, fraction)).count();
             let share = paid as f64 / 10_000.0;
             assert!(
                 (share - fraction).abs() <= 0.02,
