@@ -2,8 +2,9 @@
 //! front ignores the check-in window and polls its ticket anyway (showing its signed
 //! position, as a client written from the API reference does): measured on a private
 //! `redis-server` through `INFO commandstats` for a crowd of 1,000 and one of 10,000, the
-//! line's commands and Redis CPU per second stay within twice each other, because a far poll
-//! is answered from memory and only the front's check-ins reach Redis.
+//! line's commands (in all and per second) stay within twice each other and its Redis CPU per
+//! second within `CPU_GROWTH_MAX`, because a far poll is answered from memory and only the
+//! front's check-ins reach Redis.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,6 +32,13 @@ const FRONT_ROUNDS: u32 = 3;
 
 /// The shortest measured window; a slower run is measured over the time it took.
 const MEASURED: Duration = Duration::from_secs(3);
+
+/// Most the Redis CPU a second may grow from the small crowd to the large one. The commands
+/// are counted, but the CPU is timed: on two cores shared with the rest of a test run, the
+/// same commands cost Redis up to twice the CPU in one window as in the next (measured ×1.06
+/// to ×1.48 on a quiet machine, ×2.09 in a full run). A far poll reaching Redis would grow
+/// both ten times with the crowd.
+const CPU_GROWTH_MAX: f64 = 3.0;
 
 /// Joins and far polls in flight at once.
 const CONCURRENCY: usize = 32;
@@ -186,11 +194,11 @@ async fn a_quarter_of_the_crowd_polling_from_far_back_leaves_the_lines_redis_loa
     eprintln!(
         "{SMALL} → {LARGE} waiting: {small:?} → {large:?}: commands ×{commands:.2} (×{commands_rate:.2}/s), Redis CPU ×{cpu:.2} (×{cpu_rate:.2}/s)"
     );
-    for (what, grew) in [
-        ("commands", commands),
-        ("commands/s", commands_rate),
-        ("CPU/s", cpu_rate),
+    for (what, grew, bound) in [
+        ("commands", commands, 2.0),
+        ("commands/s", commands_rate, 2.0),
+        ("CPU/s", cpu_rate, CPU_GROWTH_MAX),
     ] {
-        assert!(grew <= 2.0, "Redis {what} grew ×{grew:.2}");
+        assert!(grew <= bound, "Redis {what} grew ×{grew:.2}");
     }
 }
