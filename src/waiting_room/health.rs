@@ -241,23 +241,34 @@ impl Recorder {
         let span_ms = since.map_or(0, |at| {
             u64::try_from(now.saturating_duration_since(at).as_millis()).unwrap_or(u64::MAX)
         });
-        let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
-        for window in windows.values_mut() {
-            window.close(span_ms, window_ms);
-        }
-        windows.retain(|_, w| w.reported_busy || w.is_busy());
-        windows
-            .iter_mut()
-            .map(|(deal, window)| {
-                window.reported_busy = window.is_busy();
-                taken(deal, window, now)
+        let gathered: Vec<(Taken, Vec<f64>)> = {
+            let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+            for window in windows.values_mut() {
+                window.close(span_ms, window_ms);
+            }
+            windows.retain(|_, w| w.reported_busy || w.is_busy());
+            windows
+                .iter_mut()
+                .map(|(deal, window)| {
+                    window.reported_busy = window.is_busy();
+                    taken(deal, window, now)
+                })
+                .collect()
+        };
+        // The orders being timed wait on the lock: the percentiles are sorted after it.
+        gathered
+            .into_iter()
+            .map(|(taken, mut samples)| Taken {
+                p99_ms: p99(&mut samples),
+                ..taken
             })
             .collect()
     }
 }
 
-/// The report of `deal`'s window at `now`: its slices merged, the orders under way at their age.
-fn taken(deal: &str, window: &Window, now: Instant) -> Taken {
+/// The report of `deal`'s window at `now` and the latencies its p99 is to be taken from: its
+/// slices merged, the orders under way at their age.
+fn taken(deal: &str, window: &Window, now: Instant) -> (Taken, Vec<f64>) {
     let slices = &window.reported;
     let mut samples: Vec<f64> = slices
         .iter()
@@ -269,16 +280,17 @@ fn taken(deal: &str, window: &Window, now: Instant) -> Taken {
             .values()
             .map(|order| now.saturating_duration_since(order.started).as_secs_f64() * 1000.0),
     );
-    Taken {
+    let taken = Taken {
         deal: deal.to_owned(),
-        p99_ms: p99(&mut samples),
+        p99_ms: 0.0,
         orders: samples.len() as u64,
         refused: slices.iter().map(|slice| slice.refused).sum(),
         answered: slices.iter().map(|slice| slice.answered).sum(),
         window_ms: slices.iter().map(|slice| slice.span_ms).sum(),
         under_way: window.in_flight.len() as u64,
         queued_ms: queued_ms(window, now),
-    }
+    };
+    (taken, samples)
 }
 
 /// The wait the orders under way on this instance face, by Little's law over the oldest
