@@ -91,7 +91,7 @@ pub async fn create(pool: &PgPool, url: &str, changes: &Changes) -> Result<Endpo
     let row = sqlx::query_as::<_, Endpoint>(sqlx::AssertSqlSafe(format!(
         "INSERT INTO event_endpoints (id, url, event_types, enabled, secret, delivered_position)
          VALUES ($1, $2, $3, $4, $5,
-                 (SELECT coalesce(max(position), 0) FROM events WHERE position IS NOT NULL))
+                 (SELECT coalesce(max(position), 0) FROM event_positions))
          RETURNING {COLUMNS}"
     )))
     .bind(Uuid::now_v7())
@@ -130,9 +130,9 @@ pub async fn view(pool: &PgPool, endpoint: Endpoint) -> Result<EndpointView, Sto
     let row = sqlx::query(
         "SELECT count(*) AS pending,
                 coalesce(extract(epoch FROM now() - min(occurred_at)), 0)::float8 AS oldest
-           FROM (SELECT occurred_at FROM events
-                  WHERE position > $1 AND ($2::text[] IS NULL OR type = ANY($2))
-                  ORDER BY position LIMIT $3) pending",
+           FROM (SELECT e.occurred_at FROM event_positions p JOIN events e ON e.id = p.event_id
+                  WHERE p.position > $1 AND ($2::text[] IS NULL OR e.type = ANY($2))
+                  ORDER BY p.position LIMIT $3) pending",
     )
     .bind(endpoint.delivered_position)
     .bind(&endpoint.event_types)

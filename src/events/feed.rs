@@ -106,8 +106,9 @@ impl Event {
     }
 }
 
-const COLUMNS: &str = "id, position, type, order_id, deal_id, sequence, status, user_id,
-                       quantity, amount_minor, currency, paused, available, occurred_at";
+const COLUMNS: &str = "e.id, p.position, e.type, e.order_id, e.deal_id, e.sequence, e.status,
+                       e.user_id, e.quantity, e.amount_minor, e.currency, e.paused,
+                       e.available, e.occurred_at";
 
 /// The position a cursor stands for: a `next` from an earlier page, or an event's id (to
 /// go on after the last event seen, once a page ended with `next` null). Anything else, or a
@@ -116,13 +117,12 @@ pub async fn resolve_cursor(pool: &PgPool, cursor: &str) -> Result<i64, EventErr
     let unknown = || EventError::Invalid(format!("unknown cursor {cursor:?}"));
     if let Some(id) = cursor.strip_prefix("evt_") {
         let id = id.parse::<i64>().map_err(|_| unknown())?;
-        let position: Option<i64> = sqlx::query_scalar(
-            "SELECT position FROM events WHERE id = $1 AND position IS NOT NULL",
-        )
-        .bind(id)
-        .fetch_optional(pool)
-        .await
-        .map_err(StoreError::from)?;
+        let position: Option<i64> =
+            sqlx::query_scalar("SELECT position FROM event_positions WHERE event_id = $1")
+                .bind(id)
+                .fetch_optional(pool)
+                .await
+                .map_err(StoreError::from)?;
         return position.ok_or_else(unknown);
     }
     let position = cursor
@@ -138,11 +138,11 @@ pub async fn resolve_cursor(pool: &PgPool, cursor: &str) -> Result<i64, EventErr
 
 /// The highest position given so far (0 before the first).
 pub async fn last_position(pool: &PgPool) -> Result<i64, StoreError> {
-    Ok(sqlx::query_scalar(
-        "SELECT coalesce(max(position), 0) FROM events WHERE position IS NOT NULL",
+    Ok(
+        sqlx::query_scalar("SELECT coalesce(max(position), 0) FROM event_positions")
+            .fetch_one(pool)
+            .await?,
     )
-    .fetch_one(pool)
-    .await?)
 }
 
 /// Up to `limit` events after `after`, of the given types (`None`: all), in position order.
@@ -153,9 +153,9 @@ pub async fn after(
     types: Option<&[String]>,
 ) -> Result<Vec<Event>, StoreError> {
     let sql = format!(
-        "SELECT {COLUMNS} FROM events
-          WHERE position > $1 AND position IS NOT NULL AND ($3::text[] IS NULL OR type = ANY($3))
-          ORDER BY position LIMIT $2"
+        "SELECT {COLUMNS} FROM event_positions p JOIN events e ON e.id = p.event_id
+          WHERE p.position > $1 AND ($3::text[] IS NULL OR e.type = ANY($3))
+          ORDER BY p.position LIMIT $2"
     );
     Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(after)
@@ -166,33 +166,48 @@ pub async fn after(
 }
 
 /// Deletes positioned events older than `hours`, keeping each order's and deal's newest
-/// event so that its sequence carries on. Returns how many went.
+/// event so that its sequence carries on, and their positions. Returns how many went.
 pub async fn expire(pool: &PgPool, hours: u64, batch: i64) -> Result<u64, StoreError> {
     let mut tx = pool.begin().await?;
-    let deleted = sqlx::query(
+    let gone: Vec<i64> = sqlx::query_scalar(
         "DELETE FROM events WHERE id IN (
              SELECT e.id FROM events e
-              WHERE e.position IS NOT NULL
-                AND e.occurred_at < now() - make_interval(hours => $1)
+              WHERE e.occurred_at < now() - make_interval(hours => $1)
+                AND (e.xact IS NULL OR pg_visible_in_snapshot(
+                         e.xact, (SELECT s.done FROM event_sequencer s)))
                 AND EXISTS (SELECT 1 FROM events n
                              WHERE n.deal_id = e.deal_id
                                AND n.order_id IS NOT DISTINCT FROM e.order_id
                                AND n.sequence > e.sequence)
-              ORDER BY e.occurred_at LIMIT $2)",
+              ORDER BY e.id LIMIT $2)
+         RETURNING id",
     )
     .bind(i32::try_from(hours).unwrap_or(i32::MAX))
     .bind(batch)
+    .fetch_all(&mut *tx)
+    .await?;
+    let (Some(low), Some(high)) = (gone.iter().min(), gone.iter().max()) else {
+        return Ok(0);
+    };
+    // The range lets the block summaries on `event_id` find the rows.
+    sqlx::query(
+        "DELETE FROM event_positions
+          WHERE event_id >= $1 AND event_id <= $2 AND event_id = ANY($3)",
+    )
+    .bind(low)
+    .bind(high)
+    .bind(&gone)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
-    Ok(deleted.rows_affected())
+    Ok(gone.len() as u64)
 }
 
-/// Age in seconds of the oldest event kept (0 when there is none).
+/// Age in seconds of the oldest event kept, by id (0 when there is none).
 pub async fn oldest_seconds(pool: &PgPool) -> Result<f64, StoreError> {
     Ok(sqlx::query_scalar(
-        "SELECT coalesce(extract(epoch FROM now() - min(occurred_at)), 0)::float8
-           FROM events WHERE position IS NOT NULL",
+        "SELECT coalesce((SELECT extract(epoch FROM now() - occurred_at)::float8
+                            FROM events ORDER BY id LIMIT 1), 0)",
     )
     .fetch_one(pool)
     .await?)

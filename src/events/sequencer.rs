@@ -6,15 +6,26 @@
 //! are given only to rows already committed (nothing uncommitted is visible here), each
 //! above every position given before, so a reader following positions never misses one.
 //! Two changes of one order are serialised by its row lock: the later one writes its event
-//! after the earlier committed, with the higher id, and a round that sees it sees the
-//! earlier too; rows are positioned in id order, so an order's events keep their sequence.
+//! after the earlier committed, with the higher id, and a set that holds it holds the
+//! earlier too (or an earlier set did); rows are positioned in id order, so an order's
+//! events keep their sequence.
+//!
+//! Which events wait is told by snapshots, not by a mark on each row: every event carries
+//! the id of the transaction that wrote it, and `event_sequencer.done` is a snapshot in
+//! which every visible writer's events have their positions. A round takes the snapshot it
+//! runs in as `seen` and positions the events whose writer is visible in `seen` but not in
+//! `done`: those in `done`'s in-progress list or at or above its `xmax`, found through the
+//! index on the writer. Then `seen` becomes `done`. A set larger than `batch_max` is taken
+//! over several rounds in id order, each going on after the last id it positioned; no
+//! event row is written again, and a position is one narrow row in `event_positions`.
 //!
 //! Deal events are numbered here, as they are positioned. `deal.sold_out` and
 //! `deal.reopened` are written here too: a round reads, in one snapshot, the events it
 //! positions and the deals' available units, walks the units back to before the round by
 //! each order event's effect (an order holds its units while `PENDING_PAYMENT` or `PAID`),
 //! then forward again, and announces every crossing of zero right after the order event
-//! that caused it.
+//! that caused it. They are positioned by the round that writes them, so the sets leave
+//! them out.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -97,18 +108,24 @@ pub async fn round(pool: &sqlx::PgPool, batch_max: i64) -> Result<usize, StoreEr
     if !locked {
         return Ok(0);
     }
-    let pending = read_pending(&mut tx, batch_max).await?;
+    let set = Set::read(&mut tx).await?;
+    let pending = read_pending(&mut tx, &set, batch_max).await?;
     if pending.is_empty() {
+        if set.resume_after.is_some() {
+            set.advance(&mut tx, None).await?;
+            tx.commit().await?;
+        }
         return Ok(0);
     }
     let mut deals = start_walks(&mut tx, &pending).await?;
     let placed = place(&pending, &mut deals);
-    let top: i64 = sqlx::query_scalar(
-        "SELECT coalesce(max(position), 0) FROM events WHERE position IS NOT NULL",
-    )
-    .fetch_one(&mut *tx)
-    .await?;
+    let top: i64 = sqlx::query_scalar("SELECT coalesce(max(position), 0) FROM event_positions")
+        .fetch_one(&mut *tx)
+        .await?;
     write(&mut tx, top, &placed).await?;
+    let full = i64::try_from(pending.len()).is_ok_and(|n| n >= batch_max);
+    set.advance(&mut tx, full.then(|| pending[pending.len() - 1].id))
+        .await?;
     tx.commit().await?;
     for kind in pending
         .iter()
@@ -123,19 +140,115 @@ pub async fn round(pool: &sqlx::PgPool, batch_max: i64) -> Result<usize, StoreEr
     Ok(placed.len())
 }
 
-/// The committed events without a position, oldest id first, with each order event's
-/// status before it (its previous event's).
+/// The writers of a new set, as SQL over `e`: those `done` ($1) saw in progress, and those
+/// that began at or after its end and committed before `seen` ($2) was taken. Only the
+/// index on the writer is read, never the events already positioned.
+const NEW_SET: &str = "(e.xact = ANY(ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot)))
+                        OR (e.xact >= pg_snapshot_xmax($1::pg_snapshot)
+                            AND e.xact < pg_snapshot_xmax($2::pg_snapshot)))
+                       AND pg_visible_in_snapshot(e.xact, $2::pg_snapshot)
+                       AND e.type NOT IN ('deal.sold_out', 'deal.reopened')";
+
+/// The rest of a set taken over several rounds, as SQL over `e`: ids after the last one
+/// positioned ($3) up to the set's highest ($4), read in id order.
+const REST_OF_SET: &str = "e.id > $3 AND e.id <= $4
+                           AND pg_visible_in_snapshot(e.xact, $2::pg_snapshot)
+                           AND NOT pg_visible_in_snapshot(e.xact, $1::pg_snapshot)
+                           AND e.type NOT IN ('deal.sold_out', 'deal.reopened')";
+
+/// Where the sequencer stands: the snapshot every positioned writer is visible in, and the
+/// set of writers this round takes from.
+struct Set {
+    done: String,
+    /// The set's bound: the round's own snapshot for a new set.
+    seen: String,
+    /// The last id positioned, when the set is taken over several rounds.
+    resume_after: Option<i64>,
+    /// The set's highest id, when it is taken over several rounds.
+    last_id: Option<i64>,
+}
+
+impl Set {
+    async fn read(tx: &mut Transaction<'_, Postgres>) -> Result<Set, StoreError> {
+        let row = sqlx::query(
+            "SELECT done::text AS done, coalesce(seen, pg_current_snapshot())::text AS seen,
+                    resume_after, last_id
+               FROM event_sequencer",
+        )
+        .fetch_one(&mut **tx)
+        .await?;
+        Ok(Set {
+            done: row.get("done"),
+            seen: row.get("seen"),
+            resume_after: row.get("resume_after"),
+            last_id: row.get("last_id"),
+        })
+    }
+
+    /// Records the round: the set goes on after `resume_after` (a full round), or it is
+    /// done and its bound becomes `done`.
+    async fn advance(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        resume_after: Option<i64>,
+    ) -> Result<(), StoreError> {
+        let Some(resume_after) = resume_after else {
+            sqlx::query(
+                "UPDATE event_sequencer
+                    SET done = $1::pg_snapshot, seen = NULL, resume_after = NULL, last_id = NULL",
+            )
+            .bind(&self.seen)
+            .execute(&mut **tx)
+            .await?;
+            return Ok(());
+        };
+        let last_id = match self.last_id {
+            Some(id) => id,
+            None => {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT coalesce(max(e.id), 0) FROM events e WHERE {NEW_SET}"
+                )))
+                .bind(&self.done)
+                .bind(&self.seen)
+                .fetch_one(&mut **tx)
+                .await?
+            }
+        };
+        sqlx::query(
+            "UPDATE event_sequencer SET seen = $1::pg_snapshot, resume_after = $2, last_id = $3",
+        )
+        .bind(&self.seen)
+        .bind(resume_after)
+        .bind(last_id)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+}
+
+/// The set's next committed events without a position, oldest id first, with each order
+/// event's status before it (its previous event's).
 async fn read_pending(
     tx: &mut Transaction<'_, Postgres>,
+    set: &Set,
     batch_max: i64,
 ) -> Result<Vec<Pending>, StoreError> {
-    let rows = sqlx::query(
+    let which = if set.resume_after.is_some() {
+        REST_OF_SET
+    } else {
+        NEW_SET
+    };
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT e.id, e.type, e.deal_id, e.order_id IS NOT NULL AS of_order, e.status,
                 e.quantity, p.status AS previous
-           FROM (SELECT * FROM events WHERE position IS NULL ORDER BY id LIMIT $1) e
+           FROM (SELECT * FROM events e WHERE {which} ORDER BY e.id LIMIT $5) e
            LEFT JOIN events p ON p.order_id = e.order_id AND p.sequence = e.sequence - 1
-          ORDER BY e.id",
-    )
+          ORDER BY e.id"
+    )))
+    .bind(&set.done)
+    .bind(&set.seen)
+    .bind(set.resume_after.unwrap_or(0))
+    .bind(set.last_id.unwrap_or(i64::MAX))
     .bind(batch_max)
     .fetch_all(&mut **tx)
     .await?;
@@ -236,66 +349,63 @@ fn place(pending: &[Pending], deals: &mut BTreeMap<String, DealWalk>) -> Vec<Pla
     placed
 }
 
-/// Gives the positions after `top` in `placed`'s order, and writes the new deal events.
+/// Writes the new deal events and numbers the round's deal events, then gives the
+/// positions after `top` in `placed`'s order.
 async fn write(
     tx: &mut Transaction<'_, Postgres>,
     top: i64,
     placed: &[Placed],
 ) -> Result<(), StoreError> {
-    let (mut ids, mut positions, mut sequences) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut new_positions, mut kinds, mut deals, mut new_sequences, mut paused, mut available) = (
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-    );
-    for (n, row) in placed.iter().enumerate() {
-        let position = top + 1 + n as i64;
+    let mut ids = Vec::with_capacity(placed.len());
+    let (mut numbered, mut sequences) = (Vec::new(), Vec::new());
+    for row in placed {
         match row {
             Placed::Existing { id, sequence } => {
                 ids.push(*id);
-                positions.push(position);
-                sequences.push(*sequence);
+                if let Some(sequence) = sequence {
+                    numbered.push(*id);
+                    sequences.push(*sequence);
+                }
             }
             Placed::New {
                 kind,
                 deal,
                 sequence,
-                paused: p,
-                available: a,
+                paused,
+                available,
             } => {
-                new_positions.push(position);
-                kinds.push(*kind);
-                deals.push(deal.as_str());
-                new_sequences.push(*sequence);
-                paused.push(*p);
-                available.push(*a);
+                let id: i64 = sqlx::query_scalar(
+                    "INSERT INTO events (type, deal_id, sequence, paused, available)
+                     VALUES ($1, $2, $3, $4, $5) RETURNING id",
+                )
+                .bind(kind)
+                .bind(deal)
+                .bind(sequence)
+                .bind(paused)
+                .bind(available)
+                .fetch_one(&mut **tx)
+                .await?;
+                ids.push(id);
             }
         }
     }
+    if !numbered.is_empty() {
+        sqlx::query(
+            "UPDATE events e SET sequence = x.sequence
+               FROM unnest($1::bigint[], $2::int[]) AS x(id, sequence)
+              WHERE e.id = x.id",
+        )
+        .bind(&numbered)
+        .bind(&sequences)
+        .execute(&mut **tx)
+        .await?;
+    }
     sqlx::query(
-        "UPDATE events e SET position = x.position, sequence = coalesce(x.sequence, e.sequence)
-           FROM unnest($1::bigint[], $2::bigint[], $3::int[]) AS x(id, position, sequence)
-          WHERE e.id = x.id",
+        "INSERT INTO event_positions (position, event_id)
+         SELECT $1 + x.n, x.id FROM unnest($2::bigint[]) WITH ORDINALITY AS x(id, n)",
     )
+    .bind(top)
     .bind(&ids)
-    .bind(&positions)
-    .bind(&sequences)
-    .execute(&mut **tx)
-    .await?;
-    sqlx::query(
-        "INSERT INTO events (position, type, deal_id, sequence, paused, available)
-         SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::int[], $5::bool[],
-                              $6::bigint[])",
-    )
-    .bind(&new_positions)
-    .bind(&kinds)
-    .bind(&deals)
-    .bind(&new_sequences)
-    .bind(&paused)
-    .bind(&available)
     .execute(&mut **tx)
     .await?;
     Ok(())

@@ -152,10 +152,13 @@ pub async fn wait_delivered(app: &TestApp, receiver: &Receiver, limit: Duration)
 /// As [`wait_delivered`], for a gateway reading `db`.
 pub async fn wait_delivered_on(db: &PgPool, receiver: &Receiver, limit: Duration) -> Vec<Value> {
     wait_until("every committed event at the receiver", limit, || async {
-        let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM events WHERE position IS NULL")
-            .fetch_one(db)
-            .await
-            .unwrap();
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM events e
+              WHERE NOT EXISTS (SELECT 1 FROM event_positions p WHERE p.event_id = e.id)",
+        )
+        .fetch_one(db)
+        .await
+        .unwrap();
         let committed: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
             .fetch_one(db)
             .await
@@ -203,7 +206,8 @@ pub async fn check_on(app: &Api, db: &PgPool, received: &[Value]) -> usize {
         }
     }
     let rows: Vec<Row> = sqlx::query_as(
-        "SELECT id, type, order_id, deal_id, sequence, status FROM events ORDER BY position",
+        "SELECT e.id, e.type, e.order_id, e.deal_id, e.sequence, e.status
+           FROM events e JOIN event_positions p ON p.event_id = e.id ORDER BY p.position",
     )
     .fetch_all(db)
     .await

@@ -28,6 +28,7 @@ mod events_cli;
 mod events_crash;
 mod events_delivery;
 mod events_faults;
+mod events_sequencer;
 mod failover;
 mod faults;
 mod front;

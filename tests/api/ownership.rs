@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use crate::helpers::{crate_root, source_files};
 
 /// Each table and the source path (a folder or a file) that owns it.
-const OWNERS: [(&str, &str); 14] = [
+const OWNERS: [(&str, &str); 16] = [
     ("deals", "src/deals/"),
     ("inventory_buckets", "src/inventory/"),
     ("reservation_lines", "src/inventory/"),
@@ -19,6 +19,8 @@ const OWNERS: [(&str, &str); 14] = [
     ("refunds", "src/payments/refunds.rs"),
     ("outbox", "src/payments/outbox.rs"),
     ("events", "src/events/"),
+    ("event_positions", "src/events/"),
+    ("event_sequencer", "src/events/sequencer.rs"),
     ("event_endpoints", "src/events/endpoints.rs"),
     ("operator_log", "src/operators/"),
     ("access_codes", "src/waiting_room/access_codes.rs"),

@@ -253,10 +253,13 @@ pub async fn check(db: &PgPool, receiver: &Receiver) -> (Vec<String>, Value) {
 /// `started`); the events committed.
 async fn drained(db: &PgPool, receiver: &Receiver, started: Instant) -> i64 {
     loop {
-        let counts: Result<(i64, i64), _> =
-            sqlx::query_as("SELECT count(*), count(*) FILTER (WHERE position IS NULL) FROM events")
-                .fetch_one(db)
-                .await;
+        let counts: Result<(i64, i64), _> = sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE NOT EXISTS (
+                            SELECT 1 FROM event_positions p WHERE p.event_id = e.id))
+                   FROM events e",
+        )
+        .fetch_one(db)
+        .await;
         let distinct = receiver.distinct();
         match counts {
             Ok((all, 0)) if all == distinct as i64 => return all,
@@ -268,7 +271,7 @@ async fn drained(db: &PgPool, receiver: &Receiver, started: Instant) -> i64 {
 
 async fn compare(db: &PgPool, receiver: &Receiver) -> Result<Vec<String>, String> {
     let ids: Vec<i64> =
-        sqlx::query_scalar("SELECT id FROM events WHERE position IS NOT NULL ORDER BY position")
+        sqlx::query_scalar("SELECT event_id FROM event_positions ORDER BY position")
             .fetch_all(db)
             .await
             .map_err(|e| e.to_string())?;
