@@ -12,7 +12,7 @@ CREATE TABLE event_positions (
 -- Positions are written in the order of ids, nearly: a block range summary finds an event's
 -- position (a cursor given as an event id, the retention's deletes) at no cost per insert.
 CREATE INDEX event_positions_event ON event_positions USING brin (event_id)
-    WITH (pages_per_range = 16);
+    WITH (pages_per_range = 16, autosummarize = on);
 
 INSERT INTO event_positions (position, event_id)
 SELECT position, id FROM events WHERE position IS NOT NULL;
@@ -30,7 +30,7 @@ ALTER TABLE events DROP COLUMN position;
 -- The sequencer's queue: the writers it has not yet seen commit, by transaction id.
 CREATE INDEX events_xact ON events (xact);
 -- The retention's: events are written in time order, so a block range summary suffices.
-CREATE INDEX events_occurred ON events USING brin (occurred_at);
+CREATE INDEX events_occurred ON events USING brin (occurred_at) WITH (autosummarize = on);
 
 -- The sequencer's progress, one row. Every event whose writer is visible in `done` has its
 -- position. A set of writers too large for one round is taken in rounds: `seen` bounds it

@@ -3,8 +3,8 @@
 //! old ones; the others ask again every `events.leader_retry_ms`. Everything here uses the
 //! events' own pool, so a dead receiver costs the sale nothing.
 //!
-//! Idle costs nothing that grows with the events kept: the sequencer polls one index of
-//! unpositioned rows and backs off to `events.poll_interval_max_ms`; an endpoint with
+//! Idle costs nothing that grows with the events kept: the sequencer reads the index on the
+//! events' writers only past the snapshot it last finished, and backs off to `events.poll_interval_max_ms`; an endpoint with
 //! nothing to send sleeps until the sequencer positions something (or, at the latest,
 //! `events.maintenance_interval_ms`, to see a replay); backlogs are counted up to
 //! `endpoints::PENDING_COUNTED_MAX`.

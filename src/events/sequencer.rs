@@ -98,9 +98,14 @@ fn holds(status: Option<&str>) -> bool {
 /// Zero when another instance holds the lock.
 pub async fn round(pool: &sqlx::PgPool, batch_max: i64) -> Result<usize, StoreError> {
     let mut tx = pool.begin().await?;
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        .execute(&mut *tx)
-        .await?;
+    // Index lookups whatever the statistics say: a set is a handful of the events kept.
+    sqlx::raw_sql(
+        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ;
+         SET LOCAL enable_seqscan = off; SET LOCAL enable_hashjoin = off;
+         SET LOCAL enable_mergejoin = off; SET LOCAL jit = off",
+    )
+    .execute(&mut *tx)
+    .await?;
     let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
         .bind(LOCK_KEY)
         .fetch_one(&mut *tx)
@@ -140,21 +145,27 @@ pub async fn round(pool: &sqlx::PgPool, batch_max: i64) -> Result<usize, StoreEr
     Ok(placed.len())
 }
 
-/// The writers of a new set, as SQL over `e`: those `done` ($1) saw in progress, and those
-/// that began at or after its end and committed before `seen` ($2) was taken. Only the
-/// index on the writer is read, never the events already positioned.
-const NEW_SET: &str = "(e.xact = ANY(ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot)))
-                        OR (e.xact >= pg_snapshot_xmax($1::pg_snapshot)
-                            AND e.xact < pg_snapshot_xmax($2::pg_snapshot)))
-                       AND pg_visible_in_snapshot(e.xact, $2::pg_snapshot)
-                       AND e.type NOT IN ('deal.sold_out', 'deal.reopened')";
+/// A new set's events: those of the writers `done` ($1) saw in progress, and of the writers
+/// that began at or after its end. Read in the snapshot the set is bounded by, which hides
+/// the writers still in progress and those that began after it. Two lookups of the index on
+/// the writer, kept apart from the ordering by id, so that no plan walks the events already
+/// positioned.
+const NEW_SET: &str = "(SELECT * FROM events e
+                         WHERE e.xact >= pg_snapshot_xmax($1::pg_snapshot)
+                        UNION ALL
+                        SELECT * FROM events e
+                         WHERE e.xact = ANY(ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot))))";
 
-/// The rest of a set taken over several rounds, as SQL over `e`: ids after the last one
-/// positioned ($3) up to the set's highest ($4), read in id order.
-const REST_OF_SET: &str = "e.id > $3 AND e.id <= $4
-                           AND pg_visible_in_snapshot(e.xact, $2::pg_snapshot)
-                           AND NOT pg_visible_in_snapshot(e.xact, $1::pg_snapshot)
-                           AND e.type NOT IN ('deal.sold_out', 'deal.reopened')";
+/// The rest of a set taken over several rounds, read in a later snapshot: ids after the
+/// last one positioned ($3) up to the set's highest ($4), in id order, whose writers are
+/// visible in `seen` ($2) and not in `done` ($1), each snapshot read once.
+const REST_OF_SET: &str = "(SELECT * FROM events e
+                             WHERE e.id > $3 AND e.id <= $4
+                               AND pg_visible_in_snapshot(e.xact, (SELECT $2::pg_snapshot))
+                               AND NOT pg_visible_in_snapshot(e.xact, (SELECT $1::pg_snapshot)))";
+
+/// The sequencer's own announcements are positioned by the round that writes them.
+const NOT_ANNOUNCED_HERE: &str = "type NOT IN ('deal.sold_out', 'deal.reopened')";
 
 /// Where the sequencer stands: the snapshot every positioned writer is visible in, and the
 /// set of writers this round takes from.
@@ -206,7 +217,8 @@ impl Set {
             Some(id) => id,
             None => {
                 sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                    "SELECT coalesce(max(e.id), 0) FROM events e WHERE {NEW_SET}"
+                    "WITH s AS MATERIALIZED {NEW_SET}
+                     SELECT coalesce(max(s.id), 0) FROM s WHERE s.{NOT_ANNOUNCED_HERE}"
                 )))
                 .bind(&self.done)
                 .bind(&self.seen)
@@ -233,16 +245,22 @@ async fn read_pending(
     set: &Set,
     batch_max: i64,
 ) -> Result<Vec<Pending>, StoreError> {
-    let which = if set.resume_after.is_some() {
-        REST_OF_SET
+    // A new set is gathered whole through the index on the writer, then ordered; the rest
+    // of a set is read along the ids, where the limit stops the scan.
+    let (with, from) = if set.resume_after.is_some() {
+        (String::new(), REST_OF_SET)
     } else {
-        NEW_SET
+        (format!("WITH s AS MATERIALIZED {NEW_SET}"), "s")
     };
     let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT e.id, e.type, e.deal_id, e.order_id IS NOT NULL AS of_order, e.status,
-                e.quantity, p.status AS previous
-           FROM (SELECT * FROM events e WHERE {which} ORDER BY e.id LIMIT $5) e
-           LEFT JOIN events p ON p.order_id = e.order_id AND p.sequence = e.sequence - 1
+        "{with}
+         SELECT e.id, e.type, e.deal_id, e.order_id IS NOT NULL AS of_order, e.status,
+                e.quantity,
+                CASE WHEN e.sequence > 1 THEN
+                    (SELECT p.status FROM events p
+                      WHERE p.order_id = e.order_id AND p.sequence = e.sequence - 1)
+                END AS previous
+           FROM (SELECT * FROM {from} s WHERE s.{NOT_ANNOUNCED_HERE} ORDER BY s.id LIMIT $5) e
           ORDER BY e.id"
     )))
     .bind(&set.done)
