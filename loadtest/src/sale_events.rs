@@ -38,7 +38,7 @@ pub async fn subscribe(
 ) -> Result<Subscribed, String> {
     let url = database_url.ok_or("--events-receiver needs --database-url")?;
     let db = PgPool::connect(url).await.map_err(|e| e.to_string())?;
-    let start = sqlx::query_scalar("SELECT coalesce(max(position), 0) FROM events")
+    let start = sqlx::query_scalar("SELECT coalesce(max(position), 0) FROM event_positions")
         .fetch_one(&db)
         .await
         .map_err(|e| e.to_string())?;
@@ -78,11 +78,12 @@ impl Subscribed {
         objects.insert(format!("deal:{deal_id}"));
         let mut violations = self.receiver.violations(&objects, 0);
         let from = self.receiver.arrivals();
-        let backlog: i64 = sqlx::query_scalar("SELECT count(*) FROM events WHERE position > $1")
-            .bind(self.start)
-            .fetch_one(&self.db)
-            .await
-            .unwrap_or(0);
+        let backlog: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM event_positions WHERE position > $1")
+                .bind(self.start)
+                .fetch_one(&self.db)
+                .await
+                .unwrap_or(0);
         let backlog = usize::try_from(backlog).unwrap_or(0);
         let started = Instant::now();
         let replayed = self.replay(http, operator).await
