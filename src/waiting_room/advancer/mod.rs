@@ -159,12 +159,6 @@ impl Advancer {
         for deal in &renewal.woken {
             self.idle.remove(deal);
         }
-        if !renewal.woken.is_empty() {
-            // A line that wakes is read afresh before it is stepped: a pause, a window or
-            // terms changed while it slept count from its first ticket on, not from the
-            // next `stock_refresh_ms`.
-            self.read_at = None;
-        }
         self.refresh_lines(&renewal).await;
         self.step_lines().await;
         let all_idle = self.lines.iter().all(|line| self.idle.contains(&line.id));
@@ -186,15 +180,16 @@ impl Advancer {
         self.gauges.clear(|_| true);
     }
 
-    /// Re-reads the lines when a new one appeared (or a line woke, see `tick`), when the
-    /// holder changed or woke, and at least every `stock_refresh_ms`.
+    /// Re-reads the lines when a new one appeared or a line woke (a pause, a window or terms
+    /// changed while it slept count from its first ticket on), when the holder changed or
+    /// woke, and at least every `stock_refresh_ms`.
     async fn refresh_lines(&mut self, renewal: &lease::Renewal) {
         let refresh = Duration::from_millis(self.room.settings.stock_refresh_ms);
         let now = self.room.clock().instant();
         let due = self
             .read_at
             .is_none_or(|at| now.saturating_duration_since(at) >= refresh);
-        if renewal.version == self.version && !due {
+        if renewal.version == self.version && renewal.woken.is_empty() && !due {
             return;
         }
         match lines::read(&self.room, &self.pool, &self.idle).await {
