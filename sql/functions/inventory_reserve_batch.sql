@@ -16,10 +16,14 @@
 -- caller runs them again with `p_wait_all`, which locks every non-empty bucket in ascending
 -- order and always decides. `p_new_users` says the caller expects every user to be new: the
 -- counters are then inserted plainly, and an existing one raises `unique_violation`.
+-- `p_fold` lets the caller keep the reservation of an order that took a single bucket in the
+-- order's own row (`orders.bucket`, one row fewer per purchase): such a request's bucket is
+-- answered in `buckets[k]` and no line is written for it; every other reservation is kept
+-- as reservation lines.
 --
 -- Answers: `outcomes[k]` (reserved, per_user_limit, sold_out, skipped, undecided),
--- `left_after[k]` (what was left after request k, exact for sold_out) and `ran_out` (the
--- deal has no unit left anywhere).
+-- `left_after[k]` (what was left after request k, exact for sold_out), `buckets[k]` (see
+-- `p_fold`) and `ran_out` (the deal has no unit left anywhere).
 --
 -- Lock order: counters (by user), then buckets ascending; a bucket taken out of that order
 -- is only ever taken with SKIP LOCKED, so no transaction waits while holding a bucket out of
@@ -28,8 +32,8 @@
 -- otherwise stay cached as they grow.
 CREATE OR REPLACE FUNCTION inventory_reserve_batch(
     p_deal text, p_orders uuid[], p_users text[], p_units int[], p_after int[],
-    p_limit int, p_share int[], p_wait_all boolean, p_new_users boolean,
-    OUT outcomes text[], OUT left_after bigint[], OUT ran_out boolean)
+    p_limit int, p_share int[], p_wait_all boolean, p_new_users boolean, p_fold boolean,
+    OUT outcomes text[], OUT left_after bigint[], OUT buckets int[], OUT ran_out boolean)
 LANGUAGE plpgsql
 SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
 SET plan_cache_mode = force_generic_plan
@@ -52,7 +56,7 @@ DECLARE
     taken int := 0;
     changed int := 0;
     emptied int := 0;
-    k int; u int; q int; i int; j int; got int; prev int;
+    k int; u int; q int; i int; j int; got int; prev int; lines_before int;
     want bigint; take bigint;
     more record;
 BEGIN
@@ -60,6 +64,7 @@ BEGIN
        AND cardinality(p_after) = requests, 'one entry per request in every array';
     outcomes := array_fill(NULL::text, ARRAY[requests]);
     left_after := array_fill(NULL::bigint, ARRAY[requests]);
+    buckets := array_fill(NULL::int, ARRAY[requests]);
     ran_out := false;
     -- 1. Counters, in user order: a missing row is created holding what the user's first
     --    request asks, an existing one locked unchanged. `held` is what each user holds
@@ -171,6 +176,7 @@ BEGIN
         END IF;
         -- Take: the first bucket that covers the order, else the fullest ones in turn.
         want := q;
+        lines_before := cardinality(l_order);
         WHILE want > 0 LOOP
             i := NULL;
             FOR j IN 1..cardinality(b_id) LOOP
@@ -192,24 +198,32 @@ BEGIN
             l_units := l_units || take::int;
             want := want - take;
         END LOOP;
+        IF p_fold AND cardinality(l_order) = lines_before + 1 THEN
+            buckets[k] := l_bucket[lines_before + 1];
+            l_order := l_order[1:lines_before];
+            l_bucket := l_bucket[1:lines_before];
+            l_units := l_units[1:lines_before];
+        END IF;
         held[u] := held[u] + q;
         total := total - q;
         outcomes[k] := 'reserved';
         left_after[k] := total;
     END LOOP;
-    -- 4. Write what was decided: buckets and lines, counters that differ from their row.
+    -- 4. Write what was decided: buckets and lines (none for a folded reservation), counters
+    --    that differ from their row.
     IF taken > 0 THEN
         WITH taken_from AS (
             UPDATE inventory_buckets b
                SET available = b.available - t.q, reserved = b.reserved + t.q
               FROM unnest(b_id, b_took) AS t(bucket, q)
              WHERE b.deal_id = p_deal AND b.bucket = t.bucket AND t.q > 0
-            RETURNING 1),
-        lines AS (
-            INSERT INTO reservation_lines (order_id, deal_id, bucket, quantity)
-            SELECT t.o, p_deal, t.b, t.q FROM unnest(l_order, l_bucket, l_units) AS t(o, b, q))
+            RETURNING 1)
         SELECT count(*) INTO got FROM taken_from;
         ASSERT got = taken, 'every bucket taken from is locked by this transaction';
+    END IF;
+    IF cardinality(l_order) > 0 THEN
+        INSERT INTO reservation_lines (order_id, deal_id, bucket, quantity)
+        SELECT t.o, p_deal, t.b, t.q FROM unnest(l_order, l_bucket, l_units) AS t(o, b, q);
     END IF;
     FOR u IN 1..cardinality(users) LOOP
         IF created[u] AND held[u] = 0 THEN

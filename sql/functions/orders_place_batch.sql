@@ -6,21 +6,29 @@
 -- and one short transaction. It owns the order rows and idempotency, and calls
 -- `inventory_reserve_batch` for the units.
 --
--- Places requests 1..n for one deal: inserts their orders (a key used before inserts
--- nothing), lets inventory decide, removes the orders it refused, runs the caller's hook
--- (`p_hook`, by name: payments opens the first attempt, so orders does not depend on
--- payments) for the orders placed, and answers every request: reserved, replayed,
--- idempotency_conflict, sale_not_open, per_user_limit, sold_out, undecided (run again with
--- `p_wait_all`). `p_after[k]` is the previous request of the batch with the same user and
--- key, or 0.
+-- Places requests 1..n for one deal: lets inventory decide, inserts the orders it reserved
+-- (an order that took a single bucket keeps it in `bucket`, in place of a reservation line),
+-- runs the caller's hook (`p_hook`, by name: payments opens the first attempt, so orders does
+-- not depend on payments) for the orders placed, and answers every request: reserved,
+-- replayed, idempotency_conflict, sale_not_open, per_user_limit, sold_out, undecided (run
+-- again with `p_wait_all`). `p_after[k]` is the previous request of the batch with the same
+-- user and key, or 0. A refused request writes nothing.
+--
+-- Lock order: inventory locks the users' counters first, and an order is only ever inserted
+-- by a transaction holding its user's counter in that deal, so two batches of one deal
+-- never wait on each other's key while holding buckets. A key its user reuses in another
+-- deal can make a batch wait for the other's commit; as every batch inserts its orders in
+-- (user, key) order, no two wait on each other.
 --
 -- Nearly every request is a new key from a new buyer, so unless told to be careful
--- (`p_careful`) the orders and counters are first inserted plainly; an existing key or
--- counter raises `unique_violation`, which undoes that block alone, and the batch is decided
--- again with `ON CONFLICT`. `rechecked` reports that, so the gateway can send the deal's next
--- few batches the careful way at once. The deal's snapshot (name, late-payment policy,
--- capture method) is written by the insert itself, so the `orders_snapshot_deal` trigger
--- does not run.
+-- (`p_careful`) every request is asked and the counters and orders are inserted plainly; a
+-- known counter or key raises `unique_violation`, which undoes that attempt alone, and the
+-- batch is decided again the careful way: keys placed before are not asked (their requests
+-- are answered from the order placed), and a key placed by another batch since it was read
+-- undoes the attempt again. `rechecked` reports a batch decided again, so the gateway can
+-- send the deal's next few batches the careful way at once. The deal's snapshot (name,
+-- late-payment policy, capture method) is written by the insert itself, so the
+-- `orders_snapshot_deal` trigger does not run.
 CREATE OR REPLACE FUNCTION orders_place_batch(
     p_deal text, p_ids uuid[], p_users text[], p_keys text[], p_fps bytea[], p_units int[],
     p_after int[], p_share int[], p_wait_all boolean, p_hook text, p_hook_arg text,
@@ -37,18 +45,16 @@ AS $fn$
 DECLARE
     requests int := coalesce(cardinality(p_ids), 0);
     d record;
-    inserted uuid[] := '{}';
-    fresh boolean[] := array_fill(false, ARRAY[requests]);
-    units int[] := array_fill(0, ARRAY[requests]);
+    units int[] := p_units;
     outcomes text[] := array_fill(NULL::text, ARRAY[requests]);
     left_after bigint[] := array_fill(NULL::bigint, ARRAY[requests]);
+    buckets int[];
     decided record;
-    refused uuid[] := '{}';
-    late uuid[] := '{}';
-    placed uuid[] := '{}';
+    placed uuid[];
     ran boolean := false;
+    careful boolean := p_careful;
     again boolean := false;
-    k int;
+    attempts int := 0;
 BEGIN
     SELECT x.unit_price_minor, x.currency, x.reservation_ttl_seconds, x.per_user_limit,
            x.name, x.late_payment_policy, x.capture_method,
@@ -56,90 +62,61 @@ BEGIN
                AND (x.ends_at IS NULL OR now() < x.ends_at) AS open
       INTO d FROM deals x WHERE x.id = p_deal;
     IF FOUND AND d.open THEN
-        -- In (user, key) order, so two batches sharing keys cannot wait on each other.
-        -- Unless told to be careful, first as if every key and every user were new, the
-        -- common case: plain inserts. A key or a counter that exists raises
-        -- `unique_violation`, which undoes this block only; the batch is then decided again
-        -- the careful way, exactly as before.
-        IF NOT p_careful THEN
+        LOOP
             BEGIN
-                INSERT INTO orders (id, user_id, deal_id, idempotency_key, request_fingerprint,
-                                    status, quantity, unit_price_minor, amount_minor, currency,
-                                    expires_at, deal_name, late_payment_policy, capture_method)
-                SELECT j.id, j.u, p_deal, j.key, j.fp, 'PENDING_PAYMENT', j.q, d.unit_price_minor,
-                       d.unit_price_minor * j.q, d.currency,
-                       now() + make_interval(secs => d.reservation_ttl_seconds),
-                       d.name, d.late_payment_policy, d.capture_method
-                  FROM unnest(p_ids, p_users, p_keys, p_fps, p_units) WITH ORDINALITY
-                       AS j(id, u, key, fp, q, k)
-                 ORDER BY j.u, j.key, j.k;
-                decided := inventory_reserve_batch(p_deal, p_ids, p_users, p_units, p_after,
-                                                   d.per_user_limit, p_share, p_wait_all, true);
-                fresh := array_fill(true, ARRAY[requests]);
+                IF careful THEN
+                    SELECT array_agg(CASE WHEN EXISTS (
+                                SELECT 1 FROM orders x
+                                 WHERE x.user_id = j.u AND x.idempotency_key = j.key)
+                            THEN 0 ELSE j.q END ORDER BY j.k)
+                      INTO units
+                      FROM unnest(p_users, p_keys, p_units) WITH ORDINALITY AS j(u, key, q, k);
+                END IF;
+                decided := inventory_reserve_batch(p_deal, p_ids, p_users, units, p_after,
+                                                   d.per_user_limit, p_share, p_wait_all,
+                                                   NOT careful, true);
+                outcomes := decided.outcomes;
+                buckets := decided.buckets;
+                -- A refused request whose key was placed before is a replay or a conflict,
+                -- never a refusal. Read under the users' counter locks, which every order's
+                -- insert holds, this sees every key placed so far.
+                IF EXISTS (
+                    SELECT 1 FROM unnest(p_users, p_keys, outcomes) AS j(u, key, o)
+                     WHERE j.o IN ('per_user_limit', 'sold_out')
+                       AND EXISTS (SELECT 1 FROM orders x
+                                    WHERE x.user_id = j.u AND x.idempotency_key = j.key)) THEN
+                    RAISE unique_violation USING MESSAGE = 'a refused request''s key was placed';
+                END IF;
+                -- In (user, key) order, as every batch inserts.
+                WITH ins AS (
+                    INSERT INTO orders (id, user_id, deal_id, idempotency_key,
+                                        request_fingerprint, status, quantity,
+                                        unit_price_minor, amount_minor, currency, expires_at,
+                                        deal_name, late_payment_policy, capture_method, bucket)
+                    SELECT j.id, j.u, p_deal, j.key, j.fp, 'PENDING_PAYMENT', j.q,
+                           d.unit_price_minor, d.unit_price_minor * j.q, d.currency,
+                           now() + make_interval(secs => d.reservation_ttl_seconds),
+                           d.name, d.late_payment_policy, d.capture_method, buckets[j.k]
+                      FROM unnest(p_ids, p_users, p_keys, p_fps, p_units) WITH ORDINALITY
+                           AS j(id, u, key, fp, q, k)
+                     WHERE outcomes[j.k] = 'reserved'
+                     ORDER BY j.u, j.key, j.k
+                    RETURNING id)
+                SELECT coalesce(array_agg(ins.id), '{}') INTO placed FROM ins;
+                EXIT;
             EXCEPTION WHEN unique_violation THEN
+                -- A known buyer or key: decided again, the careful way. Each attempt after
+                -- the first finds at least one more key placed, so the attempts are bounded.
                 again := true;
+                careful := true;
+                attempts := attempts + 1;
+                IF attempts > requests THEN
+                    RAISE;
+                END IF;
             END;
-        END IF;
-        IF p_careful OR again THEN
-            WITH ins AS (
-                INSERT INTO orders (id, user_id, deal_id, idempotency_key, request_fingerprint,
-                                    status, quantity, unit_price_minor, amount_minor, currency,
-                                    expires_at, deal_name, late_payment_policy, capture_method)
-                SELECT j.id, j.u, p_deal, j.key, j.fp, 'PENDING_PAYMENT', j.q, d.unit_price_minor,
-                       d.unit_price_minor * j.q, d.currency,
-                       now() + make_interval(secs => d.reservation_ttl_seconds),
-                       d.name, d.late_payment_policy, d.capture_method
-                  FROM unnest(p_ids, p_users, p_keys, p_fps, p_units) WITH ORDINALITY
-                       AS j(id, u, key, fp, q, k)
-                 ORDER BY j.u, j.key, j.k
-                ON CONFLICT (user_id, idempotency_key) DO NOTHING
-                RETURNING id)
-            SELECT coalesce(array_agg(ins.id), '{}') INTO inserted FROM ins;
-            -- Asked of inventory: every inserted order, and a repeated key whose first request
-            -- inserted (it is skipped if that one reserves, decided afresh if not). When every
-            -- order inserted, no key repeats.
-            IF cardinality(inserted) = requests THEN
-                fresh := array_fill(true, ARRAY[requests]);
-                units := p_units;
-            ELSE
-                FOR k IN 1..requests LOOP
-                    fresh[k] := p_ids[k] = ANY (inserted);
-                    IF fresh[k] OR (p_after[k] > 0 AND units[p_after[k]] > 0) THEN
-                        units[k] := p_units[k];
-                    END IF;
-                END LOOP;
-            END IF;
-            decided := inventory_reserve_batch(p_deal, p_ids, p_users, units, p_after,
-                                               d.per_user_limit, p_share, p_wait_all, false);
-        END IF;
-        outcomes := decided.outcomes;
+        END LOOP;
         left_after := decided.left_after;
         ran := decided.ran_out;
-        FOR k IN 1..requests LOOP
-            IF outcomes[k] = 'reserved' THEN
-                placed := placed || p_ids[k];
-                IF NOT fresh[k] THEN
-                    late := late || p_ids[k];
-                END IF;
-            ELSIF outcomes[k] IS NOT NULL AND fresh[k] THEN
-                refused := refused || p_ids[k];
-            END IF;
-        END LOOP;
-        IF cardinality(refused) > 0 THEN
-            DELETE FROM orders o WHERE o.id = ANY (refused);
-        END IF;
-        IF cardinality(late) > 0 THEN
-            -- A repeated key whose first request was refused, reserved on its own turn.
-            INSERT INTO orders (id, user_id, deal_id, idempotency_key, request_fingerprint,
-                                status, quantity, unit_price_minor, amount_minor, currency,
-                                expires_at, deal_name, late_payment_policy, capture_method)
-            SELECT j.id, j.u, p_deal, j.key, j.fp, 'PENDING_PAYMENT', j.q, d.unit_price_minor,
-                   d.unit_price_minor * j.q, d.currency,
-                   now() + make_interval(secs => d.reservation_ttl_seconds),
-                   d.name, d.late_payment_policy, d.capture_method
-              FROM unnest(p_ids, p_users, p_keys, p_fps, p_units) AS j(id, u, key, fp, q)
-             WHERE j.id = ANY (late);
-        END IF;
         IF cardinality(placed) > 0 AND p_hook IS NOT NULL THEN
             EXECUTE format('SELECT %s($1, $2)', p_hook::regproc) USING placed, p_hook_arg;
         END IF;

@@ -73,6 +73,12 @@ impl OrderStatus {
         }
     }
 
+    /// Whether an order in this status holds units of its deal: reserved while it waits for
+    /// payment, sold once paid. Every other status has given them back or never took them.
+    pub fn holds_units(self) -> bool {
+        matches!(self, Self::PendingPayment | Self::Paid)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::PendingPayment => "PENDING_PAYMENT",

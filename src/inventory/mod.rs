@@ -1,5 +1,7 @@
 //! Bucketed inventory: a deal's stock split over `bucket_count` rows, the per-user unit
-//! counters and the reservation lines. This module is the only writer of those tables.
+//! counters and the reservation lines. This module is the only writer of those tables. A
+//! reservation that took a single bucket is kept in its order's row instead of a line
+//! (`orders.bucket`, written by the order engine from this module's answer).
 //!
 //! One hot row serialises every purchase behind a single lock. Splitting it lets concurrent
 //! reservations take different rows. Every decrement is conditional and backed by
@@ -8,7 +10,8 @@
 //! **The one way to reserve** is the SQL function `inventory_reserve_batch` (see the
 //! reservation engine migration): it takes a batch of requests of one deal (a single order
 //! is a batch of one), decides each in arrival order exactly as if it had run alone, and
-//! writes buckets, counters and lines in the caller's statement. The order engine calls it
+//! writes buckets, counters and lines in the caller's statement, answering the bucket of
+//! each reservation it left to the order's row. The order engine calls it
 //! from `orders_place_batch`; a late payment calls it through [`reserve_again`].
 //!
 //! Lock order, everywhere: a user's `user_deal_units` row first, then buckets in ascending
@@ -61,7 +64,7 @@ pub async fn reserve_again(
     assert!(quantity >= 1);
     let outcome: Option<String> = sqlx::query_scalar(
         "SELECT r.outcomes[1] FROM inventory_reserve_batch($1, ARRAY[$2::uuid], ARRAY[$3::text],
-                ARRAY[$4::int], ARRAY[0], $5, '{}', true, false) AS r",
+                ARRAY[$4::int], ARRAY[0], $5, '{}', true, false, false) AS r",
     )
     .bind(deal_id)
     .bind(order_id)
@@ -195,8 +198,8 @@ pub struct Snapshot {
     pub reserved: i64,
     pub sold: i64,
     pub buckets: Vec<(i32, i64)>,
-    /// `stock_total = available + reserved + sold`, and reserved and sold units match the
-    /// reservation lines of pending and paid orders.
+    /// `stock_total = available + reserved + sold`, and reserved and sold units match what
+    /// pending and paid orders hold (`held_units`: lines, and buckets kept in order rows).
     pub invariant_holds: bool,
 }
 
@@ -225,8 +228,8 @@ pub async fn snapshot(pool: &PgPool, deal_id: &str) -> Result<Option<Snapshot>, 
     let (lines_reserved, lines_sold): (i64, i64) = sqlx::query_as(
         "SELECT COALESCE(sum(l.quantity) FILTER (WHERE o.status = $2), 0)::bigint,
                 COALESCE(sum(l.quantity) FILTER (WHERE o.status = $3), 0)::bigint
-           FROM reservation_lines l JOIN orders o ON o.id = l.order_id
-          WHERE l.deal_id = $1 AND l.released_at IS NULL",
+           FROM held_units l JOIN orders o ON o.id = l.order_id
+          WHERE l.deal_id = $1",
     )
     .bind(deal_id)
     .bind(OrderStatus::PendingPayment.as_str())

@@ -1,5 +1,6 @@
 //! The invariant audit: what must always hold between deals, buckets, orders and their
-//! reservation lines, checked from one consistent snapshot.
+//! reservations (lines and the buckets kept in order rows), checked from one consistent
+//! snapshot.
 //!
 //! Any finding means a bug (or a hand edit), never load: the order path keeps every one of
 //! these in the same transaction that changes the rows. `flashgate check` exits non-zero
@@ -29,11 +30,12 @@ pub enum Check {
     StockTotal,
     /// No bucket holds a negative number of units.
     NegativeBucket,
-    /// Each bucket's `reserved` equals the reservation lines of its pending orders.
+    /// Each bucket's `reserved` equals what its pending orders hold there (`held_units`).
     ReservedLines,
-    /// Each bucket's `sold` equals the reservation lines of its paid orders.
+    /// Each bucket's `sold` equals what its paid orders hold there (`held_units`).
     SoldLines,
-    /// Every holding order's lines cover its quantity exactly, in its own deal.
+    /// What every holding order holds (lines and its row's bucket) covers its quantity
+    /// exactly, in its own deal.
     OrderLines,
     /// Each user's counted units equal the units of their holding orders.
     UserUnits,
@@ -188,8 +190,8 @@ const SQL_CHECKS: [(Check, &str); 8] = [
     (
         Check::ReservedLines,
         "WITH l AS (SELECT l.deal_id, l.bucket, sum(l.quantity)::bigint AS q
-                      FROM reservation_lines l JOIN orders o ON o.id = l.order_id
-                     WHERE o.status = 'PENDING_PAYMENT' AND l.released_at IS NULL
+                      FROM held_units l JOIN orders o ON o.id = l.order_id
+                     WHERE o.status = 'PENDING_PAYMENT'
                      GROUP BY l.deal_id, l.bucket)
          SELECT b.deal_id, format('bucket %s: reserved %s, pending lines %s',
                                   b.bucket, b.reserved, coalesce(l.q, 0))
@@ -199,8 +201,8 @@ const SQL_CHECKS: [(Check, &str); 8] = [
     (
         Check::SoldLines,
         "WITH l AS (SELECT l.deal_id, l.bucket, sum(l.quantity)::bigint AS q
-                      FROM reservation_lines l JOIN orders o ON o.id = l.order_id
-                     WHERE o.status = 'PAID' AND l.released_at IS NULL
+                      FROM held_units l JOIN orders o ON o.id = l.order_id
+                     WHERE o.status = 'PAID'
                      GROUP BY l.deal_id, l.bucket)
          SELECT b.deal_id, format('bucket %s: sold %s, paid lines %s',
                                   b.bucket, b.sold, coalesce(l.q, 0))
@@ -212,7 +214,7 @@ const SQL_CHECKS: [(Check, &str); 8] = [
         "SELECT o.deal_id, format('order %s (%s): quantity %s, lines %s, lines in other deals %s',
                                   o.id, o.status, o.quantity, coalesce(sum(l.quantity), 0),
                                   count(*) FILTER (WHERE l.deal_id <> o.deal_id))
-           FROM orders o LEFT JOIN reservation_lines l ON l.order_id = o.id AND l.released_at IS NULL
+           FROM orders o LEFT JOIN held_units l ON l.order_id = o.id
           WHERE o.status IN ('PENDING_PAYMENT', 'PAID')
           GROUP BY o.id
          HAVING coalesce(sum(l.quantity), 0) <> o.quantity

@@ -8,7 +8,7 @@
 //! 2. locks every bucket row of the deal in ascending order with `FOR NO KEY UPDATE` (the
 //!    project-wide lock order: per-user counter rows first, then buckets ascending; a
 //!    rebalance holds no counter row, so it cannot deadlock with orders, releases
-//!    or stock changes). `FOR NO KEY UPDATE` still lets new reservation lines reference
+//!    or stock changes). `FOR NO KEY UPDATE` still lets new reservations reference
 //!    the rows;
 //! 3. creates the rows a larger count needs;
 //! 4. spreads the deal's *available* units evenly over buckets `0..N`, leaving reserved and
@@ -16,7 +16,7 @@
 //! 5. sets `deals.bucket_count = N` and announces the change to every instance.
 //!
 //! Shrinking keeps the rows at `N` and above: they may still hold reserved or sold units
-//! that reservation lines point at, and cancelling or expiring those orders returns units
+//! that reservations (lines, orders' buckets) point at, and cancelling or expiring those orders returns units
 //! to them. Such rows stay fully usable: no reservation plan filters on
 //! `bucket < bucket_count` (the first choice only uses the count to pick a starting point),
 //! so units released to a drained row are sold like any other, and the next rebalance moves

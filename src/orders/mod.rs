@@ -20,8 +20,8 @@ use crate::domain::{OrderEvent, OrderStatus, UserId};
 use crate::inventory::{self, HeldOrder};
 use crate::store::StoreError;
 use crate::telemetry;
-use sqlx::Row;
 use sqlx::postgres::PgRow;
+use sqlx::{FromRow, Row};
 
 use crate::store::rows;
 
@@ -167,32 +167,39 @@ pub async fn cancel(pool: &PgPool, user: &UserId, order_id: Uuid) -> Result<Orde
         .transition(OrderEvent::Cancel)
         .expect("a pending order can be cancelled");
     let mut tx = pool.begin().await?;
+    // The row's bucket is read and cleared in the update: the released units go back there.
     let sql = format!(
-        "UPDATE orders SET status = $3, updated_at = now()
-          WHERE id = $1 AND user_id = $2 AND status = 'PENDING_PAYMENT'
-         RETURNING {ORDER_COLUMNS}"
+        "UPDATE orders o SET status = $3, updated_at = now(), bucket = NULL
+           FROM (SELECT id AS held_id, bucket AS held_bucket FROM orders
+                  WHERE id = $1 AND user_id = $2 AND status = 'PENDING_PAYMENT'
+                    FOR NO KEY UPDATE) held
+          WHERE o.id = held.held_id AND o.status = 'PENDING_PAYMENT'
+         RETURNING {ORDER_COLUMNS}, held.held_bucket"
     );
-    let cancelled = sqlx::query_as::<_, Order>(sqlx::AssertSqlSafe(sql))
+    let cancelled = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(order_id)
         .bind(user.as_str())
         .bind(to.as_str())
         .fetch_optional(&mut *tx)
         .await?;
-    let Some(order) = cancelled else {
+    let Some(row) = cancelled else {
         tx.rollback().await?;
         let current = get(pool, user, order_id).await?;
         return Err(OrderError::InvalidState(current.status()));
     };
-    inventory::release(&mut tx, &[held(&order)]).await?;
+    let order = Order::from_row(&row)?;
+    let bucket: Option<i32> = row.try_get("held_bucket")?;
+    inventory::release(&mut tx, &[held(&order, bucket)]).await?;
     tx.commit().await?;
     Ok(order)
 }
 
-fn held(order: &Order) -> HeldOrder {
+fn held(order: &Order, bucket: Option<i32>) -> HeldOrder {
     HeldOrder {
         id: order.id,
         deal_id: order.deal_id.clone(),
         user_id: order.user_id.clone(),
         quantity: order.quantity,
+        bucket,
     }
 }

@@ -26,6 +26,8 @@ pub struct LockedOrder {
     pub late_payment_policy: LatePaymentPolicy,
     pub bucket_count: i32,
     pub per_user_limit: i32,
+    /// Where the order's units are when its reservation is kept in its row.
+    pub bucket: Option<i32>,
 }
 
 impl<'r> sqlx::FromRow<'r, PgRow> for LockedOrder {
@@ -39,6 +41,7 @@ impl<'r> sqlx::FromRow<'r, PgRow> for LockedOrder {
             late_payment_policy: rows::parsed(row, "late_payment_policy")?,
             bucket_count: row.try_get("bucket_count")?,
             per_user_limit: row.try_get("per_user_limit")?,
+            bucket: row.try_get("bucket")?,
         })
     }
 }
@@ -54,6 +57,7 @@ impl LockedOrder {
             deal_id: self.deal_id.clone(),
             user_id: self.user_id.clone(),
             quantity: self.quantity,
+            bucket: self.bucket,
         }
     }
 }
@@ -66,7 +70,7 @@ pub async fn lock(
 ) -> Result<Option<LockedOrder>, StoreError> {
     Ok(sqlx::query_as::<_, LockedOrder>(
         "SELECT o.id, o.deal_id, o.user_id, o.quantity, o.status, o.late_payment_policy,
-                d.bucket_count, d.per_user_limit
+                d.bucket_count, d.per_user_limit, o.bucket
            FROM orders o JOIN deals d ON d.id = o.deal_id
           WHERE o.id = $1 FOR NO KEY UPDATE OF o",
     )
@@ -75,7 +79,8 @@ pub async fn lock(
     .await?)
 }
 
-/// Applies `event` to the order if it is still in the status `order` was read with.
+/// Applies `event` to the order if it is still in the status `order` was read with. A status
+/// that holds no units clears the bucket kept in the row: the caller releases them.
 pub async fn apply(
     tx: &mut PgConnection,
     order: &LockedOrder,
@@ -85,11 +90,14 @@ pub async fn apply(
         return Ok(None);
     };
     let updated = sqlx::query(
-        "UPDATE orders SET status = $3, updated_at = now() WHERE id = $1 AND status = $2",
+        "UPDATE orders
+            SET status = $3, updated_at = now(), bucket = CASE WHEN $4 THEN bucket END
+          WHERE id = $1 AND status = $2",
     )
     .bind(order.id)
     .bind(order.status().as_str())
     .bind(to.as_str())
+    .bind(to.holds_units())
     .execute(tx)
     .await?;
     Ok((updated.rows_affected() == 1).then_some(to))
@@ -100,7 +108,7 @@ pub async fn pay(tx: &mut PgConnection, order: &LockedOrder) -> Result<bool, Sto
     if apply(tx, order, OrderEvent::PaymentSucceeded).await? != Some(OrderStatus::Paid) {
         return Ok(false);
     }
-    inventory::consume(tx, order.id, order.quantity).await?;
+    inventory::consume(tx, &order.held()).await?;
     Ok(true)
 }
 
@@ -139,7 +147,7 @@ pub async fn reserve_again_and_pay(
         Some(OrderStatus::Paid),
         "the order row is locked by this transaction"
     );
-    inventory::consume(tx, order.id, order.quantity).await?;
+    inventory::consume(tx, &order.held()).await?;
     Ok(true)
 }
 

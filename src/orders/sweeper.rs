@@ -49,7 +49,7 @@ pub async fn sweep_once(
     let mut tx = pool.begin().await?;
     let expired: Vec<HeldOrder> = sqlx::query_as(
         "WITH due AS (
-             SELECT id FROM orders
+             SELECT id, bucket FROM orders
               WHERE status = 'PENDING_PAYMENT' AND expires_at <= now()
                 AND (expires_at <= now() - make_interval(secs => $3)
                      OR NOT EXISTS (SELECT 1 FROM payment_attempts a
@@ -57,10 +57,10 @@ pub async fn sweep_once(
               ORDER BY expires_at
               LIMIT $1
                 FOR UPDATE SKIP LOCKED)
-         UPDATE orders o SET status = $2, updated_at = now()
+         UPDATE orders o SET status = $2, updated_at = now(), bucket = NULL
            FROM due
           WHERE o.id = due.id AND o.status = 'PENDING_PAYMENT'
-         RETURNING o.id, o.deal_id, o.user_id, o.quantity",
+         RETURNING o.id, o.deal_id, o.user_id, o.quantity, due.bucket",
     )
     .bind(i64::from(batch_max))
     .bind(to.as_str())
@@ -89,9 +89,12 @@ pub async fn expire_if_due(
         .transition(OrderEvent::Expire)
         .expect("a pending order can expire");
     let expired: Option<HeldOrder> = sqlx::query_as(
-        "UPDATE orders SET status = $2, updated_at = now()
-          WHERE id = $1 AND status = 'PENDING_PAYMENT' AND expires_at <= now()
-         RETURNING id, deal_id, user_id, quantity",
+        "UPDATE orders o SET status = $2, updated_at = now(), bucket = NULL
+           FROM (SELECT id AS held_id, bucket AS held_bucket FROM orders
+                  WHERE id = $1 AND status = 'PENDING_PAYMENT' AND expires_at <= now()
+                    FOR NO KEY UPDATE) held
+          WHERE o.id = held.held_id AND o.status = 'PENDING_PAYMENT'
+         RETURNING o.id, o.deal_id, o.user_id, o.quantity, held.held_bucket AS bucket",
     )
     .bind(order_id)
     .bind(to.as_str())

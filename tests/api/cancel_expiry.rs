@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use serde_json::json;
 
 use crate::helpers::{
-    EVENTUALLY, available_by_bucket, db_snapshot, eventually, new_deal, order_status,
-    reservation_lines, spawn_app, spawn_app_with,
+    EVENTUALLY, available_by_bucket, db_snapshot, eventually, new_deal, order_holdings,
+    order_status, spawn_app, spawn_app_with,
 };
 
 #[tokio::test(flavor = "multi_thread")]
@@ -21,7 +21,7 @@ async fn cancel_returns_units_to_their_original_buckets() {
     let token = app.token("alice");
     let order = app.place_order(&token, &id, "k1", 3).await.expect(201);
     let order_id = order["order_id"].as_str().unwrap();
-    let lines = reservation_lines(&app.db, order_id).await;
+    let lines = order_holdings(&app.db, order_id).await;
     let reserved = available_by_bucket(&app.db, &id).await;
     let expected: BTreeMap<i32, i64> = initial
         .iter()

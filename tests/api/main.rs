@@ -31,6 +31,7 @@ mod events_faults;
 mod events_sequencer;
 mod failover;
 mod faults;
+mod folded_reservations;
 mod front;
 mod gateway_clock;
 mod gateway_dependencies;

@@ -3,7 +3,7 @@
 use chrono::{DateTime, Duration, Utc};
 use serde_json::{Value, json};
 
-use crate::helpers::{db_snapshot, new_deal, order_status, reservation_lines, spawn_app};
+use crate::helpers::{db_snapshot, new_deal, order_holdings, order_status, spawn_app};
 
 fn timestamp(value: &Value) -> DateTime<Utc> {
     let text = value
@@ -50,7 +50,7 @@ async fn order_is_created_pending_with_price_snapshot_and_reserves_units() {
     // Assert: the database
     assert_eq!(order_status(&app.db, order_id).await, "PENDING_PAYMENT");
     assert_eq!(
-        reservation_lines(&app.db, order_id)
+        order_holdings(&app.db, order_id)
             .await
             .values()
             .sum::<i64>(),
@@ -197,7 +197,7 @@ async fn order_larger_than_one_bucket_draws_from_several() {
     let order = app.order("alice", &id, 3).await.expect(201);
 
     // Assert
-    let lines = reservation_lines(&app.db, order["order_id"].as_str().unwrap()).await;
+    let lines = order_holdings(&app.db, order["order_id"].as_str().unwrap()).await;
     assert_eq!(lines.values().sum::<i64>(), 3, "lines: {lines:?}");
     app.order("bob", &id, 1).await.expect(201);
     app.order("carol", &id, 1)

@@ -132,14 +132,12 @@ async fn sigkill_in_the_middle_of_a_sweeper_batch_loses_and_doubles_nothing() {
     .await;
     assert!(all_expired.is_some(), "the batch was never expired again");
     assert_eq!(stock(&db, &swept).await, (100, 0, 0));
-    let open_lines: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM reservation_lines WHERE deal_id = $1 AND released_at IS NULL",
-    )
-    .bind(&swept)
-    .fetch_one(&db)
-    .await
-    .unwrap();
-    assert_eq!(open_lines, 0, "every reservation line released");
+    let open_lines: i64 = sqlx::query_scalar("SELECT count(*) FROM held_units WHERE deal_id = $1")
+        .bind(&swept)
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_eq!(open_lines, 0, "every reservation released");
     let held_units: i64 = sqlx::query_scalar(
         "SELECT coalesce(sum(units), 0)::bigint FROM user_deal_units WHERE deal_id = $1",
     )

@@ -245,16 +245,16 @@ pub async fn available_by_bucket(db: &PgPool, deal: &str) -> BTreeMap<i32, i64> 
         .collect()
 }
 
-/// The (bucket, quantity) lines an order reserved.
-pub async fn reservation_lines(db: &PgPool, order_id: &str) -> BTreeMap<i32, i64> {
+/// The units an order holds, by bucket (its reservation lines and its row's bucket).
+pub async fn order_holdings(db: &PgPool, order_id: &str) -> BTreeMap<i32, i64> {
     let order_id: Uuid = order_id.parse().expect("order_id is a UUID");
     let rows: Vec<(i32, i32)> = sqlx::query_as(
-        "SELECT bucket, quantity FROM reservation_lines WHERE order_id = $1 ORDER BY bucket",
+        "SELECT bucket, quantity FROM held_units WHERE order_id = $1 ORDER BY bucket",
     )
     .bind(order_id)
     .fetch_all(db)
     .await
-    .expect("read reservation_lines");
+    .expect("read held_units");
     rows.into_iter()
         .map(|(bucket, quantity)| (bucket, i64::from(quantity)))
         .collect()
@@ -281,7 +281,7 @@ pub async fn order_status(db: &PgPool, order_id: &str) -> String {
 pub struct DbSnapshot {
     buckets: Vec<BucketRow>,
     orders: i64,
-    reservation_lines: i64,
+    held_units: i64,
     user_units: Vec<(String, String, i32)>,
 }
 
@@ -289,10 +289,10 @@ pub async fn db_snapshot(db: &PgPool, deal: &str) -> DbSnapshot {
     DbSnapshot {
         buckets: buckets(db, deal).await,
         orders: order_count(db).await,
-        reservation_lines: sqlx::query_scalar("SELECT count(*) FROM reservation_lines")
+        held_units: sqlx::query_scalar("SELECT count(*) FROM held_units")
             .fetch_one(db)
             .await
-            .expect("count reservation_lines"),
+            .expect("count held_units"),
         user_units: sqlx::query_as(
             "SELECT deal_id, user_id, units FROM user_deal_units ORDER BY deal_id, user_id",
         )
@@ -326,7 +326,7 @@ pub async fn assert_invariants(api: &Api, db: &PgPool, deal: &str) {
     );
 
     let pending_lines: Vec<(i32, i64)> = sqlx::query_as(
-        "SELECT l.bucket, sum(l.quantity)::BIGINT FROM reservation_lines l \
+        "SELECT l.bucket, sum(l.quantity)::BIGINT FROM held_units l \
          JOIN orders o ON o.id = l.order_id \
          WHERE l.deal_id = $1 AND o.status = 'PENDING_PAYMENT' GROUP BY l.bucket",
     )
@@ -347,7 +347,7 @@ pub async fn assert_invariants(api: &Api, db: &PgPool, deal: &str) {
 
     let mismatched: Vec<(Uuid, i32, i64)> = sqlx::query_as(
         "SELECT o.id, o.quantity, coalesce(sum(l.quantity), 0)::BIGINT FROM orders o \
-         LEFT JOIN reservation_lines l ON l.order_id = o.id \
+         LEFT JOIN held_units l ON l.order_id = o.id \
          WHERE o.deal_id = $1 AND o.status = 'PENDING_PAYMENT' \
          GROUP BY o.id, o.quantity HAVING coalesce(sum(l.quantity), 0) <> o.quantity",
     )
