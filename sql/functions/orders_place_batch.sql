@@ -80,7 +80,7 @@ BEGIN
                 -- A refused request whose key was placed before is a replay or a conflict,
                 -- never a refusal. Read under the users' counter locks, which every order's
                 -- insert holds, this sees every key placed so far.
-                IF EXISTS (
+                IF ('per_user_limit' = ANY (outcomes) OR 'sold_out' = ANY (outcomes)) AND EXISTS (
                     SELECT 1 FROM unnest(p_users, p_keys, outcomes) AS j(u, key, o)
                      WHERE j.o IN ('per_user_limit', 'sold_out')
                        AND EXISTS (SELECT 1 FROM orders x
@@ -88,21 +88,18 @@ BEGIN
                     RAISE unique_violation USING MESSAGE = 'a refused request''s key was placed';
                 END IF;
                 -- In (user, key) order, as every batch inserts.
-                WITH ins AS (
-                    INSERT INTO orders (id, user_id, deal_id, idempotency_key,
-                                        request_fingerprint, status, quantity,
-                                        unit_price_minor, amount_minor, currency, expires_at,
-                                        deal_name, late_payment_policy, capture_method, bucket)
-                    SELECT j.id, j.u, p_deal, j.key, j.fp, 'PENDING_PAYMENT', j.q,
-                           d.unit_price_minor, d.unit_price_minor * j.q, d.currency,
-                           now() + make_interval(secs => d.reservation_ttl_seconds),
-                           d.name, d.late_payment_policy, d.capture_method, buckets[j.k]
-                      FROM unnest(p_ids, p_users, p_keys, p_fps, p_units) WITH ORDINALITY
-                           AS j(id, u, key, fp, q, k)
-                     WHERE outcomes[j.k] = 'reserved'
-                     ORDER BY j.u, j.key, j.k
-                    RETURNING id)
-                SELECT coalesce(array_agg(ins.id), '{}') INTO placed FROM ins;
+                INSERT INTO orders (id, user_id, deal_id, idempotency_key, request_fingerprint,
+                                    status, quantity, unit_price_minor, amount_minor, currency,
+                                    expires_at, deal_name, late_payment_policy, capture_method,
+                                    bucket)
+                SELECT j.id, j.u, p_deal, j.key, j.fp, 'PENDING_PAYMENT', j.q,
+                       d.unit_price_minor, d.unit_price_minor * j.q, d.currency,
+                       now() + make_interval(secs => d.reservation_ttl_seconds),
+                       d.name, d.late_payment_policy, d.capture_method, buckets[j.k]
+                  FROM unnest(p_ids, p_users, p_keys, p_fps, p_units) WITH ORDINALITY
+                       AS j(id, u, key, fp, q, k)
+                 WHERE outcomes[j.k] = 'reserved'
+                 ORDER BY j.u, j.key, j.k;
                 EXIT;
             EXCEPTION WHEN unique_violation THEN
                 -- A known buyer or key: decided again, the careful way. Each attempt after
@@ -117,7 +114,9 @@ BEGIN
         END LOOP;
         left_after := decided.left_after;
         ran := decided.ran_out;
-        IF cardinality(placed) > 0 AND p_hook IS NOT NULL THEN
+        IF p_hook IS NOT NULL AND 'reserved' = ANY (outcomes) THEN
+            placed := ARRAY(SELECT p_ids[i] FROM generate_subscripts(outcomes, 1) AS i
+                             WHERE outcomes[i] = 'reserved');
             EXECUTE format('SELECT %s($1, $2)', p_hook::regproc) USING placed, p_hook_arg;
         END IF;
     END IF;
