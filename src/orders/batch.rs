@@ -63,8 +63,8 @@ pub struct BatchOptions {
     pub hook: Option<Arc<dyn PlacementHook>>,
     /// Runs the statement in a transaction of its own, committed before returning.
     pub commit_before_answer: bool,
-    /// Checks every key and buyer against those that exist (`ON CONFLICT`) from the start,
-    /// instead of inserting them plainly first and deciding again if one exists.
+    /// Reads which keys exist and takes the buyers' counters with `ON CONFLICT` from the
+    /// start, instead of inserting them plainly first and deciding again if one exists.
     pub careful: bool,
 }
 

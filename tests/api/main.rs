@@ -10,6 +10,7 @@ mod helpers;
 mod admin;
 mod bad_requests;
 mod batch_model;
+mod batch_races;
 mod cancel_expiry;
 mod cli_deals;
 mod cli_migrate;
