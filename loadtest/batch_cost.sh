@@ -9,7 +9,7 @@
 # statement, as when the gateway has a payment provider configured. With CAREFUL=1 every
 # batch checks its keys and buyers with `ON CONFLICT` from the start, as the gateway's
 # batches do for a while after one met a known key or buyer, instead of inserting them
-# plainly. With EVENTS=0 the order events' triggers are disabled, to see what writing the
+# plainly. With EVENTS=0 the order events' insert trigger is disabled, to see what writing the
 # events costs a purchase (compare with a run without it, the same minute). COST_BIN
 # names the binary that migrates the scratch database (default target/release/flashgate,
 # built when missing).
@@ -45,8 +45,7 @@ BIN=${COST_BIN:-target/release/flashgate}
 [ -x "$BIN" ] || cargo build --release -q --bin flashgate
 DATABASE_URL=$DB "$BIN" migrate >/dev/null
 if [ "${EVENTS:-1}" = 0 ]; then
-    psql "$DB" -qc "ALTER TABLE orders DISABLE TRIGGER events_orders_inserted" \
-        -c "ALTER TABLE orders DISABLE TRIGGER events_orders_deleted"
+    psql "$DB" -qc "ALTER TABLE orders DISABLE TRIGGER events_orders_inserted"
 fi
 psql "$DB" -q <<'SQL'
 INSERT INTO deals (id, name, stock_total, bucket_count, unit_price_minor, currency,

@@ -16,6 +16,11 @@ SELECT order_id, deal_id, bucket, quantity FROM reservation_lines WHERE released
 UNION ALL
 SELECT id, deal_id, bucket, quantity FROM orders WHERE bucket IS NOT NULL;
 
+-- Nothing deletes orders any more: the trigger that took a refused order's event with it
+-- has nothing left to do.
+DROP TRIGGER events_orders_deleted ON orders;
+DROP FUNCTION events_orders_deleted();
+
 DROP FUNCTION inventory_reserve_batch(text, uuid[], text[], int[], int[], int, int[], boolean,
                                       boolean);
 

@@ -85,7 +85,7 @@ struct Row {
     outcome: String,
     available: Option<i64>,
     ran_out: bool,
-    /// The batch met an existing key or counter and was decided again with `ON CONFLICT`.
+    /// The batch met an existing key or counter and was decided again, the careful way.
     rechecked: bool,
     id: Option<Uuid>,
     user_id: Option<String>,

@@ -1,10 +1,11 @@
 //! Orders: placing them (idempotently, with their reservation), reading and cancelling.
 //!
 //! Orders are placed in batches by the [`lanes::Engine`]: each batch is one call of the SQL
-//! function `orders_place_batch`, which inserts the order rows (the idempotency key is a
-//! unique index on them), asks inventory to reserve, removes the orders inventory refused
-//! and runs the placement hook (payments opens the first attempt), all in one statement:
-//! one round trip, one short transaction that never waits on a user or a provider.
+//! function `orders_place_batch`, which asks inventory to reserve, inserts the orders it
+//! reserved (the idempotency key is a unique index on them; a refused request writes
+//! nothing) and runs the placement hook (payments opens the first attempt), all in one
+//! statement: one round trip, one short transaction that never waits on a user or a
+//! provider.
 
 pub mod batch;
 pub mod lanes;
