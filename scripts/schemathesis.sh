@@ -10,7 +10,9 @@
 # data accepted, an undocumented method not answered 405 with `Allow`, an operation that
 # only ever answered 404 (`missing_test_data`), and an operation that takes an identifier
 # but that the stateful phase, following the document's links, never reached with an answer
-# other than 404. Needs PostgreSQL and Redis (DATABASE_URL, REDIS_URL) and a built
+# other than 404. Each of the two runs draws its data from a fixed seed, so that a run is
+# reproducible and whether the stateful phase reaches every operation does not depend on
+# luck (SCHEMATHESIS_SEED_PUBLIC and SCHEMATHESIS_SEED_OPS pick others). Needs PostgreSQL and Redis (DATABASE_URL, REDIS_URL) and a built
 # target/debug/flashgate and target/debug/flashgate-psp-sim (`cargo build --bins`). Installs
 # schemathesis from PyPI when it is missing, unless FLASHGATE_TEST_NO_SYSTEM=1.
 set -euo pipefail
@@ -170,11 +172,13 @@ done
 # The public API against the public listener, then the operator paths (/metrics, /admin/*)
 # against the operations listener, where they are served.
 operator_paths='^/(metrics|admin/)'
+seed_public=${SCHEMATHESIS_SEED_PUBLIC:-207281503035420374182160963589696240515}
+seed_ops=${SCHEMATHESIS_SEED_OPS:-310668880705729108537009673362461296356}
 status=0
 timeout "${SCHEMATHESIS_TIMEOUT_SECONDS:-240}" \
     schemathesis --config-file config/schemathesis.toml run docs/openapi.yaml \
     --url "http://127.0.0.1:$port" --workers "${SCHEMATHESIS_WORKERS:-1}" \
-    --checks all --mode all \
+    --checks all --mode all --seed "$seed_public" \
     --report ndjson --report-ndjson-path "$reports/public.ndjson" \
     --exclude-path-regex "$operator_paths" "$@" || status=$?
 if [[ $status -eq 0 ]]; then
@@ -185,7 +189,7 @@ if [[ $status -eq 0 ]]; then
     timeout "${SCHEMATHESIS_TIMEOUT_SECONDS:-240}" \
         schemathesis --config-file config/schemathesis.toml run docs/openapi.yaml \
         --url "http://127.0.0.1:$ops_port" --workers "${SCHEMATHESIS_WORKERS:-1}" \
-        --checks all --mode all \
+        --checks all --mode all --seed "$seed_ops" \
         --report ndjson --report-ndjson-path "$reports/ops.ndjson" \
         --include-path-regex "$operator_paths" "$@" || status=$?
 fi
