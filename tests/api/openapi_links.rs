@@ -257,7 +257,8 @@ async fn admin_post(app: &PayApp, path: &str, body: Value) -> Reply {
 }
 
 /// The answers of every link source for one deal: created, read, joined, ordered (with a
-/// pass where the deal has a line), paid again, and its buyer's session revoked.
+/// pass where the deal has a line), paid again, its buyer's session revoked, and its
+/// outflow set by hand.
 async fn answers_for(app: &PayApp, deal: &Value) -> Vec<Answer> {
     let id = deal["id"].as_str().unwrap();
     let user = format!("links-{id}");
@@ -307,6 +308,14 @@ async fn answers_for(app: &PayApp, deal: &Value) -> Vec<Answer> {
         &[("deal_id", id)],
         &user,
     ));
+    let path = format!("/admin/deals/{id}/admission");
+    let admission = admin_post(app, &path, json!({"mode": "fixed"})).await;
+    answers.push(Answer::new(
+        "setAdmission",
+        admission,
+        &[("deal_id", id)],
+        &user,
+    ));
     answers
 }
 
@@ -329,6 +338,7 @@ fn body_for(target: &str) -> Option<Value> {
         "adjustStock" => Some(json!({"delta": 1})),
         "rebalanceDeal" => Some(json!({"buckets": 2})),
         "setAdmission" => Some(json!({"mode": "fixed"})),
+        "revokeQueueSession" => Some(json!({"user_id": "links-revoked"})),
         "issueAccessCodes" => Some(json!({"count": 1})),
         "receiveWebhook" => Some(json!({})),
         "updateEventEndpoint" | "replayEventEndpoint" => Some(json!({})),
